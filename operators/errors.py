@@ -1,0 +1,31 @@
+"""One base class for every error the product raises, so callers can catch them together."""
+
+from __future__ import annotations
+
+
+class DTrainError(Exception):
+    """Base class of every error raised by airflow-dtrain."""
+
+
+class SpecError(DTrainError, ValueError):
+    """A user-supplied value is invalid. Raised before anything expensive starts.
+
+    The message names the field, the value given and what is allowed.
+    """
+
+    def __init__(self, field: str, value: object, allowed: str):
+        self.field = field
+        self.value = value
+        self.allowed = allowed
+        super().__init__(f"{field}={value!r} is invalid: {allowed}")
+
+
+class LaunchError(DTrainError):
+    """A launched job failed. Carries the failing rank's exit code and output tail."""
+
+    def __init__(self, message: str, exit_code: int, rank: int | None = None, tail: list[str] | None = None):
+        self.exit_code = exit_code
+        self.rank = rank
+        self.tail = list(tail or [])
+        detail = "\n".join(self.tail)
+        super().__init__(message + (f"\nlast lines of rank {rank}:\n{detail}" if detail else ""))

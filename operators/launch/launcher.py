@@ -1,0 +1,126 @@
+"""Launch a spec on a backend and report how it went: the engine behind the operator and the CLI."""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+import threading
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from operators.errors import LaunchError
+from operators.launch.backends.base import Backend, get_backend_class
+from operators.launch.job import Job, prepare_job
+from operators.launch.processes import LineSink, print_sink
+from operators.launch.spec import LaunchSpec
+
+STOPPED_EXIT_CODE = 143  # 128 + SIGTERM, as a shell reports a job stopped by SIGTERM
+
+
+@dataclass
+class LaunchResult:
+    job_id: str
+    run_dir: str
+    world_size: int
+    exit_code: int
+    duration_s: float
+    checkpoint_dir: str
+    metrics_dir: str
+    failed_rank: int | None = None
+    failed_node: int | None = None
+    tail: list[str] = field(default_factory=list)
+    metrics: dict[str, Any] = field(default_factory=dict)
+    stopped: bool = False
+
+    @property
+    def ok(self) -> bool:
+        return self.exit_code == 0
+
+    def raise_for_status(self) -> None:
+        if self.stopped:
+            raise LaunchError(f"job {self.job_id} was stopped", self.exit_code)
+        if not self.ok:
+            where = f"rank {self.failed_rank}" if self.failed_rank is not None else f"node {self.failed_node}"
+            raise LaunchError(f"job {self.job_id} failed: {where} exited with {self.exit_code}",
+                              self.exit_code, self.failed_rank, self.tail)
+
+    def to_xcom(self) -> dict[str, Any]:
+        """Primitives only: what the operator pushes to XCom."""
+        data = asdict(self)
+        data["tail"] = data["tail"][-10:]
+        return data
+
+
+def first_failure(exits_dir: str) -> dict[str, Any] | None:
+    """The rank that failed first on its own (not one stopped by its agent or by us)."""
+    records = []
+    for path in glob.glob(os.path.join(exits_dir, "rank*.json")):
+        try:
+            with open(path, encoding="utf-8") as fh:
+                records.append(json.load(fh))
+        except (OSError, ValueError):
+            continue
+    failed = [r for r in records if r.get("exit_code") and not r.get("stopped_by_signal")]
+    return min(failed, key=lambda r: r["time"]) if failed else None
+
+
+def read_metrics(metrics_dir: str) -> dict[str, Any]:
+    """The result the training script's rank 0 wrote (``result.json``), if any."""
+    path = os.path.join(metrics_dir, "result.json")
+    try:
+        with open(path, encoding="utf-8") as fh:
+            return json.load(fh)
+    except (OSError, ValueError):
+        return {}
+
+
+class Launcher:
+    """Runs one spec to completion. ``terminate()`` is safe from signal handlers and other threads."""
+
+    def __init__(self, spec: LaunchSpec, sink: LineSink = print_sink, backend: Backend | None = None):
+        self.spec = spec
+        self.sink = sink
+        self.backend = backend or get_backend_class(spec.backend)(sink=sink)
+        self.job: Job | None = None
+        self._terminated = threading.Event()
+
+    def run(self) -> LaunchResult:
+        self.job = job = prepare_job(self.spec)
+        self.sink(f"[dtrain] job {job.job_id}: {self.spec.nodes} node(s) x {self.spec.procs_per_node} proc(s), "
+                  f"distribution={self.spec.distribution}, backend={self.spec.backend}, run_dir={job.run_dir}")
+        started = time.monotonic()
+        outcome = self.backend.run(job)
+        duration = time.monotonic() - started
+        result = LaunchResult(
+            job_id=job.job_id, run_dir=job.run_dir, world_size=self.spec.world_size,
+            exit_code=outcome.exit_code, duration_s=round(duration, 3),
+            checkpoint_dir=job.checkpoint_dir, metrics_dir=job.metrics_dir,
+            metrics=read_metrics(job.metrics_dir),
+        )
+        if outcome.stopped or self._terminated.is_set():
+            result.exit_code, result.stopped = STOPPED_EXIT_CODE, True
+        elif outcome.exit_code != 0:
+            failure = first_failure(job.exits_dir)
+            if failure is not None:
+                result.exit_code = failure["exit_code"]
+                result.failed_rank = failure["rank"]
+                result.failed_node = failure["node_rank"]
+                result.tail = failure["tail"]
+            else:
+                result.failed_node, result.tail = outcome.node_index, outcome.tail
+        self.sink(f"[dtrain] job {job.job_id} finished: exit_code={result.exit_code} in {result.duration_s:.1f}s"
+                  + (f" (rank {result.failed_rank} failed first)" if result.failed_rank is not None else ""))
+        return result
+
+    def terminate(self) -> None:
+        self._terminated.set()
+        self.backend.terminate()
+
+
+def launch(spec: LaunchSpec, sink: LineSink = print_sink) -> LaunchResult:
+    """Run ``spec`` and raise :class:`LaunchError` if it failed."""
+    result = Launcher(spec, sink=sink).run()
+    result.raise_for_status()
+    return result

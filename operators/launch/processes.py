@@ -1,0 +1,161 @@
+"""Supervise one process per node: start, stream output, notice the first failure, tear down.
+
+Used by every backend that holds a local process per node (the local backend's
+torchrun agents; the SSH backend's ssh clients). Each node process starts in its
+own session, so a whole node can be signalled at once; teardown also signals every
+descendant found at that moment, since torchrun puts each worker in a session of
+its own.
+"""
+
+from __future__ import annotations
+
+import collections
+import os
+import signal
+import subprocess
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Mapping, Sequence
+
+import psutil
+
+LineSink = Callable[[str], None]
+TAIL_LINES = 40
+
+
+def print_sink(line: str) -> None:
+    print(line, flush=True)
+
+
+@dataclass
+class NodeProcess:
+    index: int
+    argv: list[str]
+    proc: subprocess.Popen
+    tail: collections.deque = field(default_factory=lambda: collections.deque(maxlen=TAIL_LINES))
+    reader: threading.Thread | None = None
+
+
+class NodeSupervisor:
+    """Starts ``argvs[i]`` for node i and watches them until all succeed or one fails."""
+
+    def __init__(self, sink: LineSink = print_sink, poll_interval: float = 0.1, grace_seconds: float = 5.0):
+        self.sink = sink
+        self.poll_interval = poll_interval
+        self.grace_seconds = grace_seconds
+        self.nodes: list[NodeProcess] = []
+        self._stop = threading.Event()
+        self._lock = threading.Lock()
+        self.stop_reason: str | None = None
+
+    def start(self, argvs: Sequence[Sequence[str]], envs: Sequence[Mapping[str, str]], cwd: str | None = None,
+              stagger_seconds: float = 0.0) -> None:
+        for index, (argv, env) in enumerate(zip(argvs, envs)):
+            if self._stop.is_set():
+                return
+            proc = subprocess.Popen(
+                list(argv), env=dict(env), cwd=cwd, stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True,
+            )
+            node = NodeProcess(index=index, argv=list(argv), proc=proc)
+            node.reader = threading.Thread(target=self._pump, args=(node,), daemon=True)
+            node.reader.start()
+            with self._lock:
+                self.nodes.append(node)
+            if stagger_seconds and index == 0:
+                time.sleep(stagger_seconds)
+
+    def _pump(self, node: NodeProcess) -> None:
+        for raw in iter(node.proc.stdout.readline, b""):
+            line = raw.decode(errors="replace").rstrip("\n")
+            node.tail.append(line)
+            self.sink(line if line.startswith("[node") else f"[node{node.index}] {line}")
+
+    def wait(self, expected: int) -> tuple[int, NodeProcess | None]:
+        """Block until every node exits 0 (returns 0, None), one fails (its code and node), or stop()."""
+        while True:
+            if self._stop.is_set():
+                return -1, None
+            with self._lock:
+                nodes = list(self.nodes)
+            codes = [n.proc.poll() for n in nodes]
+            for node, code in zip(nodes, codes):
+                if code not in (None, 0):
+                    return code, node
+            if len(nodes) == expected and all(c == 0 for c in codes):
+                self._drain()
+                return 0, None
+            time.sleep(self.poll_interval)
+
+    def stop(self, reason: str = "stop requested") -> None:
+        """Ask wait() to return; the caller then calls teardown(). Safe from signal handlers."""
+        self.stop_reason = self.stop_reason or reason
+        self._stop.set()
+
+    def pids(self) -> set[int]:
+        """Every live process of the job: node processes and all their descendants."""
+        found: set[int] = set()
+        with self._lock:
+            nodes = list(self.nodes)
+        for node in nodes:
+            try:
+                root = psutil.Process(node.proc.pid)
+                found.add(root.pid)
+                found.update(child.pid for child in root.children(recursive=True))
+            except psutil.NoSuchProcess:
+                continue
+        return found
+
+    def teardown(self) -> None:
+        """SIGTERM every node's process group and every descendant; SIGKILL what is left after the grace period."""
+        self._stop.set()
+        for attempt in range(2):
+            victims = self._snapshot()
+            if not victims:
+                break
+            with self._lock:
+                nodes = list(self.nodes)
+            for node in nodes:
+                if node.proc.poll() is None:
+                    _signal_group(node.proc.pid, signal.SIGTERM)
+            for proc in victims:
+                _signal(proc, signal.SIGTERM)
+            _, alive = psutil.wait_procs(victims, timeout=self.grace_seconds if attempt == 0 else 1.0)
+            for proc in alive:
+                _signal(proc, signal.SIGKILL)
+            psutil.wait_procs(alive, timeout=2.0)
+        for node in self.nodes:
+            try:
+                node.proc.wait(timeout=2.0)
+            except subprocess.TimeoutExpired:
+                node.proc.kill()
+        self._drain()
+
+    def _snapshot(self) -> list[psutil.Process]:
+        victims = []
+        for pid in self.pids():
+            try:
+                victims.append(psutil.Process(pid))
+            except psutil.NoSuchProcess:
+                continue
+        return victims
+
+    def _drain(self) -> None:
+        for node in self.nodes:
+            if node.reader is not None:
+                node.reader.join(timeout=5)
+
+
+def _signal_group(pid: int, signum: int) -> None:
+    try:
+        os.killpg(pid, signum)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def _signal(proc: psutil.Process, signum: int) -> None:
+    try:
+        proc.send_signal(signum)
+    except (psutil.NoSuchProcess, psutil.AccessDenied):
+        pass
