@@ -40,6 +40,7 @@ class Backend(abc.ABC):
 # name -> (module path, class name, install hint). Imported only when asked for.
 REGISTRY: dict[str, tuple[str, str, str]] = {
     "local": ("operators.launch.backends.local", "LocalBackend", "pip install 'airflow-dtrain[torch]'"),
+    "slurm": ("operators.launch.backends.slurm", "SlurmBackend", "apt-get install slurm-client (sbatch, squeue, scontrol, scancel)"),
 }
 
 
