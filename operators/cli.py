@@ -14,6 +14,7 @@ from operators.errors import DTrainError
 
 SUBCOMMAND_MODULES = (
     "operators.launch.cli",
+    "operators.staging.cli",
 )
 
 

@@ -18,7 +18,20 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable, Mapping, Sequence
 
+import ctypes
+
 import psutil
+
+PR_SET_PDEATHSIG = 1
+# Resolved before any fork: the pre-exec hook must not import or allocate in the child.
+_PRCTL = getattr(ctypes.CDLL(None, use_errno=True), "prctl", None)
+
+
+def _die_with_launcher() -> None:
+    """Runs in the child before exec: if the launcher is SIGKILLed, the kernel sends the node
+    process SIGTERM, and torchrun's SIGTERM handling stops its workers (no orphans)."""
+    if _PRCTL is not None:
+        _PRCTL(PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
 
 LineSink = Callable[[str], None]
 TAIL_LINES = 40
@@ -57,6 +70,7 @@ class NodeSupervisor:
             proc = subprocess.Popen(
                 list(argv), env=dict(env), cwd=cwd, stdin=subprocess.DEVNULL,
                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True,
+                preexec_fn=_die_with_launcher,
             )
             node = NodeProcess(index=index, argv=list(argv), proc=proc)
             node.reader = threading.Thread(target=self._pump, args=(node,), daemon=True)

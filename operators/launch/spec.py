@@ -148,6 +148,16 @@ class LaunchSpec:
             directory under ``$DTRAIN_HOME`` (``~/.dtrain``)/runs.
         job_id: rendezvous id and run name; default generated.
         workdir: working directory of every rank; default the current directory.
+        hostfile: backend ``ssh``: path of a hostfile (DeepSpeed's ``host slots=N`` lines, optionally
+            ``user@host:port``; see operators/launch/hostfile.py). The first ``nodes`` hosts run
+            the job, node rank in line order; each needs ``slots >= procs_per_node``.
+        hosts: backend ``ssh``: the same lines given inline (a list, or one string of lines or commas).
+        ssh: backend ``ssh``: SSH settings (user, port, key_file, known_hosts_file,
+            strict_host_key_checking, connect_timeout, python); see ``SSHSettings``.
+        mpi_options: distribution ``mpi``: extra mpirun options, e.g. ``["-x NCCL_DEBUG=VERSION"]``,
+            checked against an allow-list (nothing that makes mpirun run another program).
+        parameter_servers: distribution ``tensorflow``: how many of the ranks are ``ps`` tasks
+            in TF_CONFIG (legacy TF 1.x); the others are workers.
     """
 
     command: Sequence[str]
@@ -165,7 +175,13 @@ class LaunchSpec:
     run_dir: str | None = None
     job_id: str | None = None
     workdir: str | None = None
+    hostfile: str | None = None
+    hosts: Sequence[str] | str | None = None
+    ssh: Mapping[str, Any] | None = None
+    mpi_options: Sequence[str] | str | None = None
+    parameter_servers: int = 0
     resolved_deepspeed_config: dict[str, Any] | None = field(default=None, init=False, repr=False)
+    resolved_hosts: list[Any] = field(default_factory=list, init=False, repr=False)
 
     def __post_init__(self) -> None:
         self.command = coerce_argv("command", self.command)
@@ -190,6 +206,9 @@ class LaunchSpec:
             raise SpecError("workdir", self.workdir, "an existing directory")
         self._check_command()
         self._check_gpus()
+        from operators.launch.hostfile import check_remote_fields  # hosts, ssh, mpi and TF options
+
+        check_remote_fields(self)
         if self.deepspeed_config is not None and self.distribution != "deepspeed":
             raise SpecError("deepspeed_config", self.deepspeed_config, "only allowed with distribution='deepspeed'")
         if self.distribution == "deepspeed":

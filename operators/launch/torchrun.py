@@ -23,7 +23,6 @@ def agent_argv(spec: LaunchSpec, *, python: str, node_index: int, rdzv_host: str
         f"--rdzv-id={job_id}",
         f"--rdzv-conf=is_host={is_host},join_timeout={int(spec.rdzv_timeout)}",
         f"--max-restarts={spec.max_restarts}",
-        "--monitor-interval=0.2",
         "--no-python",
         python, *RANK_ENTRY, *spec.command,
     ]

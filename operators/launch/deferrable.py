@@ -1,0 +1,163 @@
+"""Deferrable mode, operator side: submit the job, free the worker slot, resume on the event.
+
+The operator calls three functions:
+
+* :func:`defer_job` (from ``execute``): prepares and submits the job, records the
+  submission in the run directory, checks whether it already ended (a short job, or a
+  retry finding its job done) and only then defers to
+  :class:`~operators.launch.trigger.DistributedJobTrigger`.
+* :func:`resume_job` (from ``execute_complete``): validates the trigger event against the
+  submission record, and raises :class:`LaunchError` with the failing rank's (or the
+  job's) last lines on failure; on success returns the same XCom dict as a blocking run.
+* :func:`kill_job` (from ``on_kill``): ``scancel`` the submitted job.
+
+Airflow itself is imported only by the trigger module; everything here runs in the task.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from typing import Any, Mapping
+
+from operators.errors import DTrainError, LaunchError, SpecError
+from operators.launch.backends import slurm
+from operators.launch.job import Job, prepare_job
+from operators.launch.spec import LaunchSpec
+
+DEFERRABLE_BACKENDS = ("slurm",)
+SUBMISSION_KEY = "_dtrain_submission"  # attribute on the operator: what on_kill cancels
+SlurmOptionsLike = Any  # a SlurmOptions, a mapping of its fields (templated), a JSON object string, or None
+
+
+def slurm_options(options: SlurmOptionsLike = None) -> slurm.SlurmOptions:
+    """A :class:`SlurmOptions` from an operator argument: None, a dict (templated) or the object."""
+    if options is None:
+        return slurm.SlurmOptions()
+    if isinstance(options, slurm.SlurmOptions):
+        return options
+    if isinstance(options, str):
+        try:
+            options = json.loads(options) if options.strip() else {}
+        except json.JSONDecodeError as e:
+            raise SpecError("slurm_options", options, "a mapping (or a JSON object string)") from e
+    if not isinstance(options, Mapping):
+        raise SpecError("slurm_options", options, "a mapping of SlurmOptions fields")
+    allowed = set(slurm.SlurmOptions.__dataclass_fields__)
+    unknown = sorted(set(options) - allowed)
+    if unknown:
+        raise SpecError("slurm_options", unknown, f"known keys: {', '.join(sorted(allowed))}")
+    return slurm.SlurmOptions(**dict(options))
+
+
+def submission_path(run_dir: str, slurm_job_id: str) -> str:
+    return os.path.join(run_dir, f"slurm-{slurm_job_id}.submission.json")
+
+
+def _write_submission(job: Job, slurm_job_id: str) -> dict[str, Any]:
+    record = {"backend": "slurm", "slurm_job_id": slurm_job_id, "job_id": job.job_id, "run_dir": job.run_dir,
+              "world_size": job.spec.world_size, "submitted_at": time.time()}
+    path = submission_path(job.run_dir, slurm_job_id)
+    tmp = f"{path}.{os.getpid()}.tmp"
+    with open(tmp, "w", encoding="utf-8") as fh:
+        json.dump(record, fh)
+    os.replace(tmp, path)
+    return record
+
+
+def defer_job(operator, spec: LaunchSpec, options: SlurmOptionsLike = None, context: Mapping | None = None,
+              sink=None) -> dict[str, Any]:
+    """Submit ``spec`` and defer ``operator`` until the job ends (raises Airflow's TaskDeferred).
+
+    Returns the result directly, without deferring, when the job has already ended.
+    """
+    if spec.backend not in DEFERRABLE_BACKENDS:
+        raise SpecError("deferrable", True, f"supported with backend in {DEFERRABLE_BACKENDS}, not {spec.backend!r}")
+    opts = slurm_options(options)  # validated before anything is submitted
+    sink = sink or operator.log.info
+    job = prepare_job(spec)
+    backend = slurm.SlurmBackend(sink=sink, options=opts)
+    slurm_job_id = backend.submit(job)
+    record = _write_submission(job, slurm_job_id)
+    setattr(operator, SUBMISSION_KEY, record)
+    ti = (context or {}).get("ti")
+    if ti is not None:
+        ti.xcom_push(key="slurm_job_id", value=slurm_job_id)
+    status = slurm.query(slurm_job_id, job.run_dir)
+    if status.done:  # never defer for a job that is already over
+        from operators.launch.trigger import event_payload
+
+        return resume_job(operator, event_payload("slurm", job.run_dir, status))
+    from operators.launch.trigger import DistributedJobTrigger
+
+    operator.defer(
+        trigger=DistributedJobTrigger(job_id=slurm_job_id, run_dir=job.run_dir, backend="slurm",
+                                      poll_interval=opts.poll_interval),
+        method_name="execute_complete",
+    )
+    raise AssertionError("unreachable: defer() raises TaskDeferred")  # pragma: no cover
+
+
+def _validated(event: Any) -> dict[str, Any]:
+    """The event, checked: the right shape, and a job this run directory really submitted."""
+    if not isinstance(event, Mapping):
+        raise DTrainError(f"unexpected trigger event (not a mapping): {event!r}")
+    status, backend = event.get("status"), event.get("backend")
+    job_id, run_dir = str(event.get("job_id", "")), event.get("run_dir")
+    if status not in ("success", "failed", "error") or backend not in DEFERRABLE_BACKENDS:
+        raise DTrainError(f"unexpected trigger event: status={status!r} backend={backend!r}")
+    if not job_id.isdigit() or not isinstance(run_dir, str):
+        raise DTrainError(f"unexpected trigger event: job_id={job_id!r} run_dir={run_dir!r}")
+    try:
+        with open(submission_path(run_dir, job_id), encoding="utf-8") as fh:
+            record = json.load(fh)
+    except (OSError, ValueError) as e:
+        raise DTrainError(f"trigger event names slurm job {job_id} in {run_dir}, which has no submission record") from e
+    if record.get("slurm_job_id") != job_id or record.get("run_dir") != run_dir:
+        raise DTrainError(f"trigger event for slurm job {job_id} does not match its submission record {record}")
+    tail = event.get("tail") or []
+    return {**dict(event), "job_id": job_id, "tail": [str(line) for line in tail], "record": record}
+
+
+def resume_job(operator, event: Any) -> dict[str, Any]:
+    """Turn the trigger's event into the task's result, or raise with the job's last lines."""
+    from operators.launch.launcher import LaunchResult, first_failure, read_metrics
+
+    event = _validated(event)
+    record, run_dir = event["record"], event["run_dir"]
+    setattr(operator, SUBMISSION_KEY, record)
+    checkpoint_dir, metrics_dir = os.path.join(run_dir, "checkpoints"), os.path.join(run_dir, "metrics")
+    result = LaunchResult(
+        job_id=record["job_id"], run_dir=run_dir, world_size=int(record["world_size"]),
+        exit_code=0 if event["status"] == "success" else (event.get("exit_code") or 1),
+        duration_s=round(time.time() - float(record["submitted_at"]), 3),
+        checkpoint_dir=checkpoint_dir, metrics_dir=metrics_dir, metrics=read_metrics(metrics_dir),
+    )
+    log = getattr(operator, "log", None)
+    if event["status"] == "error":
+        raise LaunchError(f"lost track of slurm job {event['job_id']}: {event.get('reason')}", 1,
+                          tail=event["tail"])
+    if event["status"] == "failed":
+        failure = first_failure(os.path.join(run_dir, "exits"))
+        if failure is not None:  # name the rank that failed first, with its own output
+            result.exit_code, result.failed_rank = failure["exit_code"], failure["rank"]
+            result.failed_node, result.tail = failure["node_rank"], failure["tail"]
+        else:
+            result.tail = event["tail"]
+        raise LaunchError(
+            f"slurm job {event['job_id']} ({record['job_id']}) ended {event.get('state')} with exit code "
+            f"{result.exit_code}" + (f" (rank {result.failed_rank} failed first)" if result.failed_rank is not None else ""),
+            result.exit_code, result.failed_rank, result.tail or event["tail"])
+    if log is not None:
+        log.info("slurm job %s succeeded: world_size=%s in %.1fs, metrics=%s", event["job_id"], result.world_size,
+                 result.duration_s, result.metrics)
+    return result.to_xcom() | {"slurm_job_id": event["job_id"]}
+
+
+def kill_job(operator) -> None:
+    """on_kill: cancel the submitted job, if this task submitted one and it may still run."""
+    record = getattr(operator, SUBMISSION_KEY, None)
+    if record:
+        slurm.cancel(record["slurm_job_id"])
+        slurm.wait_until_done(record["slurm_job_id"], record["run_dir"], timeout=30)

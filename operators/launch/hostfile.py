@@ -1,0 +1,235 @@
+"""Hostfiles (DeepSpeed's ``host slots=N`` format, plus an SSH user and port) and SSH settings.
+
+Stdlib only and pure: the launch spec validates with it before anything starts.
+
+Hostfile syntax, one host per line (``#`` starts a comment, blank lines are skipped)::
+
+    worker-1 slots=4                 # DeepSpeed's format, unchanged
+    alice@worker-2 slots=4           # log in as alice
+    worker-3:2222 slots=4            # sshd on port 2222
+    alice@[fd00::3]:2222 slots=4     # IPv6 addresses go in brackets
+    worker-4                         # slots omitted: not checked against procs_per_node
+
+The node rank is the line order: the first host is node 0 and hosts the
+rendezvous (MASTER_ADDR). A user or port on a line wins over the SSH settings'
+defaults. Every error names the source, the line number and the offending value.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from dataclasses import dataclass
+from typing import Any, Iterable, Mapping, Sequence
+
+from operators.errors import SpecError
+
+_USER = r"[A-Za-z_][A-Za-z0-9._-]{0,63}"
+# A name or IPv4 address (never starting with '-': it would read as an ssh option), or [IPv6].
+_HOST = r"\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9](?:[A-Za-z0-9._-]{0,252}[A-Za-z0-9])?"
+TARGET_RE = re.compile(rf"^(?:(?P<user>{_USER})@)?(?P<host>{_HOST})(?::(?P<port>[0-9]{{1,5}}))?$")
+USER_RE = re.compile(rf"^{_USER}$")
+TARGET_SYNTAX = "[user@]host[:port] [slots=N], e.g. 'alice@worker-1:2222 slots=4'"
+STRICT_CHOICES = ("yes", "accept-new", "no")
+
+
+@dataclass(frozen=True)
+class HostEntry:
+    """One host of a hostfile. ``user``/``port`` None: the SSH settings' (or ssh's) default."""
+
+    host: str
+    slots: int | None = None
+    user: str | None = None
+    port: int | None = None
+    line: int = 0
+
+    @property
+    def address(self) -> str:
+        """The address other nodes use to reach this host (brackets of an IPv6 literal removed)."""
+        return self.host[1:-1] if self.host.startswith("[") else self.host
+
+    def __str__(self) -> str:
+        text = (f"{self.user}@" if self.user else "") + self.host + (f":{self.port}" if self.port else "")
+        return text + (f" slots={self.slots}" if self.slots is not None else "")
+
+
+def parse_hostfile_text(text: str, source: str = "hostfile") -> list[HostEntry]:
+    """Parse hostfile lines; raise :class:`SpecError` naming ``source`` and the line on bad input."""
+    entries: list[HostEntry] = []
+    seen: dict[tuple, int] = {}
+    for number, raw in enumerate(text.splitlines(), start=1):
+        line = raw.split("#", 1)[0].strip()
+        if not line:
+            continue
+        entry = _parse_line(line, number, source)
+        key = (entry.user, entry.address, entry.port)
+        if key in seen:
+            raise SpecError(f"{source} line {number}", line, f"each host once (already on line {seen[key]})")
+        seen[key] = number
+        entries.append(entry)
+    if not entries:
+        raise SpecError(source, text if len(text) < 200 else text[:200] + "...", "at least one host line: " + TARGET_SYNTAX)
+    return entries
+
+
+def _parse_line(line: str, number: int, source: str) -> HostEntry:
+    field = f"{source} line {number}"
+    target, *options = line.split()
+    match = TARGET_RE.match(target)
+    if match is None:
+        raise SpecError(field, target, TARGET_SYNTAX + " (IPv6 in brackets)")
+    port = None
+    if match.group("port") is not None:
+        port = int(match.group("port"))
+        if not 1 <= port <= 65535:
+            raise SpecError(field, match.group("port"), "a port between 1 and 65535")
+    slots = None
+    for option in options:
+        key, sep, value = option.partition("=")
+        if key != "slots" or not sep:
+            raise SpecError(field, option, "only 'slots=N' may follow the host")
+        if slots is not None:
+            raise SpecError(field, option, "slots given once")
+        if not value.isdigit() or int(value) < 1:
+            raise SpecError(field, value, "slots must be a positive integer")
+        slots = int(value)
+    return HostEntry(host=match.group("host"), slots=slots, user=match.group("user"), port=port, line=number)
+
+
+def read_hostfile(path: str) -> list[HostEntry]:
+    try:
+        with open(path, encoding="utf-8") as fh:
+            text = fh.read()
+    except OSError as e:
+        raise SpecError("hostfile", path, f"a readable file ({e.strerror})") from e
+    return parse_hostfile_text(text, source=f"hostfile {path}")
+
+
+def coerce_hosts(value: Any) -> list[HostEntry]:
+    """``hosts`` as given to the spec: hostfile lines as a list, or one string of lines / commas."""
+    if isinstance(value, str):
+        lines = [part for chunk in value.splitlines() for part in chunk.split(",")]
+    elif isinstance(value, (list, tuple)) and all(isinstance(v, str) for v in value):
+        lines = list(value)
+    else:
+        raise SpecError("hosts", value, "a list of hostfile lines, e.g. ['worker-1 slots=4', 'worker-2 slots=4']")
+    return parse_hostfile_text("\n".join(line.strip() for line in lines), source="hosts")
+
+
+@dataclass(frozen=True)
+class SSHSettings:
+    """How to reach the hosts. Per-host ``user@``/``:port`` in the hostfile win over ``user``/``port``.
+
+    Args:
+        user: login name (default: ssh's, i.e. the current user or ~/.ssh/config).
+        port: sshd port (default 22 or ~/.ssh/config).
+        key_file: private key (``-i``, with IdentitiesOnly); the key never appears in argv, only its path.
+        known_hosts_file: known_hosts to check host keys against (default ssh's).
+        strict_host_key_checking: ``yes``, ``accept-new`` (default: trust a host on first use,
+            refuse a changed key) or ``no``.
+        connect_timeout: seconds for each ssh connection.
+        python: the interpreter on the hosts (default: this one's path, as on a cluster
+            with the same image or a shared installation).
+    """
+
+    user: str | None = None
+    port: int | None = None
+    key_file: str | None = None
+    known_hosts_file: str | None = None
+    strict_host_key_checking: str = "accept-new"
+    connect_timeout: int = 10
+    python: str | None = None
+
+    FIELDS = ("user", "port", "key_file", "known_hosts_file", "strict_host_key_checking", "connect_timeout", "python")
+
+    @classmethod
+    def from_mapping(cls, value: Any) -> "SSHSettings":
+        if isinstance(value, SSHSettings):
+            return value
+        if value is None:
+            value = {}
+        if isinstance(value, str):
+            try:
+                value = json.loads(value) if value.strip() else {}
+            except json.JSONDecodeError as e:
+                raise SpecError("ssh", value, "a mapping (or JSON object) of SSH settings") from e
+        if not isinstance(value, Mapping):
+            raise SpecError("ssh", value, f"a mapping with keys among {', '.join(cls.FIELDS)}")
+        unknown = sorted(set(value) - set(cls.FIELDS))
+        if unknown:
+            raise SpecError("ssh", unknown[0], f"one of {', '.join(cls.FIELDS)}")
+        return cls._validated({k: v for k, v in value.items() if v is not None and v != ""})
+
+    @classmethod
+    def _validated(cls, v: dict[str, Any]) -> "SSHSettings":
+        from operators.launch.spec import coerce_int  # the spec imports this module: import late
+
+        user = v.get("user")
+        if user is not None and not USER_RE.match(str(user)):
+            raise SpecError("ssh.user", user, "a login name of letters, digits, '.', '_' or '-'")
+        port = coerce_int("ssh.port", v["port"], minimum=1, maximum=65535) if "port" in v else None
+        key_file = v.get("key_file")
+        if key_file is not None and not os.path.isfile(os.path.expanduser(str(key_file))):
+            raise SpecError("ssh.key_file", key_file, "an existing private key file")
+        known = v.get("known_hosts_file")
+        if known is not None and not os.path.isdir(os.path.dirname(os.path.abspath(os.path.expanduser(str(known))))):
+            raise SpecError("ssh.known_hosts_file", known, "a path in an existing directory")
+        strict = str(v.get("strict_host_key_checking", "accept-new")).strip().lower()
+        if strict not in STRICT_CHOICES:
+            raise SpecError("ssh.strict_host_key_checking", strict, f"one of {', '.join(STRICT_CHOICES)}")
+        timeout = coerce_int("ssh.connect_timeout", v.get("connect_timeout", 10), minimum=1, maximum=600)
+        python = v.get("python")
+        if python is not None and (not str(python).startswith("/") or "\0" in str(python)):
+            raise SpecError("ssh.python", python, "an absolute path to the interpreter on the hosts")
+        return cls(user=user, port=port, key_file=None if key_file is None else os.path.abspath(os.path.expanduser(key_file)),
+                   known_hosts_file=None if known is None else os.path.abspath(os.path.expanduser(known)),
+                   strict_host_key_checking=strict, connect_timeout=timeout, python=python)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {name: getattr(self, name) for name in self.FIELDS if getattr(self, name) is not None}
+
+
+def from_airflow_connection(conn: Any) -> tuple[list[str], dict[str, Any]]:
+    """Hosts and SSH settings from an Airflow SSH connection (duck-typed: no Airflow import).
+
+    ``conn.host`` holds one host or a comma-separated list; ``extra`` may carry ``hosts``
+    (hostfile lines, which then replace ``conn.host``), ``key_file``, ``known_hosts_file``,
+    ``no_host_key_check`` (Airflow's SSH hook name), ``conn_timeout`` and ``python``.
+    Inline ``private_key`` is refused: it would have to be written out; give a key_file.
+    """
+    extra = dict(getattr(conn, "extra_dejson", None) or {})
+    if extra.get("private_key"):
+        raise SpecError("ssh connection extra", "private_key", "a key_file path (inline keys are not written to disk)")
+    hosts = extra.get("hosts") or [h.strip() for h in (conn.host or "").split(",") if h.strip()]
+    if isinstance(hosts, str):
+        hosts = [hosts]
+    settings: dict[str, Any] = {}
+    if getattr(conn, "login", None):
+        settings["user"] = conn.login
+    if getattr(conn, "port", None):
+        settings["port"] = conn.port
+    for key in ("key_file", "known_hosts_file", "python"):
+        if extra.get(key):
+            settings[key] = extra[key]
+    if str(extra.get("no_host_key_check", "")).lower() == "true":
+        settings["strict_host_key_checking"] = "no"
+    if extra.get("conn_timeout"):
+        settings["connect_timeout"] = extra["conn_timeout"]
+    return list(hosts), settings
+
+
+def select_hosts(entries: Sequence[HostEntry], nodes: int, procs_per_node: int, source: str) -> list[HostEntry]:
+    """The first ``nodes`` hosts, each with room for ``procs_per_node`` processes."""
+    if nodes > len(entries):
+        raise SpecError("nodes", nodes, f"at most the {len(entries)} host(s) listed in {source}")
+    chosen = list(entries[:nodes])
+    for entry in chosen:
+        if entry.slots is not None and procs_per_node > entry.slots:
+            raise SpecError("procs_per_node", procs_per_node,
+                            f"at most slots={entry.slots} of host {entry.host} ({source} line {entry.line})")
+    return chosen
+
+
+def hostfile_lines(entries: Iterable[HostEntry]) -> str:
+    return "".join(f"{entry}\n" for entry in entries)

@@ -1,0 +1,117 @@
+"""Atomic checkpoints every N steps, and resume from the latest one.
+
+A checkpoint is written to a hidden temp file in the checkpoint directory, fsynced,
+then renamed; the ``latest`` pointer is replaced last. A kill at any moment leaves
+either the previous checkpoint or the new one, never a half-written file that a
+resume would trust. An Airflow retry or a torchrun restart resumes from ``latest``.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from typing import Any
+
+LATEST = "latest"
+PATTERN = re.compile(r"^step-(\d{8})\.pt$")
+
+
+def checkpoint_dir() -> str:
+    return os.environ.get("DTRAIN_CHECKPOINT_DIR") or os.path.join(os.getcwd(), "checkpoints")
+
+
+def _atomic_write_text(path: str, text: str) -> None:
+    tmp = os.path.join(os.path.dirname(path), f".{os.path.basename(path)}.{os.getpid()}.tmp")
+    with open(tmp, "w", encoding="utf-8") as fh:
+        fh.write(text)
+        fh.flush()
+        os.fsync(fh.fileno())
+    os.replace(tmp, path)
+
+
+class CheckpointManager:
+    """Args:
+        directory: where checkpoints live (default ``$DTRAIN_CHECKPOINT_DIR``).
+        every_n_steps: save when ``step % every_n_steps == 0``.
+        keep: how many recent checkpoints to keep.
+        rank: only rank 0 writes (DDP replicas are identical).
+    """
+
+    def __init__(self, directory: str | None = None, every_n_steps: int = 50, keep: int = 2, rank: int = 0):
+        if every_n_steps < 1 or keep < 1:
+            raise ValueError(f"every_n_steps={every_n_steps} and keep={keep} must be at least 1")
+        self.directory = directory or checkpoint_dir()
+        self.every_n_steps = every_n_steps
+        self.keep = keep
+        self.rank = rank
+        os.makedirs(self.directory, exist_ok=True)
+
+    def should_save(self, step: int) -> bool:
+        return step > 0 and step % self.every_n_steps == 0
+
+    def save(self, step: int, state: dict[str, Any]) -> str | None:
+        """Write ``state`` for ``step`` (rank 0 only) and move the ``latest`` pointer to it."""
+        if self.rank != 0:
+            return None
+        import torch
+
+        name = f"step-{step:08d}.pt"
+        path = os.path.join(self.directory, name)
+        tmp = os.path.join(self.directory, f".{name}.{os.getpid()}.tmp")
+        with open(tmp, "wb") as fh:
+            torch.save({"step": step, **state}, fh)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+        _atomic_write_text(os.path.join(self.directory, LATEST), name + "\n")
+        self._prune()
+        return path
+
+    def steps(self) -> list[int]:
+        found = []
+        for name in os.listdir(self.directory):
+            match = PATTERN.match(name)
+            if match:
+                found.append(int(match.group(1)))
+        return sorted(found)
+
+    def latest_path(self) -> str | None:
+        pointer = os.path.join(self.directory, LATEST)
+        try:
+            with open(pointer, encoding="utf-8") as fh:
+                name = fh.read().strip()
+            if PATTERN.match(name) and os.path.isfile(os.path.join(self.directory, name)):
+                return os.path.join(self.directory, name)
+        except OSError:
+            pass
+        steps = self.steps()
+        return os.path.join(self.directory, f"step-{steps[-1]:08d}.pt") if steps else None
+
+    def load_latest(self, map_location: str = "cpu") -> dict[str, Any] | None:
+        """The latest checkpoint's state (with its ``step``), or None when there is none."""
+        path = self.latest_path()
+        if path is None:
+            return None
+        import torch
+
+        return torch.load(path, map_location=map_location, weights_only=False)
+
+    def _prune(self) -> None:
+        for step in self.steps()[:-self.keep]:
+            try:
+                os.unlink(os.path.join(self.directory, f"step-{step:08d}.pt"))
+            except FileNotFoundError:
+                pass
+
+    # DeepSpeed engines shard optimizer state across ranks: every rank saves its part,
+    # and DeepSpeed writes its own "latest" tag file after all shards are written.
+    def save_deepspeed(self, engine, step: int, client_state: dict[str, Any] | None = None) -> None:
+        engine.save_checkpoint(os.path.join(self.directory, "deepspeed"), tag=f"step-{step:08d}",
+                               client_state={"step": step, **(client_state or {})})
+
+    def load_deepspeed(self, engine) -> dict[str, Any] | None:
+        ds_dir = os.path.join(self.directory, "deepspeed")
+        if not os.path.isfile(os.path.join(ds_dir, LATEST)):
+            return None
+        path, client_state = engine.load_checkpoint(ds_dir)
+        return client_state if path is not None else None

@@ -1,0 +1,68 @@
+"""Initialise torch.distributed from the env contract, whatever launched the process."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from datetime import timedelta
+
+from operators.launch.env_contract import contract_from_env
+
+
+@dataclass(frozen=True)
+class DistContext:
+    rank: int
+    world_size: int
+    local_rank: int
+    local_world_size: int
+    node_rank: int
+    backend: str
+    device: str  # "cpu" or "cuda:N"
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+
+def _use_cuda() -> bool:
+    import torch
+
+    if os.environ.get("DTRAIN_DEVICE") == "cpu":
+        return False
+    return torch.cuda.is_available()
+
+
+def init_distributed(backend: str | None = None, timeout_s: float = 300.0) -> DistContext:
+    """Join the process group described by the environment (torchrun, mpirun, Slurm via torchrun).
+
+    nccl when CUDA is available (one GPU per LOCAL_RANK), gloo on CPU. A single
+    process with no launcher env runs as world size 1 without a process group.
+    """
+    import torch
+    import torch.distributed as dist
+
+    os.environ.update(contract_from_env(os.environ, mpi_per_node_launch=os.environ.get("DTRAIN_MPI_PER_NODE") == "1"))
+    world_size = int(os.environ.get("WORLD_SIZE", "1"))
+    rank = int(os.environ.get("RANK", "0"))
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    cuda = _use_cuda()
+    backend = backend or ("nccl" if cuda else "gloo")
+    device = "cpu"
+    if cuda:
+        torch.cuda.set_device(local_rank)
+        device = f"cuda:{local_rank}"
+    if world_size > 1 and not dist.is_initialized():
+        dist.init_process_group(backend=backend, timeout=timedelta(seconds=timeout_s),
+                                **({"device_id": torch.device(device)} if cuda else {}))
+    return DistContext(
+        rank=rank, world_size=world_size, local_rank=local_rank,
+        local_world_size=int(os.environ.get("LOCAL_WORLD_SIZE", "1")),
+        node_rank=int(os.environ.get("NODE_RANK", "0")), backend=backend, device=device,
+    )
+
+
+def shutdown() -> None:
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        dist.destroy_process_group()

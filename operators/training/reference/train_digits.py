@@ -1,0 +1,216 @@
+"""Reference training script: an MLP on scikit-learn's digits (shipped inside scikit-learn), with DDP or DeepSpeed.
+
+Run it on every rank through the launcher, for example
+
+    dtrain launch --nodes 2 --procs-per-node 2 -- python -m operators.training.reference.train_digits --epochs 20
+    dtrain launch --procs-per-node 2 --distribution deepspeed --deepspeed-config ds.json -- \
+        python -m operators.training.reference.train_digits --deepspeed
+
+It checkpoints every ``--checkpoint-every`` steps and resumes from the latest
+checkpoint when relaunched with the same run directory; it writes per-rank
+metrics and, on rank 0, ``result.json`` with the test accuracy.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+
+from operators.training.checkpoint import CheckpointManager
+from operators.training.dist import init_distributed, shutdown
+from operators.training.metrics import MetricsWriter, write_result
+from operators.training.scaling import scaled_lr, warmup_factor
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--epochs", type=int, default=20)
+    p.add_argument("--batch-size", type=int, default=32, help="per-rank batch size (DDP)")
+    p.add_argument("--base-lr", type=float, default=0.05, help="learning rate at --base-batch")
+    p.add_argument("--base-batch", type=int, default=32, help="global batch the base LR is tuned for")
+    p.add_argument("--warmup-steps", type=int, default=20)
+    p.add_argument("--hidden", type=int, default=128)
+    p.add_argument("--checkpoint-every", type=int, default=25)
+    p.add_argument("--step-sleep", type=float, default=0.0, help="seconds added to each step (to watch or kill a run)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--deepspeed", action="store_true", help="train with DeepSpeed, config from DTRAIN_DEEPSPEED_CONFIG")
+    p.add_argument("--shards", help="read training data from preprocessed shards in this directory")
+    p.add_argument("--output", help="where rank 0 writes the trained model (default: run dir/model.pt)")
+    p.add_argument("--init-from", help="warm-start weights from this model file, if it exists")
+    return p.parse_args(argv)
+
+
+def load_digits_split(seed: int = 0):
+    """Features scaled to [0, 1]; a fixed 80/20 train/test split, identical on every rank."""
+    import numpy as np
+    from sklearn.datasets import load_digits
+
+    data = load_digits()
+    x = (data.data / 16.0).astype(np.float32)
+    y = data.target.astype(np.int64)
+    order = np.random.default_rng(seed).permutation(len(x))
+    cut = int(len(x) * 0.8)
+    return (x[order[:cut]], y[order[:cut]]), (x[order[cut:]], y[order[cut:]])
+
+
+def build_model(hidden: int):
+    import torch.nn as nn
+
+    return nn.Sequential(nn.Linear(64, hidden), nn.ReLU(), nn.Linear(hidden, hidden), nn.ReLU(), nn.Linear(hidden, 10))
+
+
+def train_dataset(args, seed: int):
+    import torch
+    from torch.utils.data import TensorDataset
+
+    (x_train, y_train), test = load_digits_split(seed)
+    if args.shards:
+        from operators.training.shards import ShardDataset  # preprocessed, memory-mapped shards
+
+        return ShardDataset(args.shards), test
+    return TensorDataset(torch.from_numpy(x_train), torch.from_numpy(y_train)), test
+
+
+def evaluate(model, test, device) -> float:
+    import torch
+
+    x_test, y_test = test
+    model.eval()
+    with torch.no_grad():
+        logits = model(torch.from_numpy(x_test).to(device))
+        accuracy = (logits.argmax(dim=1).cpu() == torch.from_numpy(y_test)).float().mean().item()
+    model.train()
+    return accuracy
+
+
+def atomic_save(obj, path: str) -> None:
+    import torch
+
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    tmp = f"{path}.{os.getpid()}.tmp"
+    torch.save(obj, tmp)
+    os.replace(tmp, path)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    import torch
+    import torch.distributed as dist
+    from torch.utils.data import DataLoader, DistributedSampler
+
+    torch.manual_seed(args.seed)
+    ctx = init_distributed()
+    device = torch.device(ctx.device)
+    dataset, test = train_dataset(args, args.seed)
+    model = build_model(args.hidden).to(device)
+    if args.init_from and os.path.isfile(args.init_from):
+        model.load_state_dict(torch.load(args.init_from, map_location=device))
+        print(f"warm start from {args.init_from}")
+
+    ds_config = None
+    if args.deepspeed:
+        with open(os.environ["DTRAIN_DEEPSPEED_CONFIG"], encoding="utf-8") as fh:
+            ds_config = json.load(fh)
+        per_rank_batch = ds_config["train_micro_batch_size_per_gpu"]
+        global_batch = ds_config["train_batch_size"]
+    else:
+        per_rank_batch = args.batch_size
+        global_batch = args.batch_size * ctx.world_size
+    lr = scaled_lr(args.base_lr, global_batch, args.base_batch)
+    if ctx.is_main:
+        print(f"world_size={ctx.world_size} global_batch={global_batch} lr={lr:.4f} "
+              f"(base_lr={args.base_lr} x {global_batch}/{args.base_batch})")
+
+    sampler = DistributedSampler(dataset, num_replicas=ctx.world_size, rank=ctx.rank, shuffle=True,
+                                 seed=args.seed, drop_last=True)
+    loader = DataLoader(dataset, batch_size=per_rank_batch, sampler=sampler, drop_last=True)
+    steps_per_epoch = len(loader)
+    optimizer = torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: warmup_factor(s, args.warmup_steps))
+    ckpt = CheckpointManager(every_n_steps=args.checkpoint_every, rank=ctx.rank)
+
+    step = 0
+    if args.deepspeed:
+        import deepspeed
+
+        ds_config.setdefault("zero_allow_untested_optimizer", True)
+        engine, optimizer, _, scheduler = deepspeed.initialize(
+            model=model, optimizer=optimizer, lr_scheduler=scheduler, config=ds_config)
+        state = ckpt.load_deepspeed(engine)
+        step = state["step"] if state else 0
+        train_model = engine
+    else:
+        state = ckpt.load_latest()
+        if state is not None:
+            model.load_state_dict(state["model"])
+            optimizer.load_state_dict(state["optimizer"])
+            scheduler.load_state_dict(state["scheduler"])
+            step = state["step"]
+        train_model = torch.nn.parallel.DistributedDataParallel(model) if ctx.world_size > 1 else model
+    resumed_from = step
+    if step and ctx.is_main:
+        print(f"resumed from checkpoint at step {step}")
+
+    metrics = MetricsWriter(ctx.rank)
+    loss_fn = torch.nn.CrossEntropyLoss()
+    total_steps = steps_per_epoch * args.epochs
+    loss = torch.tensor(0.0)
+    while step < total_steps:
+        epoch, skip = divmod(step, steps_per_epoch)
+        sampler.set_epoch(epoch)  # same order as the interrupted run, so a resume skips exactly what was done
+        batches = iter(loader)
+        for _ in range(skip):
+            next(batches)
+        while True:
+            waited = time.perf_counter()
+            try:
+                x, y = next(batches)
+            except StopIteration:
+                break
+            started = time.perf_counter()
+            x, y = x.to(device), y.to(device)
+            loss = loss_fn(train_model(x), y)
+            if args.deepspeed:
+                train_model.backward(loss)
+                train_model.step()
+            else:
+                optimizer.zero_grad(set_to_none=True)
+                loss.backward()
+                optimizer.step()
+                scheduler.step()
+            if args.step_sleep:
+                time.sleep(args.step_sleep)
+            step += 1
+            done = time.perf_counter()
+            metrics.log(step=step, epoch=epoch, loss=loss.item(), samples=len(y),
+                        step_time_s=done - waited, data_wait_s=started - waited)
+            if ckpt.should_save(step):
+                if args.deepspeed:
+                    ckpt.save_deepspeed(train_model, step)
+                else:
+                    ckpt.save(step, {"model": model.state_dict(), "optimizer": optimizer.state_dict(),
+                                     "scheduler": scheduler.state_dict()})
+    metrics.close()
+
+    accuracy = evaluate(model if not args.deepspeed else train_model.module, test, device)
+    if ctx.world_size > 1:
+        dist.barrier()
+    if ctx.is_main:
+        output = args.output or os.path.join(os.environ.get("DTRAIN_RUN_DIR", os.getcwd()), "model.pt")
+        atomic_save((train_model.module if args.deepspeed else model).state_dict(), output)
+        write_result({
+            "test_accuracy": round(accuracy, 4), "steps": step, "epochs": args.epochs,
+            "world_size": ctx.world_size, "global_batch": global_batch, "lr": lr,
+            "final_loss": round(float(loss.item()), 4), "resumed_from_step": resumed_from,
+            "distribution": "deepspeed" if args.deepspeed else "pytorch", "model_path": output,
+        })
+        print(f"test accuracy: {accuracy:.4f}")
+    shutdown()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

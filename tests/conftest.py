@@ -1,0 +1,38 @@
+"""Suite-wide setup: an isolated AIRFLOW_HOME and DTRAIN_HOME, set before anything imports Airflow."""
+
+from __future__ import annotations
+
+import os
+import sys
+import tempfile
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+_home = tempfile.mkdtemp(prefix="dtrain-tests-")
+os.environ.setdefault("AIRFLOW_HOME", os.path.join(_home, "airflow"))
+os.environ.setdefault("DTRAIN_HOME", os.path.join(_home, "dtrain"))
+os.environ.setdefault("AIRFLOW__CORE__LOAD_EXAMPLES", "False")
+os.environ.setdefault("AIRFLOW__CORE__DAGS_FOLDER", os.path.join(REPO, "dags"))
+os.environ.setdefault("AIRFLOW__CORE__PLUGINS_FOLDER", os.path.join(REPO, "plugins"))
+os.environ.setdefault("AIRFLOW__CORE__UNIT_TEST_MODE", "False")
+os.environ.setdefault("PYTHONUNBUFFERED", "1")
+# The venv's bin must be on PATH: launched ranks, `airflow` subcommands and `dtrain` run from it.
+_bin = os.path.dirname(sys.executable)
+if _bin not in os.environ.get("PATH", "").split(os.pathsep):
+    os.environ["PATH"] = _bin + os.pathsep + os.environ.get("PATH", "")
+
+import subprocess  # noqa: E402
+
+import pytest  # noqa: E402
+
+
+@pytest.fixture(scope="session")
+def airflow_db() -> str:
+    """A migrated SQLite metadata DB in this session's AIRFLOW_HOME (for dag.test() and the CLI)."""
+    home = os.environ["AIRFLOW_HOME"]
+    marker = os.path.join(home, ".migrated")
+    if not os.path.exists(marker):
+        os.makedirs(home, exist_ok=True)
+        subprocess.run([os.path.join(_bin, "airflow"), "db", "migrate"], check=True,
+                       stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, timeout=300)
+        open(marker, "w").close()
+    return home

@@ -1,0 +1,90 @@
+"""No orphan, ever: a failing rank, SIGTERM/SIGINT to the launcher, SIGKILL of the launcher and on_kill
+each leave no process of the job alive (checked by PID)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+import psutil
+import pytest
+
+from operators.launch.launcher import Launcher
+from operators.launch.spec import LaunchSpec
+
+from .conftest import alive, script, wait_for
+
+DTRAIN = os.path.join(os.path.dirname(sys.executable), "dtrain")
+
+
+def rank_pids(out_dir, world):
+    def read():
+        names = [n for n in os.listdir(out_dir) if n.startswith("pid")]
+        if len(names) < world:
+            return None
+        return [int(open(os.path.join(out_dir, n)).read()) for n in names]
+    return read
+
+
+def test_failing_rank_tears_down_every_rank_and_propagates_its_exit_code(out_dir):
+    lines = []
+    spec = LaunchSpec(command=[script("fail_rank.py")], nodes=2, procs_per_node=2,
+                      env={"OUT_DIR": out_dir, "FAIL_RANK": "3", "FAIL_CODE": "7"})
+    launcher = Launcher(spec, sink=lines.append)
+    seen: set[int] = set()
+    done = threading.Event()
+
+    def watch():  # remember every process of the job while it runs (agents, wrappers, ranks)
+        while not done.is_set():
+            seen.update(launcher.backend.pids())
+            time.sleep(0.05)
+
+    watcher = threading.Thread(target=watch)
+    watcher.start()
+    started = time.monotonic()
+    result = launcher.run()
+    elapsed = time.monotonic() - started
+    done.set()
+    watcher.join()
+    pids = rank_pids(out_dir, 4)()
+    assert result.exit_code == 7 and result.failed_rank == 3, lines[-20:]
+    assert "rank failing on purpose" in result.tail
+    assert set(pids) <= seen and len(seen) >= 2 + 4  # 2 agents + 4 ranks at least
+    assert alive(seen) == []
+    assert elapsed < 120  # the hanging ranks sleep 600 s: they were torn down, not waited for
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
+def test_signal_to_launcher_leaves_no_pid(out_dir, signum):
+    proc = subprocess.Popen([DTRAIN, "launch", "--nodes", "2", "--procs-per-node", "2", "--env", f"OUT_DIR={out_dir}",
+                             "--", script("fail_rank.py")], stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    pids = wait_for(rank_pids(out_dir, 4), timeout=120, what="all ranks up")
+    tree = [p.pid for p in psutil.Process(proc.pid).children(recursive=True)]
+    assert set(pids) <= set(tree)
+    proc.send_signal(signum)
+    code = proc.wait(timeout=60)
+    assert code == 143
+    wait_for(lambda: not alive(tree), timeout=15, what="every process of the job to exit")
+
+
+def test_sigkill_of_launcher_leaves_no_pid(out_dir):
+    # The launcher gets no chance to clean up: the kernel's parent-death signal does it.
+    proc = subprocess.Popen([DTRAIN, "launch", "--nodes", "2", "--procs-per-node", "1", "--env", f"OUT_DIR={out_dir}",
+                             "--", script("fail_rank.py")], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    wait_for(rank_pids(out_dir, 2), timeout=120, what="all ranks up")
+    tree = [p.pid for p in psutil.Process(proc.pid).children(recursive=True)]
+    proc.kill()
+    proc.wait()
+    wait_for(lambda: not alive(tree), timeout=30, what="every process of the job to exit")
+
+
+def test_failed_launch_cli_exit_code_is_the_ranks(out_dir):
+    proc = subprocess.run([DTRAIN, "launch", "--nodes", "1", "--procs-per-node", "2", "--env", f"OUT_DIR={out_dir}",
+                           "--env", "FAIL_RANK=0", "--env", "FAIL_CODE=42", "--", script("fail_rank.py")],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 42, proc.stderr[-2000:]
+    assert "rank failing on purpose" in proc.stderr
