@@ -6,6 +6,7 @@ import argparse
 import signal
 import sys
 
+from operators.launch import slurm_cli
 from operators.launch.spec import BACKENDS, DISTRIBUTIONS
 
 
@@ -23,6 +24,7 @@ def register(subparsers) -> None:
     p.add_argument("--device", default="auto", choices=("auto", "cpu", "gpu"))
     p.add_argument("--run-dir", help="checkpoints, metrics and exit records (reuse it to resume)")
     p.add_argument("--env", action="append", default=[], metavar="KEY=VALUE", help="extra env for every rank")
+    slurm_cli.add_arguments(p)
     p.add_argument("command", nargs=argparse.REMAINDER, help="-- CMD ARGS...")
     p.set_defaults(func=run)
 
@@ -43,13 +45,16 @@ def run(args: argparse.Namespace) -> int:
     from operators.launch.spec import LaunchSpec
 
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
+    slurm_cli.check_backend(args)
     spec = LaunchSpec(
         command=command, nodes=args.nodes, procs_per_node=args.procs_per_node,
         distribution=args.distribution, backend=args.backend, deepspeed_config=args.deepspeed_config,
         max_restarts=args.max_restarts, rdzv_port=args.rdzv_port, rdzv_timeout=args.rdzv_timeout,
-        device=args.device, run_dir=args.run_dir, env=parse_env(args.env),
+        device=args.device, run_dir=args.run_dir, env=parse_env(args.env), gpus_per_node=args.gpus_per_node,
     )
-    launcher = Launcher(spec)
+    if args.dry_run:
+        return slurm_cli.dry_run(spec, args)
+    launcher = Launcher(spec, backend=slurm_cli.backend_from_args(args) if args.backend == "slurm" else None)
 
     def on_signal(signum, _frame):
         print(f"[dtrain] received signal {signum}: stopping every rank", file=sys.stderr, flush=True)
