@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 import tempfile
@@ -14,6 +15,14 @@ os.environ.setdefault("AIRFLOW__CORE__LOAD_EXAMPLES", "False")
 os.environ.setdefault("AIRFLOW__CORE__DAGS_FOLDER", os.path.join(REPO, "dags"))
 os.environ.setdefault("AIRFLOW__CORE__PLUGINS_FOLDER", os.path.join(REPO, "plugins"))
 os.environ.setdefault("AIRFLOW__CORE__UNIT_TEST_MODE", "False")
+# Two bundles: the product's dags/ and tests/dags/ (DAGs built for tests). dag.test() only runs
+# DAGs that a bundle holds, so test DAGs live in files there and take their inputs as params.
+os.environ.setdefault("AIRFLOW__DAG_PROCESSOR__DAG_BUNDLE_CONFIG_LIST", json.dumps([
+    {"name": "dags-folder", "classpath": "airflow.dag_processing.bundles.local.LocalDagBundle",
+     "kwargs": {"path": os.path.join(REPO, "dags")}},
+    {"name": "test-dags", "classpath": "airflow.dag_processing.bundles.local.LocalDagBundle",
+     "kwargs": {"path": os.path.join(REPO, "tests", "dags")}},
+]))
 os.environ.setdefault("PYTHONUNBUFFERED", "1")
 # The venv's bin must be on PATH: launched ranks, `airflow` subcommands and `dtrain` run from it.
 _bin = os.path.dirname(sys.executable)
@@ -36,3 +45,17 @@ def airflow_db() -> str:
                        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, timeout=300)
         open(marker, "w").close()
     return home
+
+
+def load_test_dag(filename: str, dag_id: str):
+    """The DAG ``dag_id`` from tests/dags/<filename>, ready for ``dag.test(run_conf=...)``."""
+    import importlib.util
+
+    path = os.path.join(REPO, "tests", "dags", filename)
+    spec = importlib.util.spec_from_file_location(f"test_dags_{filename[:-3]}", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    for value in vars(module).values():
+        if getattr(value, "dag_id", None) == dag_id and hasattr(value, "test"):
+            return value
+    raise LookupError(f"no DAG {dag_id!r} in {path}")
