@@ -28,27 +28,6 @@ from operators.launch.spec import LaunchSpec
 
 DEFERRABLE_BACKENDS = ("slurm",)
 SUBMISSION_KEY = "_dtrain_submission"  # attribute on the operator: what on_kill cancels
-SlurmOptionsLike = Any  # a SlurmOptions, a mapping of its fields (templated), a JSON object string, or None
-
-
-def slurm_options(options: SlurmOptionsLike = None) -> slurm.SlurmOptions:
-    """A :class:`SlurmOptions` from an operator argument: None, a dict (templated) or the object."""
-    if options is None:
-        return slurm.SlurmOptions()
-    if isinstance(options, slurm.SlurmOptions):
-        return options
-    if isinstance(options, str):
-        try:
-            options = json.loads(options) if options.strip() else {}
-        except json.JSONDecodeError as e:
-            raise SpecError("slurm_options", options, "a mapping (or a JSON object string)") from e
-    if not isinstance(options, Mapping):
-        raise SpecError("slurm_options", options, "a mapping of SlurmOptions fields")
-    allowed = set(slurm.SlurmOptions.__dataclass_fields__)
-    unknown = sorted(set(options) - allowed)
-    if unknown:
-        raise SpecError("slurm_options", unknown, f"known keys: {', '.join(sorted(allowed))}")
-    return slurm.SlurmOptions(**dict(options))
 
 
 def submission_path(run_dir: str, slurm_job_id: str) -> str:
@@ -66,7 +45,7 @@ def _write_submission(job: Job, slurm_job_id: str) -> dict[str, Any]:
     return record
 
 
-def defer_job(operator, spec: LaunchSpec, options: SlurmOptionsLike = None, context: Mapping | None = None,
+def defer_job(operator, spec: LaunchSpec, options: Any = None, context: Mapping | None = None,
               sink=None) -> dict[str, Any]:
     """Submit ``spec`` and defer ``operator`` until the job ends (raises Airflow's TaskDeferred).
 
@@ -74,7 +53,7 @@ def defer_job(operator, spec: LaunchSpec, options: SlurmOptionsLike = None, cont
     """
     if spec.backend not in DEFERRABLE_BACKENDS:
         raise SpecError("deferrable", True, f"supported with backend in {DEFERRABLE_BACKENDS}, not {spec.backend!r}")
-    opts = slurm_options(options)  # validated before anything is submitted
+    opts = slurm.coerce_options(options)  # validated before anything is submitted
     sink = sink or operator.log.info
     job = prepare_job(spec)
     backend = slurm.SlurmBackend(sink=sink, options=opts)

@@ -21,6 +21,7 @@ Stdlib only and no Airflow: the async trigger and the CLI import it cheaply.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shlex
@@ -29,7 +30,7 @@ import sys
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Sequence
+from typing import Any, Mapping, Sequence
 
 from operators.errors import DTrainError, LaunchError, SpecError
 from operators.launch.backends.base import Backend, BackendOutcome
@@ -129,6 +130,26 @@ class SlurmOptions:
         from operators.launch.spec import coerce_int
 
         set_(self, "master_port", coerce_int("master_port", self.master_port, minimum=0, maximum=65535))
+
+
+def coerce_options(options: "SlurmOptions | Mapping[str, Any] | str | None" = None) -> "SlurmOptions":
+    """A :class:`SlurmOptions` from an operator argument: None, a dict (templated) or the object."""
+    if options is None:
+        return SlurmOptions()
+    if isinstance(options, SlurmOptions):
+        return options
+    if isinstance(options, str):
+        try:
+            options = json.loads(options) if options.strip() else {}
+        except json.JSONDecodeError as e:
+            raise SpecError("slurm_options", options, "a mapping (or a JSON object string)") from e
+    if not isinstance(options, Mapping):
+        raise SpecError("slurm_options", options, "a mapping of SlurmOptions fields")
+    allowed = set(SlurmOptions.__dataclass_fields__)
+    unknown = sorted(set(options) - allowed)
+    if unknown:
+        raise SpecError("slurm_options", unknown, f"known keys: {', '.join(sorted(allowed))}")
+    return SlurmOptions(**dict(options))
 
 
 # ---------------------------------------------------------------------------------------------

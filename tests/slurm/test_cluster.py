@@ -1,0 +1,96 @@
+"""The Slurm backend against a real two-node cluster (munged, slurmctld, two slurmd; see cluster.py)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import threading
+
+from operators.launch.backends.slurm import SlurmBackend, SlurmOptions
+from operators.launch.launcher import Launcher
+
+from .conftest import DDP_REPORT, REPO, alive, cpu_spec, queue, wait_for
+
+HOSTILE_ARGS = ["$(touch {p})", "'; touch {p}; echo '", "`touch {p}`", "a b\n c"]
+
+
+def reports(path) -> list[dict]:
+    return [json.load(open(os.path.join(path, name))) for name in sorted(os.listdir(path))]
+
+
+def test_ddp_two_nodes_by_two_trains_and_node_rank_is_slurm_nodeid(slurm, tmp_path):
+    pwned = tmp_path / "pwned"
+    hostile = [a.format(p=pwned) for a in HOSTILE_ARGS]
+    spec = cpu_spec(["python", DDP_REPORT, str(tmp_path / "rep"), *hostile], run_dir=str(tmp_path / "run"),
+                    env={"HOSTILE": hostile[0]})
+    lines: list[str] = []
+    result = Launcher(spec, sink=lines.append, backend=SlurmBackend(lines.append, SlurmOptions(poll_interval=0.3))).run()
+    assert result.exit_code == 0, "\n".join(lines)
+    ranks = reports(tmp_path / "rep")
+    assert sorted(int(r["RANK"]) for r in ranks) == [0, 1, 2, 3]
+    assert {r["WORLD_SIZE"] for r in ranks} == {"4"}
+    for r in ranks:
+        assert r["NODE_RANK"] == r["SLURM_NODEID"] == r["GROUP_RANK"]
+        assert int(r["NODE_RANK"]) == int(r["RANK"]) // 2 and r["LOCAL_WORLD_SIZE"] == "2"
+        assert r["MASTER_ADDR"] == "127.0.0.1"  # node1's NodeAddr: the name itself does not resolve
+        assert r["argv"] == hostile and r["HOSTILE"] == hostile[0]  # verbatim, and inert
+        assert r["last_loss"] < r["first_loss"] / 10  # it trained
+    assert len({(r["weight"], r["bias"]) for r in ranks}) == 1  # gradients were all-reduced across nodes
+    assert {r["SLURM_JOB_ID"] for r in ranks} == {ranks[0]["SLURM_JOB_ID"]}
+    assert not pwned.exists()
+    assert any(line.startswith("[node1 rank3]") for line in lines)  # the job's output was streamed
+    assert queue(slurm) == []
+
+
+def test_cli_failing_rank_exit_status_and_tail(slurm, tmp_path):
+    """Same exit-status rules as the local backend: the failing rank's code, its last lines."""
+    proc = subprocess.run(
+        [os.path.join(os.path.dirname(sys.executable), "dtrain"), "launch", "--backend", "slurm", "--nodes", "2",
+         "--procs-per-node", "2", "--device", "cpu", "--run-dir", str(tmp_path / "run"), "--slurm-poll-interval",
+         "0.3", "--env", "GLOO_SOCKET_IFNAME=lo", "--", "python", DDP_REPORT, str(tmp_path / "rep"), "--fail-rank", "3"],
+        capture_output=True, text=True, timeout=120, cwd=REPO)
+    assert proc.returncode == 7, proc.stdout + proc.stderr
+    assert "rank 3 failed first" in proc.stdout
+    assert "rank 3: deliberate failure marker" in proc.stderr  # the tail
+    assert queue(slurm) == []
+
+
+def test_cli_dry_run_prints_script_and_submits_nothing(slurm, tmp_path):
+    run_dir = tmp_path / "run"
+    proc = subprocess.run(
+        [os.path.join(os.path.dirname(sys.executable), "dtrain"), "launch", "--backend", "slurm", "--nodes", "2",
+         "--partition", "debug", "--time", "5", "--account", "ml", "--dry-run", "--run-dir", str(run_dir),
+         "--", "python", "train.py", "$(id)"],
+        capture_output=True, text=True, timeout=60, cwd=REPO)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout == (run_dir / "slurm-job.sh").read_text()
+    for line in ("#SBATCH --nodes=2", "#SBATCH --partition=debug", "#SBATCH --time=5", "#SBATCH --account=ml"):
+        assert line + "\n" in proc.stdout
+    assert "train.py '$(id)'" in proc.stdout
+    assert queue(slurm) == [] and not list(run_dir.glob("slurm-*.out"))
+
+
+def test_terminate_scancels_and_frees_every_process(slurm, tmp_path):
+    spec = cpu_spec(["python", DDP_REPORT, str(tmp_path / "rep"), "--sleep", "120"], run_dir=str(tmp_path / "run"))
+    lines: list[str] = []
+    backend = SlurmBackend(lines.append, SlurmOptions(poll_interval=0.3))
+    launcher = Launcher(spec, sink=lines.append, backend=backend)
+    results = []
+    thread = threading.Thread(target=lambda: results.append(launcher.run()))
+    thread.start()
+    wait_for(lambda: sum("sleeping" in line for line in lines) == 4, timeout=90, what="4 ranks sleeping")
+    job_pids = slurm.job_pids()
+    rank_pids = {int(line.rsplit("pid=", 1)[1]) for line in lines if "sleeping" in line}
+    assert rank_pids <= job_pids and len(job_pids) > len(rank_pids)  # plus torchrun agents, srun, slurmstepd
+    assert queue(slurm) == [backend.slurm_job_id]
+    launcher.terminate()
+    thread.join(timeout=60)
+    assert not thread.is_alive()
+    assert results[0].stopped and results[0].exit_code == 143
+    assert queue(slurm) == []
+    assert alive(job_pids) == []
+    assert slurm.job_pids() == set()
+    state = slurm.run(["scontrol", "show", "job", "-o", backend.slurm_job_id]).stdout
+    assert "JobState=CANCELLED" in state
