@@ -6,7 +6,7 @@ import argparse
 import signal
 import sys
 
-from operators.launch import slurm_cli
+from operators.launch import remote_cli, slurm_cli
 from operators.launch.spec import BACKENDS, DISTRIBUTIONS
 
 
@@ -25,6 +25,7 @@ def register(subparsers) -> None:
     p.add_argument("--run-dir", help="checkpoints, metrics and exit records (reuse it to resume)")
     p.add_argument("--env", action="append", default=[], metavar="KEY=VALUE", help="extra env for every rank")
     slurm_cli.add_arguments(p)
+    remote_cli.add_arguments(p)
     p.add_argument("command", nargs=argparse.REMAINDER, help="-- CMD ARGS...")
     p.set_defaults(func=run)
 
@@ -51,6 +52,7 @@ def run(args: argparse.Namespace) -> int:
         distribution=args.distribution, backend=args.backend, deepspeed_config=args.deepspeed_config,
         max_restarts=args.max_restarts, rdzv_port=args.rdzv_port, rdzv_timeout=args.rdzv_timeout,
         device=args.device, run_dir=args.run_dir, env=parse_env(args.env), gpus_per_node=args.gpus_per_node,
+        **remote_cli.spec_kwargs(args),
     )
     if args.dry_run:
         return slurm_cli.dry_run(spec, args)

@@ -179,6 +179,10 @@ class SSHSettings:
         if strict not in STRICT_CHOICES:
             raise SpecError("ssh.strict_host_key_checking", strict, f"one of {', '.join(STRICT_CHOICES)}")
         timeout = coerce_int("ssh.connect_timeout", v.get("connect_timeout", 10), minimum=1, maximum=600)
+        for name, path in (("ssh.key_file", key_file), ("ssh.known_hosts_file", known)):
+            # ssh -o values and ssh_config lines split on blanks and quotes: refuse rather than mis-split.
+            if path is not None and any(c.isspace() or c in "\"'" for c in str(path)):
+                raise SpecError(name, path, "a path without blanks or quotes")
         python = v.get("python")
         if python is not None and (not str(python).startswith("/") or "\0" in str(python)):
             raise SpecError("ssh.python", python, "an absolute path to the interpreter on the hosts")
@@ -233,3 +237,56 @@ def select_hosts(entries: Sequence[HostEntry], nodes: int, procs_per_node: int, 
 
 def hostfile_lines(entries: Iterable[HostEntry]) -> str:
     return "".join(f"{entry}\n" for entry in entries)
+
+
+def check_remote_fields(spec: Any) -> None:
+    """Validate and normalise the spec's hostfile/hosts/ssh/mpi_options/parameter_servers fields.
+
+    Called from ``LaunchSpec.__post_init__``: every mistake surfaces before a process starts.
+    Sets ``spec.resolved_hosts`` (the hosts that run the job) and normalises the others to
+    primitives (so the spec serializes for a trigger).
+    """
+    import shutil
+
+    from operators.launch.mpi import coerce_mpi_options
+    from operators.launch.spec import coerce_int
+
+    if spec.hostfile is not None and spec.hosts is not None:
+        raise SpecError("hosts", spec.hosts, "give either hostfile or hosts, not both")
+    given = spec.hostfile if spec.hostfile is not None else spec.hosts
+    if spec.backend != "ssh":
+        if given is not None:
+            raise SpecError("hostfile" if spec.hostfile is not None else "hosts", given, "only used with backend='ssh'")
+        if spec.ssh:
+            raise SpecError("ssh", spec.ssh, "only used with backend='ssh'")
+    else:
+        if given is None:
+            raise SpecError("hostfile", None, "backend='ssh' needs a hostfile (or hosts): lines of " + TARGET_SYNTAX)
+        if spec.hostfile is not None:
+            spec.hostfile = os.path.abspath(str(spec.hostfile))
+            entries, source = read_hostfile(spec.hostfile), f"hostfile {spec.hostfile}"
+        else:
+            entries, source = coerce_hosts(spec.hosts), "hosts"
+            spec.hosts = [str(entry) for entry in entries]
+        spec.resolved_hosts = select_hosts(entries, spec.nodes, spec.procs_per_node, source)
+        spec.ssh = SSHSettings.from_mapping(spec.ssh).to_dict()
+        if shutil.which("ssh") is None:
+            raise SpecError("backend", "ssh", "the OpenSSH client 'ssh' on PATH (apt-get install openssh-client)")
+    if spec.mpi_options is not None and spec.distribution != "mpi":
+        raise SpecError("mpi_options", spec.mpi_options, "only used with distribution='mpi'")
+    spec.mpi_options = coerce_mpi_options(spec.mpi_options)
+    if spec.distribution == "mpi":
+        if spec.backend == "local" and spec.nodes != 1:
+            raise SpecError("nodes", spec.nodes, "1 for distribution='mpi' on backend='local' (mpirun sees one host; "
+                                                 "use backend='ssh' with a hostfile for several)")
+        if spec.backend not in ("local", "ssh"):
+            raise SpecError("backend", spec.backend, "local or ssh for distribution='mpi'")
+        if shutil.which("mpirun") is None:
+            raise SpecError("distribution", "mpi", "OpenMPI's mpirun on PATH (apt-get install openmpi-bin)")
+    spec.parameter_servers = coerce_int("parameter_servers", spec.parameter_servers, minimum=0)
+    if spec.parameter_servers:
+        if spec.distribution != "tensorflow":
+            raise SpecError("parameter_servers", spec.parameter_servers, "only used with distribution='tensorflow'")
+        if spec.parameter_servers >= spec.world_size:
+            raise SpecError("parameter_servers", spec.parameter_servers,
+                            f"fewer than the {spec.world_size} processes (at least one worker)")

@@ -82,7 +82,9 @@ class Launcher:
     def __init__(self, spec: LaunchSpec, sink: LineSink = print_sink, backend: Backend | None = None):
         self.spec = spec
         self.sink = sink
-        self.backend = backend or get_backend_class(spec.backend)(sink=sink)
+        # distribution=mpi: mpirun starts every rank itself (on this host or the ssh hosts), no torchrun.
+        name = "mpi" if spec.distribution == "mpi" and spec.backend in ("local", "ssh") else spec.backend
+        self.backend = backend or get_backend_class(name)(sink=sink)
         self.job: Job | None = None
         self._terminated = threading.Event()
 

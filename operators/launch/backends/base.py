@@ -41,6 +41,8 @@ class Backend(abc.ABC):
 REGISTRY: dict[str, tuple[str, str, str]] = {
     "local": ("operators.launch.backends.local", "LocalBackend", "pip install 'airflow-dtrain[torch]'"),
     "slurm": ("operators.launch.backends.slurm", "SlurmBackend", "apt-get install slurm-client (sbatch, squeue, scontrol, scancel)"),
+    "ssh": ("operators.launch.backends.ssh", "SSHBackend", "apt-get install openssh-client"),
+    "mpi": ("operators.launch.backends.mpi_backend", "MPIBackend", "apt-get install openmpi-bin"),
 }
 
 

@@ -1,0 +1,175 @@
+"""Runs on each SSH host: ``python -m operators.launch.remote_agent [options] -- AGENT ARGV...``.
+
+The SSH backend starts this over ssh, once per host. It
+
+* makes itself a session and process-group leader (``setsid``; sshd usually already
+  did), so the whole node can be signalled with ``kill -TERM -- -PGID``;
+* announces that pgid on stdout (``[dtrain-remote] node=N pgid=P``, which the
+  launcher reads from the stream) and in ``--pgid-file``;
+* reads one JSON line from stdin with the job's environment, so variables (possibly
+  secrets) never appear in an argv, on this host or the launcher's;
+* runs the torchrun agent (argv, no shell) in its process group and exits with its code;
+* keeps reading stdin as a lifeline: EOF means the launcher or its ssh client is gone
+  (even SIGKILLed), and then, as on SIGTERM/SIGINT/SIGHUP, it stops every descendant
+  (torchrun puts workers in sessions of their own, so the group alone is not enough):
+  SIGTERM, a grace period, SIGKILL.
+
+Stdlib at import; psutil (a dependency of the package) only when tearing down.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+
+ANNOUNCE = "[dtrain-remote]"
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="remote_agent")
+    p.add_argument("--job-id", required=True, help="for the record (and to find this process)")
+    p.add_argument("--node", type=int, required=True)
+    p.add_argument("--pgid-file", help="where to write this node's process-group id")
+    p.add_argument("--workdir", help="working directory of the agent")
+    p.add_argument("--grace", type=float, default=5.0, help="seconds between SIGTERM and SIGKILL")
+    p.add_argument("agent", nargs=argparse.REMAINDER)
+    args = p.parse_args(argv)
+    if args.agent[:1] == ["--"]:
+        args.agent = args.agent[1:]
+    if not args.agent:
+        p.error("the agent command is missing after --")
+    return args
+
+
+def free_port() -> int:
+    """Used by the launcher's probe: a port free on this host right now."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("", 0))
+        return s.getsockname()[1]
+
+
+def read_line(fd: int, limit: int = 1 << 20) -> str:
+    """One line from ``fd``, byte by byte: nothing past the newline is consumed (the rest
+    of stdin is the lifeline)."""
+    data = bytearray()
+    while len(data) < limit:
+        chunk = os.read(fd, 1)
+        if not chunk or chunk == b"\n":
+            break
+        data += chunk
+    return data.decode()
+
+
+class RemoteNode:
+    def __init__(self, args: argparse.Namespace):
+        self.args = args
+        self.child: subprocess.Popen | None = None
+        self.stopping = threading.Event()
+        self.done = threading.Event()
+
+    def announce(self) -> None:
+        pgid = os.getpgrp()
+        if self.args.pgid_file:
+            os.makedirs(os.path.dirname(self.args.pgid_file) or ".", exist_ok=True)
+            tmp = f"{self.args.pgid_file}.{os.getpid()}.tmp"
+            with open(tmp, "w", encoding="utf-8") as fh:
+                fh.write(f"{pgid}\n")
+            os.replace(tmp, self.args.pgid_file)
+        print(f"{ANNOUNCE} node={self.args.node} pgid={pgid} host={socket.gethostname()}", flush=True)
+
+    def start(self, env: dict[str, str]) -> None:
+        environ = dict(os.environ)
+        environ.update(env)
+        self.child = subprocess.Popen(self.args.agent, env=environ, cwd=self.args.workdir or None,
+                                      stdin=subprocess.DEVNULL)
+
+    def lifeline(self) -> None:
+        # The raw fd, not sys.stdin: a daemon thread blocked in a buffered read aborts
+        # interpreter shutdown ("could not acquire lock for <stdin>").
+        while True:
+            try:
+                if not os.read(0, 4096):
+                    break
+            except InterruptedError:
+                continue
+            except OSError:
+                break
+        if not self.done.is_set():
+            self.stop("launcher connection closed")
+
+    def stop(self, reason: str) -> None:
+        """Stop every descendant; idempotent, callable from a signal handler (work runs in a thread)."""
+        if self.stopping.is_set():
+            return
+        self.stopping.set()
+        print(f"{ANNOUNCE} node={self.args.node} stopping: {reason}", file=sys.stderr, flush=True)
+        threading.Thread(target=self._kill_tree, daemon=True).start()
+
+    def _kill_tree(self) -> None:
+        import psutil
+
+        me = psutil.Process()
+        for attempt in range(2):
+            victims = me.children(recursive=True)
+            if not victims:
+                return
+            for proc in victims:
+                try:
+                    proc.send_signal(signal.SIGTERM if attempt == 0 else signal.SIGKILL)
+                except psutil.NoSuchProcess:
+                    pass
+            _, alive = psutil.wait_procs(victims, timeout=self.args.grace if attempt == 0 else 2.0)
+            for proc in alive:
+                try:
+                    proc.kill()
+                except psutil.NoSuchProcess:
+                    pass
+
+    def wait(self) -> int:
+        code = self.child.wait()
+        self.done.set()
+        # Anything the agent left behind (a worker stuck in its own session) goes too.
+        self.stopping.clear()
+        self._kill_tree()
+        if self.args.pgid_file:
+            try:
+                os.unlink(self.args.pgid_file)
+            except OSError:
+                pass
+        return 128 - code if code < 0 else code
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(list(sys.argv[1:] if argv is None else argv))
+    if os.getpgrp() != os.getpid():
+        os.setsid()
+    node = RemoteNode(args)
+    line = read_line(0)
+    try:
+        env = json.loads(line)["env"] if line.strip() else {}
+    except (ValueError, KeyError, TypeError) as e:
+        print(f"{ANNOUNCE} node={args.node}: bad environment line on stdin ({e})", file=sys.stderr, flush=True)
+        return 2
+    for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        signal.signal(signum, lambda s, _f: node.stop(f"signal {s}"))
+    node.announce()
+    if node.stopping.is_set():
+        return 128 + signal.SIGTERM
+    node.start(env)
+    if node.stopping.is_set():  # a signal raced the start: the tree must not survive it
+        node._kill_tree()
+    threading.Thread(target=node.lifeline, daemon=True).start()
+    return node.wait()
+
+
+if __name__ == "__main__":
+    status = main()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(status)  # no interpreter shutdown racing the lifeline thread
