@@ -1,0 +1,92 @@
+"""Fixtures for the SSH and MPI tests: two real sshd daemons on 127.0.0.1 (own ports, host
+keys, AuthorizedKeysFile, StrictModes no, pid files in a temp dir), stopped at teardown.
+
+Processes of a job are found by PID across "hosts" (all are on this machine): every
+process whose environment carries the job's DTRAIN_JOB_ID or whose command line names
+it (the remote agents and torchrun, which get the job env after they start).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+import time
+
+import psutil
+import pytest
+
+from tests.remote.sshd_cluster import SSHCluster, start_cluster
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+TRAIN = os.path.join(HERE, "ddp_train.py")
+
+needs_sshd = pytest.mark.skipif(shutil.which("sshd") is None and not os.path.exists("/usr/sbin/sshd"),
+                                reason="OpenSSH server not installed (scripts/apt-packages.txt: openssh-server)")
+needs_mpirun = pytest.mark.skipif(shutil.which("mpirun") is None,
+                                  reason="OpenMPI not installed (scripts/apt-packages.txt: openmpi-bin)")
+
+
+@pytest.fixture(scope="session")
+def ssh_cluster(tmp_path_factory) -> SSHCluster:
+    if os.geteuid() != 0:
+        pytest.skip("the sshd fixture runs sshd as root (it logs in as root with a test key)")
+    cluster = start_cluster(str(tmp_path_factory.mktemp("sshd")), count=2)
+    try:
+        yield cluster
+    finally:
+        cluster.stop()
+
+
+def job_processes(job_id: str) -> list[psutil.Process]:
+    """Every live process of the job, on every "host"."""
+    found = []
+    me = os.getpid()
+    for proc in psutil.process_iter(["pid", "cmdline"]):
+        if proc.pid == me:
+            continue
+        try:
+            if job_id in " ".join(proc.info["cmdline"] or ()) or proc.environ().get("DTRAIN_JOB_ID") == job_id:
+                found.append(proc)
+        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+            continue
+    return found
+
+
+def still_alive(procs: list[psutil.Process]) -> list[str]:
+    """Those of ``procs`` still running (is_running also checks the start time: no PID-reuse mix-up)."""
+    out = []
+    for proc in procs:
+        try:
+            if proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE:
+                out.append(f"{proc.pid} {' '.join(proc.cmdline())[:160]}")
+        except psutil.NoSuchProcess:
+            continue
+    return out
+
+
+def wait_for(predicate, timeout: float, interval: float = 0.2):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(interval)
+    return predicate()
+
+
+def reports(run_dir: str) -> dict[int, dict]:
+    import json
+
+    out = {}
+    folder = os.path.join(run_dir, "reports")
+    if os.path.isdir(folder):
+        for name in os.listdir(folder):
+            if name.startswith("rank") and name.endswith(".json"):
+                with open(os.path.join(folder, name), encoding="utf-8") as fh:
+                    out[int(name[4:-5])] = json.load(fh)
+    return out
+
+
+def train_command(*args: str) -> list[str]:
+    return [sys.executable, TRAIN, *args]

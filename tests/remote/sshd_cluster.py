@@ -1,0 +1,183 @@
+"""Real OpenSSH sshd instances on 127.0.0.1, one per simulated host, for tests and the benchmark.
+
+Each "host" is an sshd with its own port, host key, pid file and config in a
+temp directory, accepting one generated ed25519 client key (AuthorizedKeysFile,
+StrictModes no: the temp files are not owned the way sshd's strict checks want).
+A known_hosts file with every host key is written, so clients run with
+StrictHostKeyChecking=yes: nothing is accepted blindly.
+
+The hosts share this machine's filesystem, so the run directory and the package
+are "installed on every host" for free; on a real cluster they must be.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import time
+from dataclasses import dataclass, field
+
+import psutil
+
+SSHD = shutil.which("sshd") or "/usr/sbin/sshd"
+SSH_KEYGEN = shutil.which("ssh-keygen") or "/usr/bin/ssh-keygen"
+PRIVSEP_DIR = "/run/sshd"  # Debian's sshd refuses to start without it
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _keygen(path: str) -> str:
+    subprocess.run([SSH_KEYGEN, "-q", "-t", "ed25519", "-N", "", "-C", "dtrain-test", "-f", path], check=True)
+    with open(path + ".pub", encoding="utf-8") as fh:
+        return fh.read().strip()
+
+
+CONFIG = """\
+Port {port}
+ListenAddress 127.0.0.1
+HostKey {host_key}
+PidFile {pid_file}
+AuthorizedKeysFile {authorized_keys}
+StrictModes no
+PubkeyAuthentication yes
+PasswordAuthentication no
+KbdInteractiveAuthentication no
+PermitRootLogin prohibit-password
+UsePAM no
+PrintMotd no
+MaxStartups 64:30:128
+MaxSessions 64
+LogLevel ERROR
+"""
+
+
+@dataclass
+class SSHHost:
+    port: int
+    directory: str
+    proc: subprocess.Popen | None = None
+
+    @property
+    def line(self) -> str:
+        """This host as a hostfile entry (without slots)."""
+        return f"127.0.0.1:{self.port}"
+
+
+@dataclass
+class SSHCluster:
+    directory: str
+    key_file: str
+    known_hosts: str
+    hosts: list[SSHHost] = field(default_factory=list)
+
+    def hostfile(self, slots: int, path: str | None = None, user: str = "root") -> str:
+        """Write a hostfile naming every host (``user@127.0.0.1:PORT slots=N``); return its path."""
+        path = path or os.path.join(self.directory, f"hostfile-{slots}")
+        with open(path, "w", encoding="utf-8") as fh:
+            fh.write("# written by tests/remote/sshd_cluster.py\n")
+            for host in self.hosts:
+                fh.write(f"{user}@{host.line} slots={slots}\n")
+        return path
+
+    def ssh_settings(self) -> dict[str, str]:
+        return {"key_file": self.key_file, "known_hosts_file": self.known_hosts, "strict_host_key_checking": "yes"}
+
+    def session_pids(self) -> set[int]:
+        """Every process currently below an sshd of this cluster (logged-in sessions and what they run)."""
+        pids: set[int] = set()
+        for host in self.hosts:
+            try:
+                pids.update(p.pid for p in psutil.Process(host.proc.pid).children(recursive=True))
+            except psutil.NoSuchProcess:
+                continue
+        return pids
+
+    def stop(self) -> None:
+        """Stop every sshd and anything still running in its sessions."""
+        victims = []
+        for host in self.hosts:
+            if host.proc is None:
+                continue
+            try:
+                root = psutil.Process(host.proc.pid)
+                victims.extend(root.children(recursive=True))
+                victims.append(root)
+            except psutil.NoSuchProcess:
+                pass
+        for proc in victims:
+            try:
+                proc.terminate()
+            except psutil.NoSuchProcess:
+                pass
+        _, alive = psutil.wait_procs(victims, timeout=3)
+        for proc in alive:
+            try:
+                proc.kill()
+            except psutil.NoSuchProcess:
+                pass
+        for host in self.hosts:
+            if host.proc is not None:
+                try:
+                    host.proc.wait(timeout=3)
+                except subprocess.TimeoutExpired:
+                    host.proc.kill()
+
+
+def start_cluster(directory: str, count: int = 2, timeout: float = 10.0) -> SSHCluster:
+    """Start ``count`` sshd daemons on 127.0.0.1 (separate ports) and wait until each accepts connections."""
+    os.makedirs(PRIVSEP_DIR, mode=0o755, exist_ok=True)
+    key_file = os.path.join(directory, "id_ed25519")
+    client_pub = _keygen(key_file)
+    authorized = os.path.join(directory, "authorized_keys")
+    with open(authorized, "w", encoding="utf-8") as fh:
+        fh.write(client_pub + "\n")
+    os.chmod(authorized, 0o600)
+    cluster = SSHCluster(directory=directory, key_file=key_file, known_hosts=os.path.join(directory, "known_hosts"))
+    known = []
+    try:
+        for index in range(count):
+            host_dir = os.path.join(directory, f"host{index}")
+            os.makedirs(host_dir)
+            port = _free_port()
+            host_key = os.path.join(host_dir, "ssh_host_ed25519_key")
+            host_pub = _keygen(host_key)
+            known.append(f"[127.0.0.1]:{port} {' '.join(host_pub.split()[:2])}")
+            config = os.path.join(host_dir, "sshd_config")
+            with open(config, "w", encoding="utf-8") as fh:
+                fh.write(CONFIG.format(port=port, host_key=host_key, pid_file=os.path.join(host_dir, "sshd.pid"),
+                                       authorized_keys=authorized))
+            log = open(os.path.join(host_dir, "sshd.log"), "wb")
+            # -D: stay in the foreground, so this Popen is the daemon and stop() can reach it.
+            proc = subprocess.Popen([SSHD, "-D", "-e", "-f", config], stdout=log, stderr=log,
+                                    stdin=subprocess.DEVNULL, start_new_session=True)
+            log.close()
+            cluster.hosts.append(SSHHost(port=port, directory=host_dir, proc=proc))
+        with open(cluster.known_hosts, "w", encoding="utf-8") as fh:
+            fh.write("\n".join(known) + "\n")
+        for host in cluster.hosts:
+            _wait_listening(host, timeout)
+    except BaseException:
+        cluster.stop()
+        raise
+    return cluster
+
+
+def _wait_listening(host: SSHHost, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if host.proc.poll() is not None:
+            with open(os.path.join(host.directory, "sshd.log"), encoding="utf-8", errors="replace") as fh:
+                raise RuntimeError(f"sshd on port {host.port} exited with {host.proc.returncode}: {fh.read()}")
+        try:
+            with socket.create_connection(("127.0.0.1", host.port), timeout=0.5) as s:
+                if s.recv(4).startswith(b"SSH-"):
+                    return
+        except OSError:
+            time.sleep(0.05)
+    raise RuntimeError(f"sshd on port {host.port} did not accept connections within {timeout}s")

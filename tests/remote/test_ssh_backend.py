@@ -1,0 +1,147 @@
+"""The SSH backend against two real sshd "hosts" on loopback: DDP trains 2 hosts x 2 processes,
+a hostile argument stays inert, a failing rank and SIGTERM to `dtrain launch` leave no process
+on any host (checked by PID), exit codes propagate."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+import uuid
+
+import pytest
+
+from operators.launch.launcher import Launcher
+from operators.launch.spec import LaunchSpec
+from tests.remote.conftest import job_processes, needs_sshd, reports, still_alive, train_command, wait_for
+
+pytestmark = [needs_sshd, pytest.mark.timeout(240)]
+DTRAIN = os.path.join(os.path.dirname(sys.executable), "dtrain")
+MARKER = f"/tmp/dtrain-pwned-{uuid.uuid4().hex[:8]}"
+HOSTILE = [f"$(touch {MARKER}); x", f"`touch {MARKER}`", f"; touch {MARKER} #", "a 'b' \"c\"", "*", "$HOME", "\\n"]
+
+
+def ssh_spec(cluster, tmp_path, command, **kw) -> LaunchSpec:
+    return LaunchSpec(command=command, nodes=2, procs_per_node=2, backend="ssh", device="cpu",
+                      hostfile=cluster.hostfile(2), ssh=cluster.ssh_settings(), run_dir=str(tmp_path / "run"), **kw)
+
+
+@pytest.fixture(scope="module")
+def ddp_run(ssh_cluster, tmp_path_factory):
+    """One 2x2 DDP job over ssh, shared by the assertions below (each job costs ~20 s on 2 cores)."""
+    tmp = tmp_path_factory.mktemp("ddp")
+    assert not os.path.exists(MARKER)
+    lines: list[str] = []
+    spec = ssh_spec(ssh_cluster, tmp, train_command("--steps", "6", "--", *HOSTILE))
+    launcher = Launcher(spec, sink=lines.append)
+    result = launcher.run()
+    return result, lines, launcher
+
+
+def test_ddp_trains_on_two_hosts_with_node_rank_in_host_order(ddp_run):
+    result, lines, launcher = ddp_run
+    assert result.exit_code == 0, "\n".join(lines[-40:])
+    got = reports(result.run_dir)
+    assert sorted(got) == [0, 1, 2, 3]
+    for rank, rep in got.items():
+        env = rep["env"]
+        assert env["WORLD_SIZE"] == "4" and env["RANK"] == str(rank) and env["LOCAL_WORLD_SIZE"] == "2"
+        assert env["LOCAL_RANK"] == str(rank % 2)
+        # Node rank follows the hostfile's order: the node index the backend gave the host.
+        assert env["NODE_RANK"] == str(rank // 2) == rep["node_index"]
+        assert env["MASTER_ADDR"] in ("127.0.0.1", os.uname().nodename) or env["MASTER_ADDR"].startswith("127.")
+    # DDP all-reduced the gradients: every rank saw the same averaged gradient at every step,
+    # although each trained on its own data; the weights stayed identical; the loss fell.
+    grads = [got[r]["grad_sums"] for r in range(4)]
+    assert all(g == pytest.approx(grads[0], rel=1e-9, abs=1e-12) for g in grads)
+    assert len({round(got[r]["weights"], 9) for r in range(4)}) == 1
+    losses = got[0]["losses"]
+    assert losses[-1] < losses[0] * 0.9
+    # Every host's output streamed with its prefix.
+    assert any(line.startswith("[node0 rank0] rank 0 done") for line in lines)
+    assert any(line.startswith("[node1 rank3] rank 3 done") for line in lines)
+    assert still_alive(job_processes(result.job_id)) == []
+
+
+def test_hostile_argument_reaches_the_script_verbatim_and_stays_inert(ddp_run):
+    result, lines, _ = ddp_run
+    assert result.exit_code == 0, "\n".join(lines[-40:])
+    for rep in reports(result.run_dir).values():
+        assert rep["argv"][-len(HOSTILE):] == HOSTILE
+    assert not os.path.exists(MARKER)
+
+
+def test_failing_rank_tears_down_every_host_and_propagates_its_exit_code(ssh_cluster, tmp_path):
+    lines: list[str] = []
+    # Rank 3 (on the second host) exits 3 after one step; the others would block in all-reduce.
+    spec = ssh_spec(ssh_cluster, tmp_path, train_command("--steps", "50", "--fail-rank", "3", "--hang"))
+    launcher = Launcher(spec, sink=lines.append)
+    seen: dict[int, object] = {}
+    cmdlines: list[str] = []
+    done = threading.Event()
+
+    def watch():  # remember every process of the job on every host while it runs
+        while not done.is_set():
+            if launcher.job is not None:
+                for proc in job_processes(launcher.job.job_id):
+                    if proc.pid not in seen:
+                        seen[proc.pid] = proc
+                        cmdlines.append(" ".join(proc.info["cmdline"] or ()))
+            time.sleep(0.2)
+
+    watcher = threading.Thread(target=watch)
+    watcher.start()
+    try:
+        result = launcher.run()
+    finally:
+        done.set()
+        watcher.join()
+    assert result.exit_code == 3 and result.failed_rank == 3, "\n".join(lines[-40:])
+    assert result.failed_node == 1
+    assert "rank 3 fails on purpose" in result.tail
+    names = "\n".join(cmdlines)
+    assert "operators.launch.remote_agent" in names and "torch.distributed.run" in names
+    assert len(seen) >= 2 + 2 + 2 + 4  # ssh clients, remote agents, torchrun agents, ranks (+ wrappers)
+    assert still_alive(list(seen.values())) == []
+    assert still_alive(job_processes(result.job_id)) == []
+
+
+def test_sigterm_to_dtrain_launch_leaves_no_process_on_any_host(ssh_cluster, tmp_path):
+    run_dir = tmp_path / "run"
+    argv = [DTRAIN, "launch", "--backend", "ssh", "--hostfile", ssh_cluster.hostfile(2), "--nodes", "2",
+            "--procs-per-node", "2", "--device", "cpu", "--run-dir", str(run_dir),
+            "--ssh-key", ssh_cluster.key_file, "--ssh-known-hosts", ssh_cluster.known_hosts,
+            "--ssh-strict-host-key-checking", "yes", "--", *train_command("--steps", "2", "--hang")]
+    log = open(tmp_path / "launch.log", "wb")
+    cli = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    log.close()
+    try:
+        # Every rank trained and now sleeps: the whole job is up on both hosts.
+        assert wait_for(lambda: len(reports(str(run_dir))) == 4, timeout=150), (tmp_path / "launch.log").read_text()
+        procs = [p for p in job_processes(str(run_dir)) if p.pid != cli.pid]
+        procs += [p for p in _job_processes_by_env_dir(str(run_dir)) if p.pid not in {q.pid for q in procs}]
+        assert len(procs) >= 2 + 2 + 2 + 4, [p.pid for p in procs]
+        cli.send_signal(signal.SIGTERM)
+        code = cli.wait(timeout=60)
+    finally:
+        if cli.poll() is None:
+            cli.kill()
+    assert code == 143, (tmp_path / "launch.log").read_text()[-3000:]
+    assert wait_for(lambda: still_alive(procs) == [], timeout=10), still_alive(procs)
+
+
+def _job_processes_by_env_dir(run_dir: str):
+    """Processes whose env says they belong to this run directory (the CLI's job id is generated)."""
+    import psutil
+
+    out = []
+    for proc in psutil.process_iter(["pid"]):
+        try:
+            if proc.environ().get("DTRAIN_RUN_DIR") == run_dir:
+                out.append(proc)
+        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+            continue
+    return out
