@@ -1,0 +1,67 @@
+"""distribution=mpi with real OpenMPI: DDP over gloo on 2 sshd "hosts" x 2 ranks, the
+OMPI_COMM_WORLD_* variables mapped to the contract, user options passed through; and a
+failing rank ends the job everywhere with its exit code."""
+
+from __future__ import annotations
+
+import time
+
+import psutil
+import pytest
+
+from operators.launch.launcher import Launcher
+from operators.launch.spec import LaunchSpec
+from tests.remote.conftest import (job_processes, needs_mpirun, needs_sshd, reports, still_alive, train_command,
+                                   wait_for)
+
+pytestmark = [needs_sshd, needs_mpirun, pytest.mark.timeout(240)]
+
+
+def orteds_since(t0: float) -> list[int]:
+    """OpenMPI daemons started since ``t0`` that still run (they carry no job id to look for)."""
+    out = []
+    for proc in psutil.process_iter(["name", "create_time"]):
+        if proc.info["name"] == "orted" and proc.info["create_time"] >= t0 - 1:
+            out.append(proc.pid)
+    return out
+
+
+def mpi_spec(cluster, tmp_path, command, **kw) -> LaunchSpec:
+    return LaunchSpec(command=command, nodes=2, procs_per_node=2, backend="ssh", distribution="mpi", device="cpu",
+                      hostfile=cluster.hostfile(2), ssh=cluster.ssh_settings(), run_dir=str(tmp_path / "run"),
+                      mpi_options=["--oversubscribe", "-x DTRAIN_TEST_MPI_OPTION=passed-through"], **kw)
+
+
+def test_mpirun_trains_ddp_on_two_hosts_with_the_env_mapped(ssh_cluster, tmp_path):
+    t0 = time.time()
+    lines: list[str] = []
+    launcher = Launcher(mpi_spec(ssh_cluster, tmp_path, train_command("--steps", "6")), sink=lines.append)
+    result = launcher.run()
+    assert result.exit_code == 0, "\n".join(lines[-40:])
+    assert any(line.startswith("[dtrain] mpirun: mpirun --hostfile") for line in lines)
+    got = reports(result.run_dir)
+    assert sorted(got) == [0, 1, 2, 3]
+    for rank, rep in got.items():
+        # rank_entry mapped OMPI_COMM_WORLD_RANK/SIZE/LOCAL_RANK/LOCAL_SIZE; NODE_RANK = rank // local size.
+        assert rep["env"] == {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": rep["env"]["MASTER_PORT"],
+                              "WORLD_SIZE": "4", "RANK": str(rank), "LOCAL_RANK": str(rank % 2),
+                              "LOCAL_WORLD_SIZE": "2", "NODE_RANK": str(rank // 2)}
+        assert rep["env"]["MASTER_PORT"].isdigit()
+        assert rep["mpi_option"] == "passed-through"
+    grads = [got[r]["grad_sums"] for r in range(4)]
+    assert all(g == pytest.approx(grads[0], rel=1e-9, abs=1e-12) for g in grads)
+    assert got[0]["losses"][-1] < got[0]["losses"][0] * 0.9
+    assert any(line.startswith("[node1 rank3] rank 3 done") for line in lines)
+    assert still_alive(job_processes(result.job_id)) == []
+    assert wait_for(lambda: orteds_since(t0) == [] and ssh_cluster.session_pids() == set(), timeout=10)
+
+
+def test_mpi_failing_rank_stops_every_rank_with_its_exit_code(ssh_cluster, tmp_path):
+    t0 = time.time()
+    lines: list[str] = []
+    spec = mpi_spec(ssh_cluster, tmp_path, train_command("--steps", "50", "--fail-rank", "2", "--hang"))
+    result = Launcher(spec, sink=lines.append).run()
+    assert result.exit_code == 3 and result.failed_rank == 2, "\n".join(lines[-40:])
+    assert result.failed_node == 1
+    assert still_alive(job_processes(result.job_id)) == []
+    assert wait_for(lambda: orteds_since(t0) == [] and ssh_cluster.session_pids() == set(), timeout=10)
