@@ -1,0 +1,156 @@
+"""Pure renderers, compared exactly: ssh argv, the static-rendezvous torchrun agent, the remote
+command string, mpirun's argv and environment, the generated ssh_config, TF_CONFIG."""
+
+from __future__ import annotations
+
+import json
+import shlex
+
+import pytest
+
+from operators.errors import SpecError
+from operators.launch.backends.mpi_backend import mpi_hostfile_text, ssh_config_text
+from operators.launch.backends.ssh import remote_agent_command, ssh_argv, static_agent_argv
+from operators.launch.hostfile import HostEntry, SSHSettings
+from operators.launch.mpi import coerce_mpi_options, mpirun_argv, mpirun_env
+from operators.launch.spec import LaunchSpec
+from operators.launch.tf_config import cluster_spec, tf_config_env, tf_config_for_rank
+
+PY = "/opt/venv/bin/python"
+
+
+def test_ssh_argv_per_host_user_and_port_win_over_the_settings():
+    settings = SSHSettings(user="train", port=22, key_file="/k/id", known_hosts_file="/k/known",
+                           strict_host_key_checking="yes", connect_timeout=7)
+    host = HostEntry("[fd00::3]", 2, "alice", 2222)
+    assert ssh_argv(settings, host, "echo hi") == [
+        "ssh", "-T", "-o", "BatchMode=yes", "-o", "StrictHostKeyChecking=yes", "-o", "ConnectTimeout=7",
+        "-o", "ServerAliveInterval=15", "-o", "ServerAliveCountMax=4", "-o", "LogLevel=ERROR",
+        "-o", "UserKnownHostsFile=/k/known", "-i", "/k/id", "-o", "IdentitiesOnly=yes",
+        "-p", "2222", "-l", "alice", "--", "fd00::3", "echo hi",
+    ]
+    assert ssh_argv(SSHSettings(), HostEntry("w1"), "x")[-3:] == ["--", "w1", "x"]
+
+
+def test_static_agent_argv_fixes_the_node_rank():
+    spec = LaunchSpec(command=["train.py", "--lr", "0.1"], nodes=2, procs_per_node=4, backend="ssh",
+                      hosts=["a slots=4", "b slots=4"], rdzv_timeout=90)
+    argv = static_agent_argv(spec, python=PY, node_index=1, rdzv_host="a", rdzv_port=29400, job_id="job1")
+    assert argv == [
+        PY, "-m", "torch.distributed.run", "--nnodes=2", "--nproc-per-node=4", "--rdzv-backend=static",
+        "--rdzv-endpoint=a:29400", "--rdzv-id=job1", "--rdzv-conf=timeout=90", "--node-rank=1",
+        "--max-restarts=0", "--no-python", PY, "-m", "operators.launch.rank_entry", "train.py", "--lr", "0.1",
+    ]
+
+
+def test_remote_command_is_one_quoted_string_that_splits_back_verbatim():
+    hostile = ["$(touch /tmp/pwned); x", "`id`", "a b", "'", '"', "\\", "*", "\n"]
+    command = remote_agent_command(PY, job_id="j", node_index=0, pgid_file="/runs/j/remote/node0.pgid",
+                                   workdir="/work dir", grace=5.0, agent=["torchrun", *hostile])
+    assert shlex.split(command) == [PY, "-m", "operators.launch.remote_agent", "--job-id", "j", "--node", "0",
+                                    "--pgid-file", "/runs/j/remote/node0.pgid", "--workdir", "/work dir",
+                                    "--grace", "5", "--", "torchrun", *hostile]
+
+
+def test_mpirun_argv_over_ssh_hosts():
+    argv = mpirun_argv(nodes=2, procs_per_node=4, python=PY, command=["train.py", "--epochs", "3"],
+                       export=["DTRAIN_RUN_DIR", "MASTER_ADDR", "MASTER_PORT"], hostfile="/run/mpi/hostfile",
+                       rsh_agent="ssh -F /run/mpi/ssh_config", workdir="/work",
+                       user_options=coerce_mpi_options(["-x NCCL_DEBUG=VERSION", "--oversubscribe"]))
+    assert argv == [
+        "mpirun", "--hostfile", "/run/mpi/hostfile", "-np", "8", "--map-by", "ppr:4:node", "--bind-to", "none",
+        "--mca", "plm_rsh_agent", "ssh -F /run/mpi/ssh_config", "--wdir", "/work",
+        "-x", "DTRAIN_RUN_DIR", "-x", "MASTER_ADDR", "-x", "MASTER_PORT",
+        "-x", "NCCL_DEBUG=VERSION", "--oversubscribe",
+        PY, "-m", "operators.launch.rank_entry", "train.py", "--epochs", "3",
+    ]
+
+
+def test_mpirun_argv_on_this_host():
+    assert mpirun_argv(nodes=1, procs_per_node=2, python=PY, command=["t.py"], export=[]) == [
+        "mpirun", "--host", "localhost:2", "-np", "2", "--map-by", "ppr:2:node", "--bind-to", "none",
+        PY, "-m", "operators.launch.rank_entry", "t.py",
+    ]
+
+
+def test_mpirun_env_allows_root_only_for_root():
+    assert mpirun_env({"A": "1"}, euid=0) == {"A": "1", "OMPI_ALLOW_RUN_AS_ROOT": "1",
+                                              "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1"}
+    assert mpirun_env({"A": "1"}, euid=1000) == {"A": "1"}
+
+
+@pytest.mark.parametrize("options, tokens", [
+    (["-x NCCL_DEBUG=VERSION"], ["-x", "NCCL_DEBUG=VERSION"]),
+    ("--mca btl_tcp_if_include lo --bind-to core", ["--mca", "btl_tcp_if_include", "lo", "--bind-to", "core"]),
+    (["-mca pml ob1", "--tag-output"], ["-mca", "pml", "ob1", "--tag-output"]),
+    (["-x 'MSG=a b'"], ["-x", "MSG=a b"]),
+])
+def test_allowed_mpi_options(options, tokens):
+    assert coerce_mpi_options(options) == tokens
+
+
+@pytest.mark.parametrize("options, value", [
+    (["--mca plm_rsh_agent /tmp/evil"], "--mca plm_rsh_agent"),
+    (["-mca orte_launch_agent evil"], "-mca orte_launch_agent"),
+    (["--launch-agent /tmp/evil"], "--launch-agent"),
+    (["--prefix /tmp"], "--prefix"),
+    (["-x"], "-x"),
+    (["-x $(id)"], "$(id)"),
+    (["--mca pml"], "--mca pml"),
+    (["-x 'unbalanced"], "-x 'unbalanced"),
+])
+def test_refused_mpi_options_are_named(options, value):
+    with pytest.raises(SpecError) as err:
+        coerce_mpi_options(options)
+    assert err.value.field == "mpi_options" and err.value.value == value
+
+
+def test_generated_ssh_config_and_mpi_hostfile():
+    settings = SSHSettings(user="train", key_file="/k/id", known_hosts_file="/k/known",
+                           strict_host_key_checking="yes", connect_timeout=10)
+    hosts = [HostEntry("127.0.0.1", 2, None, 2201), HostEntry("gpu-2", 2, "alice", None)]
+    assert ssh_config_text(hosts, settings) == (
+        "Host dtrain-node0\n  HostName 127.0.0.1\n  BatchMode yes\n  StrictHostKeyChecking yes\n"
+        "  ConnectTimeout 10\n  LogLevel ERROR\n  Port 2201\n  User train\n  IdentityFile /k/id\n"
+        "  IdentitiesOnly yes\n  UserKnownHostsFile /k/known\n"
+        "Host dtrain-node1\n  HostName gpu-2\n  BatchMode yes\n  StrictHostKeyChecking yes\n"
+        "  ConnectTimeout 10\n  LogLevel ERROR\n  User alice\n  IdentityFile /k/id\n"
+        "  IdentitiesOnly yes\n  UserKnownHostsFile /k/known\n"
+    )
+    assert mpi_hostfile_text(hosts, 2) == "dtrain-node0 slots=2\ndtrain-node1 slots=2\n"
+
+
+def test_tf_config_workers_only():
+    assert tf_config_for_rank(3, ["h0", "h1"], 2, 2222) == {
+        "cluster": {"worker": ["h0:2222", "h0:2223", "h1:2224", "h1:2225"]},
+        "task": {"type": "worker", "index": 3},
+        "environment": "cloud",
+    }
+
+
+def test_tf_config_with_parameter_servers():
+    # 3 hosts x 2 processes, 2 of them parameter servers (the last two ranks).
+    assert cluster_spec(["h0", "h1", "h2"], 2, 5000, num_ps=2) == {
+        "worker": ["h0:5000", "h0:5001", "h1:5002", "h1:5003"],
+        "ps": ["h2:5004", "h2:5005"],
+    }
+    assert tf_config_for_rank(5, ["h0", "h1", "h2"], 2, 5000, num_ps=2) == {
+        "cluster": {"worker": ["h0:5000", "h0:5001", "h1:5002", "h1:5003"], "ps": ["h2:5004", "h2:5005"]},
+        "task": {"type": "ps", "index": 1},
+        "environment": "cloud",
+    }
+    assert tf_config_for_rank(0, ["h0", "h1", "h2"], 2, 5000, num_ps=2)["task"] == {"type": "worker", "index": 0}
+    with pytest.raises(ValueError):
+        cluster_spec(["h0"], 1, num_ps=1)
+
+
+def test_tf_config_env_from_the_rank_environment():
+    environ = {"DTRAIN_TF_HOSTS": "10.0.0.1,10.0.0.2", "DTRAIN_TF_PORT": "7000", "DTRAIN_TF_NUM_PS": "1",
+               "RANK": "1", "WORLD_SIZE": "4", "LOCAL_WORLD_SIZE": "2"}
+    assert json.loads(tf_config_env(environ)["TF_CONFIG"]) == {
+        "cluster": {"worker": ["10.0.0.1:7000", "10.0.0.1:7001", "10.0.0.2:7002"], "ps": ["10.0.0.2:7003"]},
+        "task": {"type": "worker", "index": 1},
+        "environment": "cloud",
+    }
+    assert tf_config_env({**environ, "TF_CONFIG": "{}"}) == {}  # the user's own wins
+    assert tf_config_env({"RANK": "0", "WORLD_SIZE": "1"}) == {}  # not a tensorflow job
