@@ -105,7 +105,8 @@ def resume_job(operator, event: Any) -> dict[str, Any]:
 
     event = _validated(event)
     record, run_dir = event["record"], event["run_dir"]
-    setattr(operator, SUBMISSION_KEY, record)
+    if operator is not None:
+        setattr(operator, SUBMISSION_KEY, record)  # on_kill during execute_complete still knows the job
     checkpoint_dir, metrics_dir = os.path.join(run_dir, "checkpoints"), os.path.join(run_dir, "metrics")
     result = LaunchResult(
         job_id=record["job_id"], run_dir=run_dir, world_size=int(record["world_size"]),
@@ -119,15 +120,16 @@ def resume_job(operator, event: Any) -> dict[str, Any]:
                           tail=event["tail"])
     if event["status"] == "failed":
         failure = first_failure(os.path.join(run_dir, "exits"))
-        if failure is not None:  # name the rank that failed first, with its own output
-            result.exit_code, result.failed_rank = failure["exit_code"], failure["rank"]
-            result.failed_node, result.tail = failure["node_rank"], failure["tail"]
-        else:
-            result.tail = event["tail"]
-        raise LaunchError(
-            f"slurm job {event['job_id']} ({record['job_id']}) ended {event.get('state')} with exit code "
-            f"{result.exit_code}" + (f" (rank {result.failed_rank} failed first)" if result.failed_rank is not None else ""),
-            result.exit_code, result.failed_rank, result.tail or event["tail"])
+        summary = f"slurm job {event['job_id']} ({record['job_id']}) ended {event.get('state')}"
+        if failure is None:  # no rank ran to its end (bad interpreter, node failure...): the job log says why
+            error = LaunchError(f"{summary} with exit code {result.exit_code}; last lines of the job log "
+                                f"{slurm.log_path(run_dir, event['job_id'])}:\n" + "\n".join(event["tail"]),
+                                result.exit_code)
+            error.tail = event["tail"]
+            raise error
+        # Name the rank that failed first, with its own output.
+        raise LaunchError(f"{summary}: rank {failure['rank']} failed first with exit code {failure['exit_code']}",
+                          failure["exit_code"], failure["rank"], failure["tail"] or event["tail"])
     if log is not None:
         log.info("slurm job %s succeeded: world_size=%s in %.1fs, metrics=%s", event["job_id"], result.world_size,
                  result.duration_s, result.metrics)

@@ -37,11 +37,15 @@ class DistributedTrainingOperator(BaseOperator):
             ``$DTRAIN_HOME/runs/<dag_id>/<run_id>/<task_id>``, so an Airflow retry of the same
             run resumes from its checkpoint and other runs never share it.
         device, gpus_per_node, rdzv_timeout, workdir: as in :class:`operators.launch.spec.LaunchSpec`.
+        deferrable: submit the job, then wait in the triggerer instead of a worker slot
+            (``backend='slurm'``; see operators.launch.deferrable).
+        slurm_options: partition, time_limit, account, gpus_per_node, extra_sbatch, ... (templated),
+            as in :class:`operators.launch.backends.slurm.SlurmOptions`.
     """
 
     template_fields: Sequence[str] = (
         "command", "nodes", "procs_per_node", "distribution", "env", "deepspeed_config", "run_dir",
-        "max_restarts",
+        "max_restarts", "slurm_options",
     )
     template_fields_renderers = {"env": "json", "deepspeed_config": "json", "command": "py"}
     ui_color = "#d7e9f7"
@@ -62,6 +66,8 @@ class DistributedTrainingOperator(BaseOperator):
         gpus_per_node: int | None = None,
         rdzv_timeout: float = 300.0,
         workdir: str | None = None,
+        deferrable: bool = False,
+        slurm_options: dict[str, Any] | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
@@ -78,6 +84,8 @@ class DistributedTrainingOperator(BaseOperator):
         self.gpus_per_node = gpus_per_node
         self.rdzv_timeout = rdzv_timeout
         self.workdir = workdir
+        self.deferrable = deferrable
+        self.slurm_options = slurm_options
         self._launcher = None
 
     def default_run_dir(self, context) -> str:
@@ -99,7 +107,16 @@ class DistributedTrainingOperator(BaseOperator):
         from operators.launch.launcher import Launcher
 
         spec = self.build_spec(context)  # raises SpecError before anything starts
-        self._launcher = Launcher(spec, sink=self.log.info)
+        if self.deferrable:
+            from operators.launch.deferrable import defer_job
+
+            return defer_job(self, spec, self.slurm_options, context)
+        backend = None
+        if spec.backend == "slurm":
+            from operators.launch.backends.slurm import SlurmBackend, coerce_options
+
+            backend = SlurmBackend(sink=self.log.info, options=coerce_options(self.slurm_options))
+        self._launcher = Launcher(spec, sink=self.log.info, backend=backend)
         result = self._launcher.run()
         result.raise_for_status()
         self.log.info("world_size=%s duration=%.1fs checkpoints=%s metrics=%s",
@@ -110,3 +127,12 @@ class DistributedTrainingOperator(BaseOperator):
         if self._launcher is not None:
             self.log.info("on_kill: stopping every rank of job %s", getattr(self._launcher.job, "job_id", "?"))
             self._launcher.terminate()
+        from operators.launch.deferrable import kill_job
+
+        kill_job(self)  # a job submitted in deferrable mode: scancel it
+
+    def execute_complete(self, context, event: dict[str, Any] | None = None) -> dict[str, Any]:
+        """Resumed by the trigger's event (deferrable mode): raise with the log tail on failure."""
+        from operators.launch.deferrable import resume_job
+
+        return resume_job(self, event)

@@ -1,0 +1,40 @@
+"""DAG for tests/slurm/test_deferrable.py: the training operator in deferrable mode on Slurm.
+
+The operator subclass records each event it resumes with (a real subclass, not a mock):
+execute_complete only runs after the task deferred and the trigger fired.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+from airflow.sdk import DAG, Param
+
+from operators.launch.operator import DistributedTrainingOperator
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+DDP_REPORT = os.path.join(REPO, "tests", "slurm", "scripts", "ddp_report.py")
+
+
+class RecordingTrainingOperator(DistributedTrainingOperator):
+    def execute_complete(self, context, event=None):
+        with open(os.path.join(context["params"]["out_dir"], "events.jsonl"), "a", encoding="utf-8") as fh:
+            fh.write(json.dumps(event) + "\n")
+        return super().execute_complete(context, event)
+
+
+with DAG(dag_id="slurm_deferrable_test", schedule=None, catchup=False,
+         params={"out_dir": Param("/nonexistent", type="string"), "fail_rank": Param(-1, type=["integer", "string"])}) as dag:
+    RecordingTrainingOperator(
+        task_id="train",
+        backend="slurm",
+        deferrable=True,
+        nodes=2,
+        procs_per_node=1,
+        device="cpu",
+        command=[DDP_REPORT, "{{ params.out_dir }}/rep", "--steps", "10", "--fail-rank", "{{ params.fail_rank }}"],
+        env={"GLOO_SOCKET_IFNAME": "lo"},
+        workdir=REPO,
+        slurm_options={"poll_interval": 0.5},
+    )
