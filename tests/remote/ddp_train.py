@@ -6,7 +6,7 @@ all-reduced (equal on every rank if the all-reduce happened) and of the final we
 
 Options: --steps N, --fail-rank R (that rank exits 3 after the first step),
 --hang (after training, every rank sleeps: for kill tests), --start-only (write the
-start record and exit: for the launch benchmark).
+start record and exit, 3 on --fail-rank: for the launch benchmark and cheap CLI checks).
 """
 
 from __future__ import annotations
@@ -28,6 +28,13 @@ def write_json(path: str, data: dict) -> None:
     os.replace(tmp, path)
 
 
+def tf_config() -> str | None:
+    """This rank's TF_CONFIG: as set for it, else rendered from what the backend exported."""
+    from operators.launch.tf_config import tf_config_env
+
+    return os.environ.get("TF_CONFIG") or tf_config_env(os.environ).get("TF_CONFIG")
+
+
 def main() -> int:
     started = time.time()
     p = argparse.ArgumentParser()
@@ -42,13 +49,13 @@ def main() -> int:
     report = {
         "env": {k: os.environ.get(k) for k in CONTRACT},
         "argv": sys.argv[1:], "host": os.uname().nodename, "pid": os.getpid(), "started": started,
-        "node_index": os.environ.get("DTRAIN_NODE_INDEX"), "tf_config": os.environ.get("TF_CONFIG"),
+        "node_index": os.environ.get("DTRAIN_NODE_INDEX"), "tf_config": tf_config(),
         "mpi_option": os.environ.get("DTRAIN_TEST_MPI_OPTION"),
     }
     path = os.path.join(run_dir, "reports", f"rank{rank}.json")
     if args.start_only:
         write_json(path, report)
-        return 0
+        return 3 if rank == args.fail_rank else 0
 
     import torch
     import torch.distributed as dist

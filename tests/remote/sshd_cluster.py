@@ -132,6 +132,7 @@ class SSHCluster:
 def start_cluster(directory: str, count: int = 2, timeout: float = 10.0) -> SSHCluster:
     """Start ``count`` sshd daemons on 127.0.0.1 (separate ports) and wait until each accepts connections."""
     os.makedirs(PRIVSEP_DIR, mode=0o755, exist_ok=True)
+    os.makedirs(directory, exist_ok=True)
     key_file = os.path.join(directory, "id_ed25519")
     client_pub = _keygen(key_file)
     authorized = os.path.join(directory, "authorized_keys")

@@ -65,3 +65,33 @@ def test_mpi_failing_rank_stops_every_rank_with_its_exit_code(ssh_cluster, tmp_p
     assert result.failed_node == 1
     assert still_alive(job_processes(result.job_id)) == []
     assert wait_for(lambda: orteds_since(t0) == [] and ssh_cluster.session_pids() == set(), timeout=10)
+
+
+def test_dtrain_launch_mpi_on_this_host_passes_options_and_exit_status(tmp_path):
+    """`dtrain launch --distribution mpi --mpi-option ...` on the local backend: ranks mapped,
+    options passed through, and a failing rank's exit status is the CLI's."""
+    import os
+    import subprocess
+    import sys
+
+    dtrain = os.path.join(os.path.dirname(sys.executable), "dtrain")
+
+    def launch(run_dir, *script_args):
+        return subprocess.run([dtrain, "launch", "--distribution", "mpi", "--procs-per-node", "2", "--device", "cpu",
+                               "--run-dir", str(run_dir), "--mpi-option=--oversubscribe",
+                               "--mpi-option=-x DTRAIN_TEST_MPI_OPTION=from-cli", "--",
+                               *train_command("--start-only", *script_args)],
+                              capture_output=True, text=True, timeout=120)
+
+    ok = launch(tmp_path / "ok")
+    assert ok.returncode == 0, ok.stdout[-2000:] + ok.stderr[-2000:]
+    got = reports(str(tmp_path / "ok"))
+    assert [got[r]["env"]["RANK"] for r in (0, 1)] == ["0", "1"]
+    assert [got[r]["env"]["LOCAL_RANK"] for r in (0, 1)] == ["0", "1"]
+    assert {got[r]["env"]["NODE_RANK"] for r in (0, 1)} == {"0"}
+    assert {got[r]["mpi_option"] for r in (0, 1)} == {"from-cli"}
+    failed = launch(tmp_path / "failed", "--fail-rank", "1")
+    assert failed.returncode == 3, failed.stdout[-2000:] + failed.stderr[-2000:]
+    refused = subprocess.run([dtrain, "launch", "--distribution", "mpi", "--mpi-option=--mca plm_rsh_agent /bin/sh",
+                              "--", *train_command("--start-only")], capture_output=True, text=True, timeout=60)
+    assert refused.returncode != 0 and "plm_rsh_agent" in refused.stderr

@@ -145,3 +145,42 @@ def _job_processes_by_env_dir(run_dir: str):
         except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
             continue
     return out
+
+
+def test_tensorflow_ranks_get_their_tf_config_over_ssh(ssh_cluster, tmp_path):
+    """distribution=tensorflow with one parameter server: each rank's TF_CONFIG, compared exactly."""
+    import json
+
+    lines: list[str] = []
+    spec = ssh_spec(ssh_cluster, tmp_path, train_command("--start-only"), distribution="tensorflow",
+                    parameter_servers=1)
+    result = Launcher(spec, sink=lines.append).run()
+    assert result.exit_code == 0, "\n".join(lines[-40:])
+    got = reports(result.run_dir)
+    port = int(json.loads(got[0]["tf_config"])["cluster"]["worker"][0].split(":")[1])
+    cluster = {"worker": [f"127.0.0.1:{port}", f"127.0.0.1:{port + 1}", f"127.0.0.1:{port + 2}"],
+               "ps": [f"127.0.0.1:{port + 3}"]}
+    for rank, task in enumerate([("worker", 0), ("worker", 1), ("worker", 2), ("ps", 0)]):
+        assert json.loads(got[rank]["tf_config"]) == {
+            "cluster": cluster, "task": {"type": task[0], "index": task[1]}, "environment": "cloud"}
+
+
+def test_sigkill_of_the_launcher_still_leaves_no_process(ssh_cluster, tmp_path):
+    """No handler runs on SIGKILL: the stdin lifeline closes, every remote agent stops its tree."""
+    run_dir = tmp_path / "run"
+    argv = [DTRAIN, "launch", "--backend", "ssh", "--hostfile", ssh_cluster.hostfile(2), "--nodes", "2",
+            "--procs-per-node", "2", "--device", "cpu", "--run-dir", str(run_dir),
+            "--ssh-key", ssh_cluster.key_file, "--ssh-known-hosts", ssh_cluster.known_hosts,
+            "--ssh-strict-host-key-checking", "yes", "--", *train_command("--steps", "1", "--hang")]
+    cli = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    try:
+        assert wait_for(lambda: len(reports(str(run_dir))) == 4, timeout=150)
+        procs = [p for p in job_processes(str(run_dir)) if p.pid != cli.pid]
+        procs += [p for p in _job_processes_by_env_dir(str(run_dir)) if p.pid not in {q.pid for q in procs}]
+        assert len(procs) >= 2 + 2 + 2 + 4
+        cli.kill()
+        cli.wait(timeout=10)
+    finally:
+        if cli.poll() is None:
+            cli.kill()
+    assert wait_for(lambda: still_alive(procs) == [], timeout=20), still_alive(procs)
