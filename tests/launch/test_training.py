@@ -54,8 +54,7 @@ def test_deepspeed_zero_on_cpu_trains(tmp_path, stage):
     assert result.metrics["test_accuracy"] >= 0.9
     with open(os.path.join(result.run_dir, "deepspeed_config.json")) as fh:
         assert json.load(fh)["zero_optimization"]["stage"] == stage
-    assert any(f"stage {stage}" in line.lower() or f"stage={stage}" in line.lower() or "zero" in line.lower()
-               for line in lines)
+    assert result.metrics["zero_stage"] == stage  # what the DeepSpeed engine reports it ran
 
 
 def test_kill_mid_training_then_relaunch_resumes_from_checkpoint(tmp_path):

@@ -206,6 +206,7 @@ def main(argv: list[str] | None = None) -> int:
             "world_size": ctx.world_size, "global_batch": global_batch, "lr": lr,
             "final_loss": round(float(loss.item()), 4), "resumed_from_step": resumed_from,
             "distribution": "deepspeed" if args.deepspeed else "pytorch", "model_path": output,
+            **({"zero_stage": train_model.zero_optimization_stage()} if args.deepspeed else {}),
         })
         print(f"test accuracy: {accuracy:.4f}")
     shutdown()
