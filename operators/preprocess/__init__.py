@@ -1,0 +1,8 @@
+"""Preprocess raw records once, before training, into memory-mappable shards.
+
+    dtrain preprocess --transform mypkg.prep:transform --input s3://raw/2024-01-01/ --output /fsx/digits/2024-01-01
+
+Engines (no Airflow): :mod:`operators.preprocess.runner` (parallel runner, finalize),
+:mod:`operators.preprocess.shardfmt` (the shard format). The Airflow operators live in
+:mod:`operators.preprocess.operator`. Nothing heavy is imported by this package.
+"""

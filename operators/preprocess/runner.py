@@ -1,0 +1,316 @@
+"""The preprocessing engine (no Airflow): one partition over all cores, then a finalize that publishes.
+
+    summary = process_partition("s3://raw/day=2024-01-01/part-0.jsonl", "/fsx/ds/2024-01-01",
+                                "mypkg.prep:transform")
+    manifest = finalize_dataset("/fsx/ds/2024-01-01", [summary])
+
+A partition is done when ``parts/<name>/_partition.json`` exists; a rerun with the same
+input and transform returns it without work (idempotent). A killed run keeps every shard
+whose index was written; the rerun recomputes only the rest (resumable). The manifest is
+written by finalize only, last and atomically, and only when the bad-record check passes.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import time
+from collections import deque
+from typing import Any, Callable, Iterator
+
+from operators.errors import SpecError
+from operators.preprocess import shardfmt
+from operators.preprocess.errors import PreprocessError, TooManyBadRecords
+from operators.preprocess.inputs import InputFile, expand_input, iter_chunks
+from operators.preprocess.store import Store
+from operators.preprocess.transform import identity
+from operators.preprocess.worker import init_worker, process_chunk
+
+DEFAULT_SHARD_SIZE = 8192
+DEFAULT_MAX_BAD_FRACTION = 0.001
+PARTITION_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._=-]{0,127}$")
+Log = Callable[[str], None]
+
+
+def default_workers() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:
+        return os.cpu_count() or 1
+
+
+def partition_name(url: str) -> str:
+    """Readable and unique per URL: the file or folder name, plus a short hash of the whole URL."""
+    base = url.rstrip("/").rsplit("/", 1)[-1].split(".", 1)[0]
+    base = re.sub(r"[^A-Za-z0-9._=-]+", "_", base).strip("._-")[:64] or "input"
+    return f"{base}-{hashlib.sha1(url.encode()).hexdigest()[:8]}"
+
+
+def validate(*, transform: str, workers: int | None, shard_size: int, max_bad_fraction: float,
+             partition: str | None) -> dict[str, Any]:
+    """Check every argument before any work; returns the transform identity."""
+    if workers is not None and (not isinstance(workers, int) or isinstance(workers, bool) or workers < 1):
+        raise SpecError("workers", workers, "a positive integer (default: every core of this machine)")
+    if not isinstance(shard_size, int) or isinstance(shard_size, bool) or shard_size < 1:
+        raise SpecError("shard_size", shard_size, "a positive integer number of input records per shard")
+    if not isinstance(max_bad_fraction, (int, float)) or isinstance(max_bad_fraction, bool) \
+            or not 0.0 <= max_bad_fraction <= 1.0:
+        raise SpecError("max_bad_fraction", max_bad_fraction, "a fraction between 0 and 1 (default 0.001 = 0.1%)")
+    if partition is not None and not PARTITION_NAME.match(partition):
+        raise SpecError("partition", partition, "1-128 characters of [A-Za-z0-9._=-], not starting with a symbol")
+    return identity(transform)
+
+
+def _chunk_fingerprint(ident: dict[str, Any], file: InputFile, chunk_index: int, shard_size: int) -> str:
+    key = json.dumps([shardfmt.FORMAT_VERSION, ident, file.url, file.fingerprint, file.format,
+                      chunk_index, shard_size], sort_keys=True)
+    return hashlib.sha256(key.encode()).hexdigest()
+
+
+def _partition_fingerprint(ident: dict[str, Any], files: list[InputFile], shard_size: int) -> str:
+    key = json.dumps([shardfmt.FORMAT_VERSION, ident, [(f.url, f.fingerprint) for f in files], shard_size],
+                     sort_keys=True)
+    return hashlib.sha256(key.encode()).hexdigest()
+
+
+class _Pool:
+    """Ordered map with a bounded number of chunks in flight (memory stays flat on big inputs).
+
+    concurrent.futures rather than multiprocessing.Pool: a worker that dies (OOM killer,
+    a crash in native code) breaks the pool with an error instead of hanging forever.
+    """
+
+    def __init__(self, workers: int):
+        self.workers = workers
+        self.executor = None
+        if workers > 1:
+            import multiprocessing
+            from concurrent.futures import ProcessPoolExecutor
+
+            # spawn: no inherited threads or locks (Airflow's task runner has both); the
+            # transform is importable by name, so the workers need nothing else from us.
+            self.executor = ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn"),
+                                                initializer=init_worker)
+
+    def map(self, tasks: Iterator[tuple[Any, dict | None]]) -> Iterator[tuple[Any, dict | None]]:
+        """tasks yields (key, task or None for "already done"); results come back in task order."""
+        pending: deque = deque()
+        for key, task in tasks:
+            if task is None:
+                pending.append((key, None))
+            elif self.executor is None:
+                pending.append((key, process_chunk(task)))
+            else:
+                pending.append((key, self.executor.submit(process_chunk, task)))
+            while pending and (len(pending) > 2 * self.workers or not _is_future(pending[0][1])):
+                yield _resolve(pending.popleft())
+        while pending:
+            yield _resolve(pending.popleft())
+
+    def close(self, ok: bool) -> None:
+        if self.executor is None:
+            return
+        if not ok:
+            # Stop now: queued chunks are cancelled and running ones killed (their shards are
+            # written atomically, so a half-done chunk leaves nothing a rerun would trust).
+            for proc in list(getattr(self.executor, "_processes", {}).values()):
+                proc.kill()
+        self.executor.shutdown(wait=True, cancel_futures=not ok)
+
+
+def _is_future(value: Any) -> bool:
+    return hasattr(value, "result") and hasattr(value, "done")
+
+
+def _resolve(item: tuple[Any, Any]) -> tuple[Any, Any]:
+    key, value = item
+    return key, (value.result() if _is_future(value) else value)
+
+
+def process_partition(inputs: str | list[str], output: str, transform: str, *, partition: str | None = None,
+                      workers: int | None = None, shard_size: int = DEFAULT_SHARD_SIZE,
+                      max_bad_fraction: float = DEFAULT_MAX_BAD_FRACTION, check_bad: bool = True,
+                      log: Log = print) -> dict[str, Any]:
+    """Preprocess one input partition (a URL or a list of URLs) into ``output/parts/<partition>/``.
+
+    Returns the partition summary (primitives only: what the operator pushes to XCom).
+    Raises :class:`TooManyBadRecords` when this partition alone is above the threshold
+    (``check_bad=False`` leaves that check to :func:`finalize_dataset`, which then writes
+    the dataset's quarantine.jsonl before failing).
+    """
+    urls = [inputs] if isinstance(inputs, str) else list(inputs)
+    if not urls or not all(isinstance(u, str) and u for u in urls):
+        raise SpecError("input", inputs, "a URL or a non-empty list of URLs")
+    partition = partition or partition_name(urls[0] if len(urls) == 1 else "|".join(urls))
+    ident = validate(transform=transform, workers=workers, shard_size=shard_size,
+                     max_bad_fraction=max_bad_fraction, partition=partition)
+    files = [f for url in urls for f in expand_input(url)]
+    workers = min(workers or default_workers(), 64)
+    store = Store(output)
+    pdir = shardfmt.part_dir(partition)
+    fingerprint = _partition_fingerprint(ident, files, shard_size)
+
+    done = shardfmt.read_json(store, f"{pdir}/{shardfmt.PARTITION_DONE}")
+    if done and done.get("fingerprint") == fingerprint and all(
+            shardfmt.shard_intact(store, s, verify=False) for s in done["shards"]):
+        log(f"[preprocess] partition {partition}: already complete ({done['samples']} samples), nothing to do")
+        return _xcom(done, store)
+
+    started = time.monotonic()
+    stats = {"kept": 0, "written": 0}
+    unpublished = []
+
+    def tasks() -> Iterator[tuple[str, dict | None]]:
+        for file_index, file in enumerate(files):
+            for chunk in iter_chunks(file, shard_size):
+                name = f"shard-{file_index:04d}-{chunk.index:05d}"
+                fp = _chunk_fingerprint(ident, file, chunk.index, shard_size)
+                old = shardfmt.read_shard_index(store, partition, name)
+                if old and old.get("fingerprint") == fp and shardfmt.shard_intact(store, old, verify=True):
+                    stats["kept"] += 1
+                    yield name, None
+                    continue
+                if not unpublished:
+                    # Shards are about to change: a manifest from an earlier run no longer describes them.
+                    store.remove(shardfmt.MANIFEST)
+                    unpublished.append(True)
+                stats["written"] += 1
+                yield name, {"transform": transform, "output": output, "partition": partition, "name": name,
+                             "file": file.url, "format": file.format, "header": chunk.header,
+                             "records": chunk.records, "first_line": chunk.first_line, "fingerprint": fp}
+
+    pool = _Pool(workers)
+    ok = False
+    try:
+        shards = []
+        for name, index in pool.map(tasks()):
+            shards.append(index if index is not None else shardfmt.read_shard_index(store, partition, name))
+        ok = True
+    except (PreprocessError, SpecError):
+        raise
+    except Exception as e:
+        raise PreprocessError(f"partition {partition}: a worker failed: {type(e).__name__}: {e}") from e
+    finally:
+        pool.close(ok)
+
+    quarantine = [q for s in shards for q in s.get("quarantine", [])]
+    store.write_text(f"{pdir}/{shardfmt.QUARANTINE}", "".join(json.dumps(q, sort_keys=True) + "\n" for q in quarantine))
+    summary = {
+        "name": partition, "inputs": urls, "files": [f.url for f in files], "fingerprint": fingerprint,
+        "transform": ident, "shard_size": shard_size,
+        "records": sum(s["records"] for s in shards), "samples": sum(s["num_samples"] for s in shards),
+        "dropped": sum(s["dropped"] for s in shards), "bad": len(quarantine),
+        "input_bytes": sum(f.size for f in files),
+        "output_bytes": sum(i["bytes"] for s in shards for i in s["files"].values()),
+        "shards": [{k: v for k, v in s.items() if k != "quarantine"} for s in shards],
+    }
+    elapsed = time.monotonic() - started
+    log(f"[preprocess] partition {partition}: {summary['records']} records -> {summary['samples']} samples in "
+        f"{len(shards)} shards ({stats['written']} written, {stats['kept']} kept from an earlier run), "
+        f"{summary['dropped']} dropped, {summary['bad']} bad, {workers} worker(s), {elapsed:.1f}s")
+    if check_bad:
+        check_bad_fraction(summary["bad"], summary["records"], max_bad_fraction,
+                           store.display(f"{pdir}/{shardfmt.QUARANTINE}"), f"partition {partition}")
+    store.write_text(f"{pdir}/{shardfmt.PARTITION_DONE}", shardfmt.dumps(summary))
+    return _xcom(summary, store)
+
+
+def check_bad_fraction(bad: int, records: int, max_bad_fraction: float, quarantine: str, where: str) -> None:
+    if bad and bad > max_bad_fraction * records:
+        raise TooManyBadRecords(bad, records, max_bad_fraction, quarantine, where)
+
+
+def _xcom(summary: dict[str, Any], store: Store) -> dict[str, Any]:
+    """Small and primitive: the shard list stays on disk, XCom gets counts and where to look."""
+    keys = ("name", "inputs", "records", "samples", "dropped", "bad", "input_bytes", "output_bytes")
+    return {**{k: summary[k] for k in keys}, "shards": len(summary["shards"]), "output": store.url,
+            "path": store.display(shardfmt.part_dir(summary["name"]))}
+
+
+def finalize_dataset(output: str, partitions: list[Any] | None = None, *,
+                     max_bad_fraction: float = DEFAULT_MAX_BAD_FRACTION, log: Log = print) -> dict[str, Any]:
+    """Check the finished partitions together and publish ``manifest.json`` (last, atomically).
+
+    ``partitions``: names or summaries (what the mapped tasks returned); None means every
+    finished partition under ``output/parts``. Raises :class:`TooManyBadRecords` (and
+    publishes nothing) when the whole dataset is above ``max_bad_fraction``.
+    """
+    if not isinstance(max_bad_fraction, (int, float)) or isinstance(max_bad_fraction, bool) \
+            or not 0.0 <= max_bad_fraction <= 1.0:
+        raise SpecError("max_bad_fraction", max_bad_fraction, "a fraction between 0 and 1")
+    store = Store(output)
+    if partitions is None:
+        names = [n for n in store.listdir(shardfmt.PARTS)
+                 if shardfmt.read_json(store, f"{shardfmt.part_dir(n)}/{shardfmt.PARTITION_DONE}")]
+    else:
+        names = [p["name"] if isinstance(p, dict) else str(p) for p in partitions]
+    if not names:
+        raise PreprocessError(f"{store.url}: no finished partition to publish")
+    if len(set(names)) != len(names):
+        raise PreprocessError(f"partition names are not unique: {sorted(names)}")
+    summaries = []
+    for name in names:
+        summary = shardfmt.read_json(store, f"{shardfmt.part_dir(name)}/{shardfmt.PARTITION_DONE}")
+        if summary is None:
+            raise PreprocessError(f"partition {name} is not finished under {store.url} (no {shardfmt.PARTITION_DONE})")
+        summaries.append(summary)
+
+    idents = {json.dumps(s["transform"], sort_keys=True) for s in summaries}
+    if len(idents) != 1:
+        raise PreprocessError(f"partitions were made by different transforms: {sorted(idents)}")
+    shards = [s for summary in summaries for s in summary["shards"] if s["num_samples"]]
+    fields = _common_fields(shards)
+    quarantine = b"".join(store.read_bytes(f"{shardfmt.part_dir(n)}/{shardfmt.QUARANTINE}") or b"" for n in names)
+    store.write_bytes(shardfmt.QUARANTINE, quarantine)
+    records = sum(s["records"] for s in summaries)
+    bad = sum(s["bad"] for s in summaries)
+    check_bad_fraction(bad, records, max_bad_fraction, store.display(shardfmt.QUARANTINE), "dataset")
+    manifest = {
+        "format": shardfmt.FORMAT, "format_version": shardfmt.FORMAT_VERSION,
+        "num_samples": sum(s["num_samples"] for s in shards), "fields": fields,
+        "shards": [{"path": f"{shardfmt.part_dir(s['partition'])}/{s['name']}", "partition": s["partition"],
+                    "num_samples": s["num_samples"], "sha256": s["sha256"], "files": s["files"],
+                    "source": {"file": s["file"], "first_line": s["first_line"], "records": s["records"]}}
+                   for s in shards],
+        "source": {"partitions": [{k: s[k] for k in ("name", "inputs", "files", "records", "samples", "dropped",
+                                                     "bad", "fingerprint")} for s in summaries]},
+        "transform": summaries[0]["transform"],
+        "records": records, "dropped": sum(s["dropped"] for s in summaries), "bad_records": bad,
+        "max_bad_fraction": max_bad_fraction, "quarantine": shardfmt.QUARANTINE,
+    }
+    if manifest["num_samples"] == 0:
+        raise PreprocessError(f"{store.url}: the transform kept no sample out of {records} records")
+    store.write_text(shardfmt.MANIFEST, shardfmt.dumps(manifest))
+    log(f"[preprocess] published {store.display(shardfmt.MANIFEST)}: {manifest['num_samples']} samples in "
+        f"{len(shards)} shards from {len(summaries)} partition(s); {bad} bad record(s) quarantined")
+    return {"manifest": store.display(shardfmt.MANIFEST), "num_samples": manifest["num_samples"],
+            "shards": len(shards), "partitions": names, "records": records, "bad_records": bad,
+            "dropped": manifest["dropped"], "fields": fields}
+
+
+def _common_fields(shards: list[dict[str, Any]]) -> dict[str, Any]:
+    fields = None
+    for s in shards:
+        if fields is None:
+            fields = s["fields"]
+        elif s["fields"] != fields:
+            raise PreprocessError(f"shard {s['partition']}/{s['name']} has fields {s['fields']}, "
+                                  f"other shards have {fields}: the transform must return the same "
+                                  f"field names, dtypes and shapes for every record")
+    return fields or {}
+
+
+def preprocess(inputs: list[str], output: str, transform: str, *, workers: int | None = None,
+               shard_size: int = DEFAULT_SHARD_SIZE, max_bad_fraction: float = DEFAULT_MAX_BAD_FRACTION,
+               log: Log = print) -> dict[str, Any]:
+    """Every input URL as its own partition, then finalize: what ``dtrain preprocess`` runs."""
+    validate(transform=transform, workers=workers, shard_size=shard_size,
+             max_bad_fraction=max_bad_fraction, partition=None)
+    for url in inputs:
+        expand_input(url)  # every input is checked before the first one is processed
+    summaries = [process_partition(url, output, transform, workers=workers, shard_size=shard_size,
+                                   max_bad_fraction=max_bad_fraction, check_bad=False, log=log)
+                 for url in inputs]
+    return finalize_dataset(output, summaries, max_bad_fraction=max_bad_fraction, log=log)

@@ -1,0 +1,194 @@
+"""Read preprocessed shards in a training script: memory-mapped, split by rank.
+
+    from operators.training.shards import ShardDataset, ShardSampler
+
+    dataset = ShardDataset("/fsx/digits/2024-01-01")            # items are (x, y) tensors
+    sampler = ShardSampler(len(dataset), seed=0)                 # rank and world size from the env
+    loader = DataLoader(dataset, batch_size=32, sampler=sampler, drop_last=True)
+    for epoch in range(epochs):
+        sampler.set_epoch(epoch)
+        ...
+
+Each shard's field files are ``.npy`` arrays opened with ``np.load(mmap_mode="r")``:
+nothing is decoded, the page cache (or the shared filesystem's client cache) does the I/O,
+and a batch is one fancy index per field. Files are mapped lazily in each process, so
+DataLoader workers map their own.
+"""
+
+from __future__ import annotations
+
+import bisect
+import hashlib
+import os
+from typing import Any, Iterator, Sequence
+
+from operators.preprocess.errors import PreprocessError
+from operators.preprocess.shardfmt import file_sha256, load_manifest
+
+
+class ShardDataset:
+    """A map-style torch dataset over a published shard directory (one with ``manifest.json``).
+
+    Args:
+        directory: the dataset directory (local or a mounted shared filesystem).
+        fields: which fields make an item, in order (default ``("x", "y")``).
+        verify: recompute every shard's SHA-256 against the manifest before use.
+    """
+
+    def __init__(self, directory: str, fields: Sequence[str] = ("x", "y"), verify: bool = False):
+        self.directory = os.path.abspath(directory)
+        self.manifest = load_manifest(self.directory)
+        missing = [f for f in fields if f not in self.manifest["fields"]]
+        if missing:
+            raise PreprocessError(f"{self.directory}: fields {missing} are not in the dataset; it has "
+                                  f"{sorted(self.manifest['fields'])}")
+        self.fields = tuple(fields)
+        self.shards = self.manifest["shards"]
+        self.offsets = [0]
+        for shard in self.shards:
+            self.offsets.append(self.offsets[-1] + shard["num_samples"])
+        if self.offsets[-1] != self.manifest["num_samples"]:
+            raise PreprocessError(f"{self.directory}: shards hold {self.offsets[-1]} samples, manifest says "
+                                  f"{self.manifest['num_samples']}")
+        self._check_files(verify)
+        import numpy as np
+
+        self._starts = np.asarray(self.offsets[:-1], dtype=np.int64)
+        self._maps: dict[tuple[int, str], Any] = {}
+        self._pid = os.getpid()
+
+    def _check_files(self, verify: bool) -> None:
+        for shard in self.shards:
+            for field in self.fields:
+                info = shard["files"][field]
+                path = os.path.join(self.directory, info["path"])
+                try:
+                    size = os.path.getsize(path)
+                except OSError as e:
+                    raise PreprocessError(f"shard file {path} is missing: {e}") from e
+                if size != info["bytes"]:
+                    raise PreprocessError(f"shard file {path} has {size} bytes, manifest says {info['bytes']}")
+                if verify and file_sha256(path) != info["sha256"]:
+                    raise PreprocessError(f"shard file {path} does not match its SHA-256 in the manifest")
+            if verify:
+                digest = hashlib.sha256()
+                for field in sorted(shard["files"]):
+                    digest.update(f"{field}:{shard['files'][field]['sha256']}\n".encode())
+                if digest.hexdigest() != shard["sha256"]:
+                    raise PreprocessError(f"shard {shard['path']}: checksum of its files does not match the manifest")
+
+    def __len__(self) -> int:
+        return self.offsets[-1]
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = dict(self.__dict__)
+        state["_maps"] = {}  # each process maps the files itself
+        return state
+
+    def _array(self, shard: int, field: str):
+        if self._pid != os.getpid():  # forked DataLoader worker: do not share the parent's maps
+            self._maps, self._pid = {}, os.getpid()
+        key = (shard, field)
+        array = self._maps.get(key)
+        if array is None:
+            import numpy as np
+
+            path = os.path.join(self.directory, self.shards[shard]["files"][field]["path"])
+            # A plain ndarray view of the map: np.memmap's own indexing hooks cost more than the gather.
+            array = self._maps[key] = np.load(path, mmap_mode="r", allow_pickle=False).view(np.ndarray)
+        return array
+
+    def _locate(self, index: int) -> tuple[int, int]:
+        if index < 0:
+            index += len(self)
+        if not 0 <= index < len(self):
+            raise IndexError(f"index {index} out of range for {len(self)} samples")
+        shard = bisect.bisect_right(self.offsets, index) - 1
+        return shard, index - self.offsets[shard]
+
+    def __getitem__(self, index: int) -> tuple:
+        import numpy as np
+        import torch
+
+        shard, row = self._locate(int(index))
+        return tuple(torch.from_numpy(np.array(self._array(shard, f)[row])) for f in self.fields)
+
+    def get_batch(self, indices: Sequence[int]) -> tuple:
+        """A whole batch, one gather per shard and field: the cheapest way to read (no per-sample work)."""
+        import numpy as np
+        import torch
+
+        idx = np.asarray(indices, dtype=np.int64)
+        n = len(self)
+        if idx.size and (idx.min() < -n or idx.max() >= n):
+            raise IndexError(f"indices out of range for {n} samples")
+        idx = np.where(idx < 0, idx + n, idx)
+        shard_of = np.searchsorted(self._starts, idx, side="right") - 1
+        order = np.argsort(shard_of, kind="stable")  # group by shard: one gather per shard touched
+        sorted_shards = shard_of[order]
+        cuts = np.flatnonzero(np.diff(sorted_shards)) + 1
+        groups = [(int(sorted_shards[a]), order[a:b]) for a, b in zip([0, *cuts], [*cuts, len(order)])]
+        outputs = []
+        for field in self.fields:
+            spec = self.manifest["fields"][field]
+            out = np.empty((len(idx), *spec["shape"]), dtype=spec["dtype"])
+            for shard, positions in groups:
+                out[positions] = self._array(shard, field)[idx[positions] - self.offsets[shard]]
+            outputs.append(torch.from_numpy(out))
+        return tuple(outputs)
+
+    def __getitems__(self, indices: list[int]) -> list[tuple]:
+        """DataLoader's batched fetch: gather the batch at once, then hand back per-sample items to collate."""
+        batch = self.get_batch(indices)
+        return list(zip(*(t.unbind(0) for t in batch)))
+
+
+class ShardSampler:
+    """Split sample indices by rank the way DistributedSampler does, without needing torch.distributed.
+
+    Every epoch draws a permutation seeded by ``seed + epoch`` (identical on every rank) and
+    deals it round-robin: rank r gets positions r, r + W, r + 2W, ... So within an epoch the
+    ranks' sets are disjoint and every rank gets the same count (DDP never waits on a rank
+    with a batch fewer). When the sample count N is not a multiple of W: ``drop_last=False``
+    pads with the permutation's first samples (each sample at least once, a few twice);
+    ``drop_last=True`` leaves out the permutation's last N mod W samples (different ones each
+    epoch). With N a multiple of W every sample is seen exactly once per epoch either way.
+    """
+
+    def __init__(self, num_samples: int, num_replicas: int | None = None, rank: int | None = None,
+                 shuffle: bool = True, seed: int = 0, drop_last: bool = False):
+        num_replicas = int(os.environ.get("WORLD_SIZE", "1")) if num_replicas is None else num_replicas
+        rank = int(os.environ.get("RANK", "0")) if rank is None else rank
+        if num_replicas < 1 or not 0 <= rank < num_replicas:
+            raise ValueError(f"rank={rank} must be in [0, num_replicas={num_replicas})")
+        if num_samples < num_replicas:
+            raise ValueError(f"{num_samples} samples cannot give each of {num_replicas} ranks one")
+        self.num_samples_total = num_samples
+        self.num_replicas, self.rank = num_replicas, rank
+        self.shuffle, self.seed, self.drop_last = shuffle, seed, drop_last
+        self.epoch = 0
+        if drop_last:
+            self.num_samples = num_samples // num_replicas
+        else:
+            self.num_samples = -(-num_samples // num_replicas)
+        self.total_size = self.num_samples * num_replicas
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    def indices(self) -> list[int]:
+        import numpy as np
+
+        if self.shuffle:
+            order = np.random.default_rng([self.seed, self.epoch]).permutation(self.num_samples_total)
+        else:
+            order = np.arange(self.num_samples_total)
+        if self.total_size > len(order):
+            order = np.concatenate([order, order[: self.total_size - len(order)]])
+        return order[: self.total_size][self.rank::self.num_replicas].tolist()
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(self.indices())
+
+    def __len__(self) -> int:
+        return self.num_samples
