@@ -124,8 +124,14 @@ def main(argv: list[str] | None = None) -> int:
         print(f"world_size={ctx.world_size} global_batch={global_batch} lr={lr:.4f} "
               f"(base_lr={args.base_lr} x {global_batch}/{args.base_batch})")
 
-    sampler = DistributedSampler(dataset, num_replicas=ctx.world_size, rank=ctx.rank, shuffle=True,
-                                 seed=args.seed, drop_last=True)
+    if args.shards:  # the shard reader splits by rank itself (epoch-seeded, equal counts per rank)
+        from operators.training.shards import ShardSampler
+
+        sampler = ShardSampler(len(dataset), num_replicas=ctx.world_size, rank=ctx.rank, shuffle=True,
+                               seed=args.seed, drop_last=True)
+    else:
+        sampler = DistributedSampler(dataset, num_replicas=ctx.world_size, rank=ctx.rank, shuffle=True,
+                                     seed=args.seed, drop_last=True)
     loader = DataLoader(dataset, batch_size=per_rank_batch, sampler=sampler, drop_last=True)
     steps_per_epoch = len(loader)
     optimizer = torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9)
