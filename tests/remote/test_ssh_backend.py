@@ -184,3 +184,20 @@ def test_sigkill_of_the_launcher_still_leaves_no_process(ssh_cluster, tmp_path):
         if cli.poll() is None:
             cli.kill()
     assert wait_for(lambda: still_alive(procs) == [], timeout=20), still_alive(procs)
+
+
+def test_unreachable_host_fails_with_ssh_status_and_stops_the_others(ssh_cluster, tmp_path):
+    import socket
+
+    with socket.socket() as s:  # a port nobody listens on: connection refused
+        s.bind(("127.0.0.1", 0))
+        closed = s.getsockname()[1]
+    lines: list[str] = []
+    spec = LaunchSpec(command=train_command("--steps", "1", "--hang"), nodes=2, procs_per_node=1, backend="ssh",
+                      device="cpu", hosts=[f"root@{ssh_cluster.hosts[0].line} slots=1", f"root@127.0.0.1:{closed}"],
+                      ssh=ssh_cluster.ssh_settings(), run_dir=str(tmp_path / "run"))
+    result = Launcher(spec, sink=lines.append).run()
+    assert result.exit_code == 255 and result.failed_node == 1, "\n".join(lines[-20:])
+    assert any("Connection refused" in line for line in result.tail), result.tail
+    assert any("ssh to 127.0.0.1 failed (exit 255)" in line for line in lines)
+    assert wait_for(lambda: still_alive(job_processes(result.job_id)) == [], timeout=10)
