@@ -15,6 +15,7 @@ from operators.errors import DTrainError
 SUBCOMMAND_MODULES = (
     "operators.launch.cli",
     "operators.staging.cli",
+    "operators.preprocess.cli",
 )
 
 

@@ -75,6 +75,15 @@ def _partition_fingerprint(ident: dict[str, Any], files: list[InputFile], shard_
     return hashlib.sha256(key.encode()).hexdigest()
 
 
+_active: set["_Pool"] = set()
+
+
+def terminate_active() -> None:
+    """Kill the worker processes of every partition running in this process (the operator's on_kill)."""
+    for pool in list(_active):
+        pool.kill()
+
+
 class _Pool:
     """Ordered map with a bounded number of chunks in flight (memory stays flat on big inputs).
 
@@ -93,6 +102,7 @@ class _Pool:
             # transform is importable by name, so the workers need nothing else from us.
             self.executor = ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn"),
                                                 initializer=init_worker)
+            _active.add(self)
 
     def map(self, tasks: Iterator[tuple[Any, dict | None]]) -> Iterator[tuple[Any, dict | None]]:
         """tasks yields (key, task or None for "already done"); results come back in task order."""
@@ -109,14 +119,18 @@ class _Pool:
         while pending:
             yield _resolve(pending.popleft())
 
+    def kill(self) -> None:
+        # Running chunks die mid-way: their shards are written atomically (index last), so a
+        # half-done chunk leaves nothing a rerun would trust.
+        for proc in list((getattr(self.executor, "_processes", None) or {}).values()):
+            proc.kill()
+
     def close(self, ok: bool) -> None:
         if self.executor is None:
             return
+        _active.discard(self)
         if not ok:
-            # Stop now: queued chunks are cancelled and running ones killed (their shards are
-            # written atomically, so a half-done chunk leaves nothing a rerun would trust).
-            for proc in list(getattr(self.executor, "_processes", {}).values()):
-                proc.kill()
+            self.kill()
         self.executor.shutdown(wait=True, cancel_futures=not ok)
 
 

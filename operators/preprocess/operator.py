@@ -1,0 +1,116 @@
+"""Airflow operators for preprocessing: one mapped task per input partition, then a finalize.
+
+    from operators.preprocess.operator import PreprocessOperator, PreprocessFinalizeOperator
+
+    parts = PreprocessOperator.partial(
+        task_id="preprocess", transform="mypkg.prep:transform",
+        output="/fsx/datasets/digits/{{ ds }}",          # keyed by logical date: backfill-safe
+    ).expand(input=["s3://raw/{{ ds }}/part-0.jsonl", "s3://raw/{{ ds }}/part-1.jsonl"])
+    publish = PreprocessFinalizeOperator(task_id="publish", output="/fsx/datasets/digits/{{ ds }}",
+                                         partitions=parts.output)
+
+Each mapped task runs its partition over every core of its worker; a retry keeps the
+shards already written. The finalize task checks the bad-record fraction over the whole
+dataset and writes manifest.json last. Thin over :mod:`operators.preprocess.runner`;
+nothing heavy is imported at parse time and ``__init__`` does no I/O.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+from airflow.sdk import BaseOperator
+
+DEFAULT_MAX_BAD_FRACTION = 0.001
+DEFAULT_SHARD_SIZE = 8192
+
+
+def _coerce_fraction(value: Any) -> float:
+    from operators.errors import SpecError
+
+    try:
+        number = float(value)
+    except (TypeError, ValueError) as e:
+        raise SpecError("max_bad_fraction", value, "a fraction between 0 and 1") from e
+    return number
+
+
+class PreprocessOperator(BaseOperator):
+    """Apply ``transform`` to one input partition and write its shards under ``output/parts/<partition>``.
+
+    Args:
+        transform: import path ``module:function`` (one parsed record in, dict of arrays or None out).
+        input: a URL (file, directory or glob; any fsspec filesystem) or a list of URLs: one partition.
+            Map over this with ``.expand(input=[...])``.
+        output: the dataset directory or URL shared by every partition (templated; key it by ``{{ ds }}``).
+        partition: the partition's name (default: derived from the input URL).
+        workers: processes on this worker (default: every core).
+        max_bad_fraction: fail this task above this fraction of bad records (default 0.001).
+        shard_size: input records per shard.
+
+    Returns (XCom): name, inputs, records, samples, dropped, bad, bytes, shard count, path.
+    """
+
+    template_fields: Sequence[str] = ("transform", "input", "output", "partition", "workers",
+                                      "max_bad_fraction", "shard_size")
+    ui_color = "#e8f3d6"
+
+    def __init__(self, *, transform: str, input: str | list[str], output: str, partition: str | None = None,
+                 workers: int | str | None = None, max_bad_fraction: float | str = DEFAULT_MAX_BAD_FRACTION,
+                 shard_size: int | str = DEFAULT_SHARD_SIZE, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.transform = transform
+        self.input = input
+        self.output = output
+        self.partition = partition
+        self.workers = workers
+        self.max_bad_fraction = max_bad_fraction
+        self.shard_size = shard_size
+
+    def execute(self, context) -> dict[str, Any]:
+        from operators.launch.spec import coerce_int
+        from operators.preprocess.runner import process_partition
+
+        workers = None if self.workers in (None, "", "None") else coerce_int("workers", self.workers, minimum=1)
+        inputs = list(self.input) if isinstance(self.input, (list, tuple)) else self.input
+        return process_partition(
+            inputs, self.output, self.transform, partition=self.partition or None, workers=workers,
+            shard_size=coerce_int("shard_size", self.shard_size, minimum=1),
+            max_bad_fraction=_coerce_fraction(self.max_bad_fraction), log=self.log.info,
+        )
+
+    def on_kill(self) -> None:
+        from operators.preprocess.runner import terminate_active
+
+        self.log.info("on_kill: stopping the preprocessing workers (finished shards are kept for the retry)")
+        terminate_active()
+
+
+class PreprocessFinalizeOperator(BaseOperator):
+    """Publish the dataset: check every partition, merge quarantine.jsonl, write manifest.json last.
+
+    Args:
+        output: the dataset directory or URL (templated).
+        partitions: what the mapped PreprocessOperator returned (``parts.output``), or partition
+            names; None publishes every finished partition under ``output``.
+        max_bad_fraction: fail (publishing nothing) above this fraction over the whole dataset.
+
+    Returns (XCom): manifest path, num_samples, shards, partitions, records, bad_records, fields.
+    """
+
+    template_fields: Sequence[str] = ("output", "partitions", "max_bad_fraction")
+    ui_color = "#c9e4b0"
+
+    def __init__(self, *, output: str, partitions: Any = None,
+                 max_bad_fraction: float | str = DEFAULT_MAX_BAD_FRACTION, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.output = output
+        self.partitions = partitions
+        self.max_bad_fraction = max_bad_fraction
+
+    def execute(self, context) -> dict[str, Any]:
+        from operators.preprocess.runner import finalize_dataset
+
+        partitions = None if self.partitions is None else list(self.partitions)
+        return finalize_dataset(self.output, partitions, max_bad_fraction=_coerce_fraction(self.max_bad_fraction),
+                                log=self.log.info)
