@@ -15,6 +15,7 @@ from typing import Any, Sequence
 from airflow.sdk import BaseOperator
 
 from operators.launch.job import dtrain_home
+from operators.links import LINKS
 
 
 def _safe(part: str) -> str:
@@ -49,6 +50,7 @@ class DistributedTrainingOperator(BaseOperator):
     )
     template_fields_renderers = {"env": "json", "deepspeed_config": "json", "command": "py"}
     ui_color = "#d7e9f7"
+    operator_extra_links = tuple(LINKS)  # checkpoints, metrics, TensorBoard (operators/links.py)
 
     def __init__(
         self,
@@ -87,6 +89,7 @@ class DistributedTrainingOperator(BaseOperator):
         self.deferrable = deferrable
         self.slurm_options = slurm_options
         self._launcher = None
+        self.last_result: dict[str, Any] | None = None  # read by the extra links after success
 
     def default_run_dir(self, context) -> str:
         run_id = context["run_id"] if "run_id" in context else "manual"
@@ -121,7 +124,8 @@ class DistributedTrainingOperator(BaseOperator):
         result.raise_for_status()
         self.log.info("world_size=%s duration=%.1fs checkpoints=%s metrics=%s",
                       result.world_size, result.duration_s, result.checkpoint_dir, result.metrics)
-        return result.to_xcom()
+        self.last_result = result.to_xcom()
+        return self.last_result
 
     def on_kill(self) -> None:
         if self._launcher is not None:

@@ -1,0 +1,73 @@
+"""Operator extra links and template macros that the Airflow plugin registers.
+
+In Airflow 3 a link is computed on the worker right after the task succeeds (get_link)
+and stored in XCom for the UI; the training operator keeps its last result on itself,
+so the link needs no extra lookup. Locations are turned into URLs by templates the
+deployment sets, because only it knows how its shared filesystem and TensorBoard are
+served:
+
+* ``DTRAIN_STORAGE_URL`` (or ``AIRFLOW__DTRAIN__STORAGE_URL``), e.g. ``https://files.example/{path}``;
+  default ``file://{path}``.
+* ``DTRAIN_TENSORBOARD_URL`` (or ``AIRFLOW__DTRAIN__TENSORBOARD_URL``), e.g.
+  ``http://tensorboard:6006/?regexInput={job_id}``; no TensorBoard link when unset.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+from urllib.parse import quote
+
+from airflow.sdk import BaseOperatorLink
+
+from operators.training.scaling import scaled_lr
+
+
+def global_batch_size(per_rank_batch: int, nodes: int, procs_per_node: int, grad_accum: int = 1) -> int:
+    """Samples per optimizer step across the job: per-rank batch x ranks x accumulation steps."""
+    return int(per_rank_batch) * int(nodes) * int(procs_per_node) * int(grad_accum)
+
+
+MACROS = [scaled_lr, global_batch_size]
+
+
+def _setting(name: str) -> str | None:
+    return os.environ.get(f"DTRAIN_{name}") or os.environ.get(f"AIRFLOW__DTRAIN__{name}")
+
+
+def storage_url(path: str) -> str:
+    template = _setting("STORAGE_URL") or "file://{path}"
+    return template.format(path=quote(path))
+
+
+def _result(operator: Any) -> dict[str, Any]:
+    return getattr(operator, "last_result", None) or {}
+
+
+class CheckpointLink(BaseOperatorLink):
+    name = "Checkpoints"
+
+    def get_link(self, operator, *, ti_key) -> str:
+        result = _result(operator)
+        return storage_url(result["checkpoint_dir"]) if result.get("checkpoint_dir") else ""
+
+
+class MetricsLink(BaseOperatorLink):
+    name = "Training metrics"
+
+    def get_link(self, operator, *, ti_key) -> str:
+        result = _result(operator)
+        return storage_url(result["metrics_dir"]) if result.get("metrics_dir") else ""
+
+
+class TensorBoardLink(BaseOperatorLink):
+    name = "TensorBoard"
+
+    def get_link(self, operator, *, ti_key) -> str:
+        template, result = _setting("TENSORBOARD_URL"), _result(operator)
+        if not template or not result:
+            return ""
+        return template.format(job_id=quote(str(result.get("job_id", ""))), run_dir=quote(str(result.get("run_dir", ""))))
+
+
+LINKS = [CheckpointLink(), MetricsLink(), TensorBoardLink()]

@@ -1,0 +1,1 @@
+"""Preflight: before an expensive training job, check every node can run it."""

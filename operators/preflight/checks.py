@@ -1,0 +1,99 @@
+"""What one node checks about itself before training. Stdlib only: it runs on every node
+(``python -m operators.preflight.node``), locally or over SSH.
+
+* the staged dataset's manifest is visible here and is the one the staging step wrote;
+* there is free disk for checkpoints;
+* the GPU count covers procs_per_node when GPUs are expected;
+* NCCL network settings, as the AzureML guide advises: InfiniBand devices present ->
+  keep IB enabled; none -> disable IB and pick the socket interface.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import socket
+from typing import Any
+
+IB_CLASS = "/sys/class/infiniband"
+NET_CLASS = "/sys/class/net"
+
+
+def file_sha256(path: str) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for block in iter(lambda: fh.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def infiniband_devices(root: str = IB_CLASS) -> list[str]:
+    try:
+        return sorted(os.listdir(root))
+    except OSError:
+        return []
+
+
+def socket_interfaces(root: str = NET_CLASS) -> list[str]:
+    """Interfaces that are up, the loopback last (only useful when every rank is on this host)."""
+    found = []
+    try:
+        names = sorted(os.listdir(root))
+    except OSError:
+        return ["lo"]
+    for name in names:
+        try:
+            with open(os.path.join(root, name, "operstate")) as fh:
+                state = fh.read().strip()
+        except OSError:
+            continue
+        if name != "lo" and state in ("up", "unknown") and not name.startswith(("docker", "veth", "virbr")):
+            found.append(name)
+    return found + ["lo"]
+
+
+def nccl_env(ib_devices: list[str], interfaces: list[str], single_host: bool) -> dict[str, str]:
+    if ib_devices:
+        return {"NCCL_IB_DISABLE": "0", "NCCL_IB_HCA": ",".join(ib_devices)}
+    iface = "lo" if single_host or interfaces == ["lo"] else interfaces[0]
+    return {"NCCL_IB_DISABLE": "1", "NCCL_SOCKET_IFNAME": iface}
+
+
+def gpu_count() -> int:
+    from operators.launch.spec import visible_gpu_count
+
+    return visible_gpu_count()
+
+
+def check_node(*, manifest_path: str | None = None, manifest_sha256: str | None = None,
+               checkpoint_dir: str | None = None, min_free_gb: float = 1.0, expect_gpus: bool = False,
+               procs_per_node: int = 1, single_host: bool = False) -> dict[str, Any]:
+    """Run every check on this node; return facts and the list of problems (empty = ready)."""
+    problems: list[str] = []
+    facts: dict[str, Any] = {"host": socket.gethostname()}
+    if manifest_path:
+        if not os.path.isfile(manifest_path):
+            problems.append(f"staged manifest not visible at {manifest_path}")
+        else:
+            sha = file_sha256(manifest_path)
+            facts["manifest_sha256"] = sha
+            if manifest_sha256 and sha != manifest_sha256:
+                problems.append(f"staged manifest {manifest_path} differs from the one staging wrote "
+                                f"(sha256 {sha[:12]} != {manifest_sha256[:12]})")
+    if checkpoint_dir:
+        probe = checkpoint_dir
+        while probe and not os.path.exists(probe):
+            probe = os.path.dirname(probe)
+        free_gb = shutil.disk_usage(probe or "/").free / 2**30
+        facts["free_gb"] = round(free_gb, 1)
+        if free_gb < min_free_gb:
+            problems.append(f"only {free_gb:.1f} GiB free for checkpoints under {checkpoint_dir}, need {min_free_gb}")
+    gpus = gpu_count()
+    facts["gpus"] = gpus
+    if expect_gpus and gpus < procs_per_node:
+        problems.append(f"{gpus} GPU(s) visible, procs_per_node={procs_per_node} needs one each")
+    ib = infiniband_devices()
+    facts["infiniband"] = ib
+    facts["nccl_env"] = nccl_env(ib, socket_interfaces(), single_host)
+    return {"ok": not problems, "problems": problems, "facts": facts}

@@ -1,0 +1,64 @@
+"""PreflightOperator: check every node before training; one clear summary; fail fast."""
+
+from __future__ import annotations
+
+import sys
+from typing import Any, Sequence
+
+from airflow.sdk import BaseOperator
+
+
+class PreflightOperator(BaseOperator):
+    """Run the node checks of :mod:`operators.preflight.checks` on every node of the job.
+
+    Args:
+        nodes, procs_per_node, backend, hosts, hostfile, ssh, device, gpus_per_node: as for
+            DistributedTrainingOperator (templated), so preflight checks exactly the nodes that train.
+        manifest_path: the staged dataset's manifest on the shared filesystem (templated).
+        manifest_sha256: the manifest's expected digest; default: computed here on the worker,
+            so every node must see the same bytes.
+        checkpoint_dir: where checkpoints will go; its filesystem needs ``min_free_gb`` free.
+        expect_gpus: require GPUs covering procs_per_node (default: when the spec would use GPUs).
+
+    Returns through XCom: ``ok``, per-node facts and ``nccl_env`` (the NCCL settings to hand
+    the training task's ``env``).
+    """
+
+    template_fields: Sequence[str] = ("nodes", "procs_per_node", "backend", "hosts", "hostfile", "manifest_path",
+                                      "manifest_sha256", "checkpoint_dir", "min_free_gb")
+    ui_color = "#fdf1c7"
+
+    def __init__(self, *, nodes: int | str = 1, procs_per_node: int | str = 1, backend: str = "local",
+                 hosts: Any = None, hostfile: str | None = None, ssh: dict | None = None, device: str = "auto",
+                 gpus_per_node: int | None = None, manifest_path: str | None = None,
+                 manifest_sha256: str | None = None, checkpoint_dir: str | None = None,
+                 min_free_gb: float | str = 1.0, expect_gpus: bool | None = None, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.nodes, self.procs_per_node, self.backend = nodes, procs_per_node, backend
+        self.hosts, self.hostfile, self.ssh = hosts, hostfile, ssh
+        self.device, self.gpus_per_node = device, gpus_per_node
+        self.manifest_path, self.manifest_sha256 = manifest_path, manifest_sha256
+        self.checkpoint_dir, self.min_free_gb, self.expect_gpus = checkpoint_dir, min_free_gb, expect_gpus
+
+    def execute(self, context) -> dict[str, Any]:
+        from operators.launch.spec import LaunchSpec
+        from operators.preflight.checks import file_sha256
+        from operators.preflight.runner import PreflightError, run_preflight
+
+        extra = {k: v for k, v in (("hosts", self.hosts), ("hostfile", self.hostfile), ("ssh", self.ssh)) if v}
+        spec = LaunchSpec(command=[sys.executable, "-c", "pass"], nodes=self.nodes, procs_per_node=self.procs_per_node,
+                          backend=self.backend, device=self.device, gpus_per_node=self.gpus_per_node, **extra)
+        expected = self.manifest_sha256
+        if self.manifest_path and not expected:
+            try:
+                expected = file_sha256(self.manifest_path)
+            except OSError as e:
+                raise PreflightError(f"manifest_path={self.manifest_path!r} is not readable here: {e}") from e
+        report = run_preflight(spec, manifest_path=self.manifest_path, manifest_sha256=expected,
+                               checkpoint_dir=self.checkpoint_dir, min_free_gb=float(self.min_free_gb),
+                               expect_gpus=self.expect_gpus)
+        for line in report["summary"]:
+            self.log.info("%s", line)
+        if not report["ok"]:
+            raise PreflightError("\n".join(report["summary"]))
+        return report

@@ -1,0 +1,82 @@
+"""Run the node checks on every node of a job, in parallel, and summarise. Airflow-free.
+
+Local backend: one check per simulated node on this host. SSH backend: the check runs on
+each host over ssh (argv list; the one remote string built with shlex.join). A host that
+cannot be reached is a failed check, not an exception.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+import subprocess
+import sys
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+from operators.errors import DTrainError
+from operators.preflight.node import MARK
+
+
+class PreflightError(DTrainError):
+    """At least one node is not ready to train; the message is the summary."""
+
+
+def _parse(node: int, host: str, proc: subprocess.CompletedProcess) -> dict[str, Any]:
+    for line in proc.stdout.splitlines():
+        if line.startswith(MARK):
+            report = json.loads(line[len(MARK):])
+            report.update(node=node, host=host, reachable=True)
+            return report
+    reason = (proc.stderr or proc.stdout).strip().splitlines()[-1:] or [f"exit {proc.returncode}"]
+    return {"node": node, "host": host, "reachable": proc.returncode != 255, "ok": False,
+            "problems": [f"check did not run (exit {proc.returncode}): {reason[0]}"], "facts": {}}
+
+
+def node_commands(spec, check_kwargs: dict[str, Any]) -> list[tuple[str, list[str]]]:
+    """(host label, argv) for each node of ``spec``."""
+    payload = json.dumps(check_kwargs, sort_keys=True)
+    if spec.backend == "ssh":
+        from operators.launch.backends.ssh import ssh_argv
+        from operators.launch.hostfile import SSHSettings
+
+        settings = SSHSettings.from_mapping(spec.ssh)
+        python = settings.python or sys.executable
+        remote = shlex.join([python, "-m", "operators.preflight.node", payload])
+        return [(host.address, ssh_argv(settings, host, remote)) for host in spec.resolved_hosts[: spec.nodes]]
+    if spec.backend == "local":
+        return [("localhost", [sys.executable, "-m", "operators.preflight.node", payload]) for _ in range(spec.nodes)]
+    raise PreflightError(f"preflight for backend={spec.backend!r} is not supported: use 'local' or 'ssh' "
+                         f"(Slurm allocates nodes at submit time; its own prolog checks them)")
+
+
+def run_preflight(spec, *, manifest_path: str | None = None, manifest_sha256: str | None = None,
+                  checkpoint_dir: str | None = None, min_free_gb: float = 1.0, expect_gpus: bool | None = None,
+                  timeout_s: float = 120.0) -> dict[str, Any]:
+    """Check every node of ``spec``; return {"ok", "nodes": [...], "nccl_env", "summary": [lines]}."""
+    expect = spec.uses_gpu() if expect_gpus is None else expect_gpus
+    kwargs = {"manifest_path": manifest_path, "manifest_sha256": manifest_sha256, "checkpoint_dir": checkpoint_dir,
+              "min_free_gb": min_free_gb, "expect_gpus": expect, "procs_per_node": spec.procs_per_node,
+              "single_host": spec.backend == "local"}
+    commands = node_commands(spec, kwargs)
+
+    def one(item):
+        index, (host, argv) = item
+        try:
+            proc = subprocess.run(argv, capture_output=True, text=True, timeout=timeout_s, stdin=subprocess.DEVNULL)
+        except subprocess.TimeoutExpired:
+            return {"node": index, "host": host, "reachable": False, "ok": False,
+                    "problems": [f"no answer within {timeout_s:.0f}s"], "facts": {}}
+        return _parse(index, host, proc)
+
+    with ThreadPoolExecutor(max_workers=min(32, len(commands))) as pool:
+        nodes = list(pool.map(one, enumerate(commands)))
+    nccl = nodes[0]["facts"].get("nccl_env", {}) if nodes and nodes[0]["ok"] else {}
+    summary = [f"preflight: {sum(n['ok'] for n in nodes)}/{len(nodes)} node(s) ready"]
+    for n in nodes:
+        facts = n["facts"]
+        status = "ok" if n["ok"] else "FAILED: " + "; ".join(n["problems"])
+        summary.append(f"  node{n['node']} {n['host']}: gpus={facts.get('gpus', '?')} free_gb={facts.get('free_gb', '?')} "
+                       f"ib={','.join(facts.get('infiniband', [])) or 'none'} -> {status}")
+    summary.append(f"  NCCL settings: {' '.join(f'{k}={v}' for k, v in nccl.items()) or 'n/a'}")
+    return {"ok": all(n["ok"] for n in nodes), "nodes": nodes, "nccl_env": nccl, "summary": summary}
