@@ -87,3 +87,7 @@ def cpu_spec(command, nodes=2, procs_per_node=2, **kwargs):
     env = {"GLOO_SOCKET_IFNAME": "lo", **kwargs.pop("env", {})}
     return LaunchSpec(command=command, nodes=nodes, procs_per_node=procs_per_node, backend="slurm", device="cpu",
                       workdir=REPO, env=env, **kwargs)
+
+
+# The SSH backend's real sshd hosts (tests/remote), for deferrable mode over ssh.
+from tests.remote.conftest import ssh_cluster  # noqa: E402,F401

@@ -1,0 +1,252 @@
+"""Runs on each SSH host in deferrable mode: the node's torchrun agent, detached from ssh.
+
+A deferred task lets its worker go, so no ssh session may stay open for the job's
+lifetime (the blocking SSH backend's lifeline would stop the job). Instead:
+
+``python -m operators.launch.detached_node start --run-dir RD --node N --job-id J [--workdir W] -- AGENT...``
+    reads the job's environment as one JSON line on stdin (never in an argv), double-forks
+    a daemon in its own session, and returns once the daemon has written its state file.
+    The daemon runs AGENT with its output in ``RD/detached/nodeN.log``; when it ends, it
+    stops anything the agent left and writes ``RD/detached/nodeN.exit.json`` (temp file +
+    rename). SIGTERM stops the whole tree (SIGTERM, grace, SIGKILL) and is recorded.
+``... status --run-dir RD --node N [--tail 40]``
+    prints one JSON line: ``{"state": "running"|"exited"|"lost"|"unknown", "exit_code", "tail"}``.
+    ``lost``: the daemon is gone without an exit record (the host rebooted, SIGKILL).
+``... stop --run-dir RD --node N [--grace 5]``
+    SIGTERM to the daemon, SIGKILL to whatever of the tree is left after the grace period.
+
+The PID in the state file is checked with its start time, so a reused PID is never
+mistaken for the daemon. Stdlib and psutil (a dependency of the package) only.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+
+ANNOUNCE = "[dtrain-detached]"
+TAIL_LINES = 40
+
+
+def node_dir(run_dir: str) -> str:
+    return os.path.join(run_dir, "detached")
+
+
+def paths(run_dir: str, node: int) -> dict[str, str]:
+    base = os.path.join(node_dir(run_dir), f"node{node}")
+    return {"state": base + ".state.json", "exit": base + ".exit.json", "log": base + ".log"}
+
+
+def _write_json(path: str, data: dict) -> None:
+    tmp = f"{path}.{os.getpid()}.tmp"
+    with open(tmp, "w", encoding="utf-8") as fh:
+        json.dump(data, fh)
+    os.replace(tmp, path)
+
+
+def _read_json(path: str) -> dict | None:
+    try:
+        with open(path, encoding="utf-8") as fh:
+            return json.load(fh)
+    except (OSError, ValueError):
+        return None
+
+
+def _tail(path: str, lines: int) -> list[str]:
+    try:
+        with open(path, "rb") as fh:
+            fh.seek(0, os.SEEK_END)
+            fh.seek(max(0, fh.tell() - 256 * 1024))
+            return fh.read().decode(errors="replace").splitlines()[-lines:]
+    except OSError:
+        return []
+
+
+def _daemon_process(state: dict | None):
+    """The daemon as a psutil.Process if it still runs (same PID *and* start time), else None."""
+    import psutil
+
+    if not state:
+        return None
+    try:
+        proc = psutil.Process(int(state["pid"]))
+        if abs(proc.create_time() - float(state["create_time"])) > 1.0 or proc.status() == psutil.STATUS_ZOMBIE:
+            return None
+        return proc
+    except (psutil.NoSuchProcess, KeyError, ValueError, TypeError):
+        return None
+
+
+def kill_tree(root, grace: float) -> None:
+    """SIGTERM every descendant of ``root`` (torchrun gives workers sessions of their own), then SIGKILL."""
+    import psutil
+
+    for attempt in range(2):
+        try:
+            victims = root.children(recursive=True)
+        except psutil.NoSuchProcess:
+            return
+        if not victims:
+            return
+        for proc in victims:
+            try:
+                proc.send_signal(signal.SIGTERM if attempt == 0 else signal.SIGKILL)
+            except psutil.NoSuchProcess:
+                pass
+        psutil.wait_procs(victims, timeout=grace if attempt == 0 else 2.0)
+
+
+# -- start -----------------------------------------------------------------------------------
+
+def _daemon(args: argparse.Namespace, env: dict[str, str]) -> None:
+    """The grandchild: run the agent, record how it ended. Never returns."""
+    import psutil
+
+    files = paths(args.run_dir, args.node)
+    code = 1
+    stopped: list[int] = []
+    try:
+        log_fd = os.open(files["log"], os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        null_fd = os.open(os.devnull, os.O_RDONLY)
+        os.dup2(null_fd, 0)
+        os.dup2(log_fd, 1)
+        os.dup2(log_fd, 2)
+        me = psutil.Process()
+        _write_json(files["state"], {"pid": me.pid, "pgid": os.getpgrp(), "create_time": me.create_time(),
+                                     "host": socket.gethostname(), "job_id": args.job_id, "node": args.node})
+        environ = dict(os.environ)
+        environ.update(env)
+
+        def on_signal(signum, _frame):
+            stopped.append(signum)
+            threading.Thread(target=kill_tree, args=(me, args.grace), daemon=True).start()
+
+        for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+            signal.signal(signum, on_signal)
+        child = subprocess.Popen(args.agent, env=environ, cwd=args.workdir or None, stdin=subprocess.DEVNULL)
+        if stopped:  # a stop raced the start: the agent must not outlive it
+            kill_tree(me, args.grace)
+        raw = child.wait()
+        code = 128 - raw if raw < 0 else raw
+        kill_tree(me, args.grace)  # anything the agent left behind goes too
+    except BaseException as e:  # the record must be written whatever happened
+        print(f"{ANNOUNCE} node={args.node}: {e!r}", flush=True)
+    finally:
+        _write_json(files["exit"], {"exit_code": code, "stopped_by_signal": stopped[0] if stopped else None,
+                                    "time": time.time()})
+        sys.stdout.flush()
+        os._exit(0)
+
+
+def start(args: argparse.Namespace) -> int:
+    line = sys.stdin.buffer.readline().decode()
+    try:
+        env = json.loads(line)["env"] if line.strip() else {}
+    except (ValueError, KeyError, TypeError) as e:
+        print(f"{ANNOUNCE} node={args.node}: bad environment line on stdin ({e})", file=sys.stderr)
+        return 2
+    files = paths(args.run_dir, args.node)
+    os.makedirs(node_dir(args.run_dir), exist_ok=True)
+    for key in ("state", "exit"):  # a relaunch in the same run directory starts clean
+        try:
+            os.unlink(files[key])
+        except FileNotFoundError:
+            pass
+    sys.stdout.flush()
+    sys.stderr.flush()
+    first = os.fork()
+    if first == 0:
+        os.setsid()  # a session of its own: no controlling terminal, not killed with ssh's session
+        if os.fork() == 0:
+            _daemon(args, env)
+        os._exit(0)
+    os.waitpid(first, 0)
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        state = _read_json(files["state"])
+        if state:
+            print(f"{ANNOUNCE} node={args.node} pid={state['pid']} host={state['host']}", flush=True)
+            return 0
+        time.sleep(0.05)
+    print(f"{ANNOUNCE} node={args.node}: the daemon did not start; see {files['log']}", file=sys.stderr)
+    return 1
+
+
+# -- status / stop ---------------------------------------------------------------------------
+
+def status(run_dir: str, node: int, tail: int = TAIL_LINES) -> dict:
+    files = paths(run_dir, node)
+    record = _read_json(files["exit"])
+    if record is not None:
+        code = int(record.get("exit_code", 1))
+        return {"node": node, "state": "exited", "exit_code": code,
+                "stopped_by_signal": record.get("stopped_by_signal"),
+                "tail": _tail(files["log"], tail) if code else []}
+    state = _read_json(files["state"])
+    if state is None:
+        return {"node": node, "state": "unknown", "exit_code": None, "tail": []}
+    if _daemon_process(state) is not None:
+        return {"node": node, "state": "running", "exit_code": None, "tail": []}
+    # Re-read: the daemon may have written its record between the two reads.
+    record = _read_json(files["exit"])
+    if record is not None:
+        return status(run_dir, node, tail)
+    return {"node": node, "state": "lost", "exit_code": None, "tail": _tail(files["log"], tail)}
+
+
+def stop(run_dir: str, node: int, grace: float = 5.0) -> dict:
+    import psutil
+
+    daemon = _daemon_process(_read_json(paths(run_dir, node)["state"]))
+    if daemon is not None:
+        try:
+            descendants = daemon.children(recursive=True)
+            daemon.send_signal(signal.SIGTERM)
+            gone, alive = psutil.wait_procs([daemon], timeout=grace + 5)
+            if alive:
+                kill_tree(daemon, 1.0)
+                daemon.kill()
+            survivors = [p for p in descendants if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+            for proc in survivors:
+                proc.kill()
+        except psutil.NoSuchProcess:
+            pass
+    return status(run_dir, node, 0)
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    # The agent's argv follows "--" and is split off first: it may contain anything.
+    options, agent = (argv[:argv.index("--")], argv[argv.index("--") + 1:]) if "--" in argv else (argv, [])
+    p = argparse.ArgumentParser(prog="detached_node")
+    p.add_argument("verb", choices=("start", "status", "stop"))
+    p.add_argument("--run-dir", required=True)
+    p.add_argument("--node", type=int, required=True)
+    p.add_argument("--job-id", default="")
+    p.add_argument("--workdir")
+    p.add_argument("--grace", type=float, default=5.0)
+    p.add_argument("--tail", type=int, default=TAIL_LINES)
+    args = p.parse_args(options)
+    args.agent = agent
+    if args.verb == "start" and not args.agent:
+        p.error("start needs the agent command after --")
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(list(sys.argv[1:] if argv is None else argv))
+    if args.verb == "start":
+        return start(args)
+    result = status(args.run_dir, args.node, args.tail) if args.verb == "status" else stop(args.run_dir, args.node, args.grace)
+    print(json.dumps(result), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

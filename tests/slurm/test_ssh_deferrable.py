@@ -1,0 +1,120 @@
+"""Deferrable mode over SSH, against real sshd hosts on loopback (tests/remote's fixture):
+the operator starts one detached agent per host and defers (raising Airflow's real
+TaskDeferred); the trigger, rebuilt from its serialized kwargs as a triggerer would,
+polls the hosts over ssh; execute_complete returns the result or raises with the tail,
+stopping the nodes still running; on_kill stops every host's node."""
+
+from __future__ import annotations
+
+import asyncio
+import importlib
+import json
+import os
+
+import psutil
+import pytest
+
+from operators.launch.spec import LaunchSpec
+
+from .conftest import DDP_REPORT, REPO, wait_for
+
+
+def ssh_spec(cluster, tmp_path, *args, procs=2):
+    return LaunchSpec(command=["python", DDP_REPORT, str(tmp_path / "rep"), *args], nodes=2, procs_per_node=procs,
+                      backend="ssh", hosts=[f"root@{h.line} slots={procs}" for h in cluster.hosts],
+                      ssh=cluster.ssh_settings(), device="cpu", workdir=REPO, run_dir=str(tmp_path / "run"))
+
+
+def job_pids(job_id: str) -> set[int]:
+    """Every live process of the job on every "host" (they all run on this machine)."""
+    found = set()
+    for proc in psutil.process_iter(["cmdline"]):
+        try:
+            if proc.pid != os.getpid() and (job_id in " ".join(proc.info["cmdline"] or ())
+                                            or proc.environ().get("DTRAIN_JOB_ID") == job_id):
+                if proc.status() != psutil.STATUS_ZOMBIE:
+                    found.add(proc.pid)
+        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+            continue
+    return found
+
+
+def defer(spec):
+    """Run the operator's execute up to its deferral; return the operator and the trigger."""
+    from airflow.sdk.exceptions import TaskDeferred
+
+    from operators.launch.deferrable import defer_job
+    from operators.launch.operator import DistributedTrainingOperator
+
+    op = DistributedTrainingOperator(task_id="train", command=spec.command, backend="ssh", deferrable=True)
+    with pytest.raises(TaskDeferred) as info:
+        defer_job(op, spec, context={})
+    assert info.value.method_name == "execute_complete"
+    return op, info.value.trigger
+
+
+def rebuilt(trigger):
+    classpath, kwargs = trigger.serialize()
+    assert json.loads(json.dumps(kwargs)) == kwargs  # primitives only (hosts as lines, settings as a dict)
+    module, _, name = classpath.rpartition(".")
+    return getattr(importlib.import_module(module), name)(**kwargs)
+
+
+def first_event(trigger, timeout=120):
+    async def wait():
+        async for event in trigger.run():
+            return event.payload
+
+    return asyncio.run(asyncio.wait_for(wait(), timeout))
+
+
+def test_ssh_deferred_job_trains_and_resumes(ssh_cluster, tmp_path):
+    spec = ssh_spec(ssh_cluster, tmp_path, procs=1)  # 2x2 DDP is covered on Slurm and by the blocking SSH tests
+    op, trigger = defer(spec)
+    job_id = op._dtrain_submission["job_id"]
+    # The task holds nothing while deferred: no ssh client of ours, the nodes run detached.
+    assert not [p for p in psutil.Process().children(recursive=True) if p.name() == "ssh"]
+    assert job_pids(job_id)
+    event = first_event(rebuilt(trigger))
+    assert event["status"] == "success" and event["backend"] == "ssh"
+    result = op.execute_complete({}, event)
+    assert result["exit_code"] == 0 and result["world_size"] == 2
+    reps = [json.load(open(tmp_path / "rep" / name)) for name in sorted(os.listdir(tmp_path / "rep"))]
+    assert sorted(int(r["RANK"]) for r in reps) == [0, 1]
+    assert all(r["NODE_RANK"] == r["RANK"] for r in reps)  # host order
+    assert len({(r["weight"], r["bias"]) for r in reps}) == 1  # all-reduced across the two hosts
+    wait_for(lambda: not job_pids(job_id), 10, what="the detached nodes to exit")  # nothing left behind
+
+
+def test_ssh_deferred_failure_stops_the_other_host_and_raises_with_tail(ssh_cluster, tmp_path):
+    from operators.errors import LaunchError
+
+    spec = ssh_spec(ssh_cluster, tmp_path, "--fail-rank", "1", procs=1)
+    op, trigger = defer(spec)
+    job_id = op._dtrain_submission["job_id"]
+    event = first_event(rebuilt(trigger))
+    assert event["status"] == "failed" and event["exit_code"] != 0
+    with pytest.raises(LaunchError) as info:
+        op.execute_complete({}, event)
+    assert info.value.rank == 1 and info.value.exit_code == 7
+    assert "rank 1: deliberate failure marker" in str(info.value)
+    assert job_pids(job_id) == set()  # node 0, perhaps still waiting for rank 1, was stopped
+
+
+def test_ssh_trigger_on_kill_stops_every_host(ssh_cluster, tmp_path):
+    spec = ssh_spec(ssh_cluster, tmp_path, "--sleep", "120", procs=1)
+    op, trigger = defer(spec)
+    job_id = op._dtrain_submission["job_id"]
+    run_dir = spec.run_dir
+    wait_for(lambda: all(os.path.exists(os.path.join(run_dir, "detached", f"node{i}.state.json")) for i in (0, 1)),
+             30, what="both nodes started")
+    wait_for(lambda: len(job_pids(job_id)) >= 6, 60, what="agents and ranks up")  # daemon, torchrun, rank x2
+    pids = job_pids(job_id)
+    asyncio.run(rebuilt(trigger).on_kill())
+    gone = wait_for(lambda: not (pids & job_pids(job_id)), 30, what="every process of the job to end")
+    assert gone
+    for i in (0, 1):
+        record = json.load(open(os.path.join(run_dir, "detached", f"node{i}.exit.json")))
+        assert record["stopped_by_signal"] == 15
+    event = first_event(rebuilt(trigger), 30)
+    assert event["status"] == "failed"
