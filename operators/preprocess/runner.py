@@ -146,7 +146,7 @@ def _resolve(item: tuple[Any, Any]) -> tuple[Any, Any]:
 def process_partition(inputs: str | list[str], output: str, transform: str, *, partition: str | None = None,
                       workers: int | None = None, shard_size: int = DEFAULT_SHARD_SIZE,
                       max_bad_fraction: float = DEFAULT_MAX_BAD_FRACTION, check_bad: bool = True,
-                      log: Log = print) -> dict[str, Any]:
+                      log: Log = print, pool: "_Pool | None" = None) -> dict[str, Any]:
     """Preprocess one input partition (a URL or a list of URLs) into ``output/parts/<partition>/``.
 
     Returns the partition summary (primitives only: what the operator pushes to XCom).
@@ -173,6 +173,7 @@ def process_partition(inputs: str | list[str], output: str, transform: str, *, p
         return _xcom(done, store)
 
     started = time.monotonic()
+    store.remove_temp_files(pdir)  # left by a killed run: never trusted, now not kept either
     stats = {"kept": 0, "written": 0}
     unpublished = []
 
@@ -195,7 +196,9 @@ def process_partition(inputs: str | list[str], output: str, transform: str, *, p
                              "file": file.url, "format": file.format, "header": chunk.header,
                              "records": chunk.records, "first_line": chunk.first_line, "fingerprint": fp}
 
-    pool = _Pool(workers)
+    own_pool = pool is None
+    pool = _Pool(workers) if own_pool else pool
+    workers = pool.workers
     ok = False
     try:
         shards = []
@@ -207,7 +210,8 @@ def process_partition(inputs: str | list[str], output: str, transform: str, *, p
     except Exception as e:
         raise PreprocessError(f"partition {partition}: a worker failed: {type(e).__name__}: {e}") from e
     finally:
-        pool.close(ok)
+        if own_pool or not ok:
+            pool.close(ok)
 
     quarantine = [q for s in shards for q in s.get("quarantine", [])]
     store.write_text(f"{pdir}/{shardfmt.QUARANTINE}", "".join(json.dumps(q, sort_keys=True) + "\n" for q in quarantine))
@@ -324,7 +328,13 @@ def preprocess(inputs: list[str], output: str, transform: str, *, workers: int |
              max_bad_fraction=max_bad_fraction, partition=None)
     for url in inputs:
         expand_input(url)  # every input is checked before the first one is processed
-    summaries = [process_partition(url, output, transform, workers=workers, shard_size=shard_size,
-                                   max_bad_fraction=max_bad_fraction, check_bad=False, log=log)
-                 for url in inputs]
+    pool = _Pool(min(workers or default_workers(), 64))  # one pool for every partition: spawn once
+    ok = False
+    try:
+        summaries = [process_partition(url, output, transform, workers=workers, shard_size=shard_size,
+                                       max_bad_fraction=max_bad_fraction, check_bad=False, log=log, pool=pool)
+                     for url in inputs]
+        ok = True
+    finally:
+        pool.close(ok)
     return finalize_dataset(output, summaries, max_bad_fraction=max_bad_fraction, log=log)

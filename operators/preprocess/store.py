@@ -78,6 +78,16 @@ class Store:
         except FileNotFoundError:
             pass
 
+    def remove_temp_files(self, rel: str) -> int:
+        """Delete temp files a killed writer left under ``rel`` (local stores; object PUTs leave none)."""
+        removed = 0
+        if self.local:
+            for name in self.listdir(rel):
+                if name.startswith(".") and name.endswith(".tmp"):
+                    self.remove(f"{rel}/{name}")
+                    removed += 1
+        return removed
+
     def listdir(self, rel: str) -> list[str]:
         """Names directly under ``rel`` (empty when it does not exist)."""
         try:

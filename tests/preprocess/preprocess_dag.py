@@ -1,0 +1,23 @@
+"""A DAG for tests/preprocess/test_preprocess_dag.py: list the day's partitions, preprocess each in a
+mapped task, then publish. Inputs arrive as params (dag.test(run_conf=...))."""
+
+from __future__ import annotations
+
+from airflow.sdk import DAG, Param, task
+
+from operators.preprocess.operator import PreprocessFinalizeOperator, PreprocessOperator
+
+with DAG(dag_id="preprocess_mapped_test", schedule=None, catchup=False,
+         params={"raw": Param("/nonexistent", type="string"), "out": Param("/nonexistent", type="string")}) as dag:
+
+    @task
+    def list_partitions(raw: str) -> list[str]:
+        import os
+
+        return [os.path.join(raw, name) for name in sorted(os.listdir(raw)) if name.endswith(".jsonl")]
+
+    parts = PreprocessOperator.partial(
+        task_id="preprocess", transform="operators.preprocess.examples:digits_features",
+        output="{{ params.out }}", workers="2", shard_size="200",
+    ).expand(input=list_partitions("{{ params.raw }}"))
+    PreprocessFinalizeOperator(task_id="publish", output="{{ params.out }}", partitions=parts.output)

@@ -1,0 +1,230 @@
+"""The preprocessing engine and CLI with real worker processes: determinism, idempotence, quarantine,
+input formats (JSON lines, gzip, CSV, Parquet, .npy), S3 through moto's server, bad arguments."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import numpy as np
+import pytest
+
+from operators.errors import SpecError
+from operators.preprocess.errors import PreprocessError, TooManyBadRecords
+from operators.preprocess.runner import finalize_dataset, preprocess, process_partition
+
+from .conftest import DIGITS, dtrain, read_tree, write_jsonl
+
+QUIET = {"log": lambda _: None}
+
+
+def partitions(raw: str) -> list[str]:
+    return sorted(os.path.join(raw, n) for n in os.listdir(raw))
+
+
+def test_two_cli_runs_give_byte_identical_shards(tmp_path, digits_raw):
+    from operators.training.reference.train_digits import load_digits_split
+    from operators.training.shards import ShardDataset
+
+    outs = [str(tmp_path / f"out{i}") for i in range(2)]
+    for out in outs:
+        args = ["preprocess", "--transform", DIGITS, "--output", out, "--workers", "2", "--shard-size", "100"]
+        for path in partitions(digits_raw):
+            args += ["--input", path]
+        result = dtrain(*args)
+        assert result.returncode == 0, result.stderr
+        assert "1437 samples" in result.stdout
+    first, second = read_tree(outs[0]), read_tree(outs[1])
+    assert len([p for p in first if p.endswith(".npy")]) == 2 * 15  # x and y of ceil(479/100) shards x 3
+    assert first == second  # every shard, index, quarantine and the manifest, byte for byte
+    assert not [p for p in first if os.path.basename(p).startswith(".")]  # no temp file left behind
+
+    # The shards hold exactly the reference script's training split.
+    dataset = ShardDataset(outs[0], verify=True)
+    x, y = dataset.get_batch(range(len(dataset)))
+    (x_ref, y_ref), _ = load_digits_split(0)
+    key = lambda xs, ys: sorted(zip(ys.tolist(), map(bytes, np.asarray(xs))))  # noqa: E731
+    assert key(x.numpy(), y.numpy()) == key(x_ref, y_ref)
+
+
+def test_worker_count_does_not_change_the_shards(tmp_path, digits_raw, digits_shards):
+    out = str(tmp_path / "out")
+    preprocess(partitions(digits_raw), out, DIGITS, workers=2, shard_size=200, **QUIET)
+    assert read_tree(out) == read_tree(digits_shards)  # the fixture ran with one worker
+
+
+def test_rerun_is_idempotent_and_keeps_every_file(tmp_path, digits_raw):
+    out = str(tmp_path / "out")
+    preprocess(partitions(digits_raw)[:1], out, DIGITS, workers=1, shard_size=200, **QUIET)
+    before = {p: os.stat(os.path.join(out, p)).st_mtime_ns for p in read_tree(out) if "parts" in p}
+    messages = []
+    preprocess(partitions(digits_raw)[:1], out, DIGITS, workers=1, shard_size=200, log=messages.append)
+    after = {p: os.stat(os.path.join(out, p)).st_mtime_ns for p in read_tree(out) if "parts" in p}
+    assert before == after
+    assert any("already complete" in m for m in messages)
+
+
+def bad_digits_file(path: str, repeat: int = 2) -> tuple[str, int]:
+    from operators.preprocess.examples import digits_records
+
+    records = digits_records(repeat=repeat)
+    records[29]["label"] = None  # dropped by the transform: not a bad record
+    raw = {10: '{"id": "broken", "pixels": [1, 2', 20: json.dumps({"id": "x", "pixels": [99] * 64, "label": 3})}
+    return write_jsonl(path, records, raw), len(records)
+
+
+def test_quarantine_below_threshold_publishes_and_records_file_line_reason(tmp_path):
+    raw, n = bad_digits_file(str(tmp_path / "raw.jsonl"))
+    out = str(tmp_path / "out")
+    result = preprocess([raw], out, DIGITS, workers=2, shard_size=500, **QUIET)  # 2 bad of 2874 < 0.1%
+    assert result["bad_records"] == 2 and result["dropped"] == 1 and result["num_samples"] == n - 3
+    with open(os.path.join(out, "quarantine.jsonl"), encoding="utf-8") as fh:
+        bad = [json.loads(line) for line in fh]
+    assert [(b["line"], b["file"]) for b in bad] == [(10, "file://" + raw), (20, "file://" + raw)]
+    assert bad[0]["reason"].startswith("JSONDecodeError") and "pixels must be 64 values in [0, 16]" in bad[1]["reason"]
+    manifest = json.load(open(os.path.join(out, "manifest.json"), encoding="utf-8"))
+    assert manifest["num_samples"] == n - 3 and manifest["bad_records"] == 2
+    assert manifest["fields"] == {"x": {"dtype": "float32", "shape": [64]}, "y": {"dtype": "int64", "shape": []}}
+    assert manifest["transform"]["name"] == DIGITS and manifest["transform"]["version"] == "1"
+
+
+def test_quarantine_above_threshold_fails_and_publishes_nothing(tmp_path):
+    raw, n = bad_digits_file(str(tmp_path / "raw.jsonl"), repeat=1)  # 2 bad of 1437: 0.14% > 0.1%
+    out = str(tmp_path / "out")
+    result = dtrain("preprocess", "--transform", DIGITS, "--input", raw, "--output", out, "--workers", "1")
+    assert result.returncode == 2
+    assert "2 of 1437 records are bad" in result.stderr and "max_bad_fraction=0.001" in result.stderr
+    assert os.path.join(out, "quarantine.jsonl") in result.stderr
+    assert not os.path.exists(os.path.join(out, "manifest.json"))
+    with open(os.path.join(out, "quarantine.jsonl"), encoding="utf-8") as fh:
+        assert [json.loads(line)["line"] for line in fh] == [10, 20]
+    # The same data under a looser threshold is published.
+    result = dtrain("preprocess", "--transform", DIGITS, "--input", raw, "--output", out, "--workers", "1",
+                    "--max-bad-fraction", "0.01")
+    assert result.returncode == 0, result.stderr
+    assert json.load(open(os.path.join(out, "manifest.json"), encoding="utf-8"))["num_samples"] == n - 3
+
+
+def test_mapped_task_above_threshold_fails_its_partition(tmp_path):
+    raw, _ = bad_digits_file(str(tmp_path / "raw.jsonl"), repeat=1)
+    with pytest.raises(TooManyBadRecords, match="partition raw-.*2 of 1437"):
+        process_partition(raw, str(tmp_path / "out"), DIGITS, workers=1, **QUIET)
+    with pytest.raises(PreprocessError, match="not finished"):
+        finalize_dataset(str(tmp_path / "out"), ["raw"], **QUIET)
+    assert not os.path.exists(tmp_path / "out" / "manifest.json")
+
+
+def test_csv_parquet_npy_and_gzip_inputs(tmp_path):
+    import gzip
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from operators.training.shards import ShardDataset
+
+    (tmp_path / "csv").mkdir()
+    (tmp_path / "csv" / "a.csv").write_text("value,label\n1.5,1\n\n2.5,2\nnot-a-number,3\n4,5,6\n")
+    out = str(tmp_path / "csv-out")
+    result = preprocess([str(tmp_path / "csv")], out, "tests.preprocess.prep_transforms:csv_row",
+                        workers=1, max_bad_fraction=0.5, **QUIET)
+    assert result["num_samples"] == 2 and result["bad_records"] == 2
+    bad = [json.loads(line) for line in open(os.path.join(out, "quarantine.jsonl"), encoding="utf-8")]
+    assert [b["line"] for b in bad] == [5, 6] and "header has 2" in bad[1]["reason"]
+    assert ShardDataset(out).get_batch([0, 1])[0].tolist() == [1.5, 2.5]
+
+    from operators.preprocess.examples import digits_records
+
+    records = digits_records()[:300]
+    pq.write_table(pa.Table.from_pylist(records), str(tmp_path / "d.parquet"), row_group_size=64)
+    with gzip.open(tmp_path / "d.jsonl.gz", "wt") as fh:
+        fh.writelines(json.dumps(r) + "\n" for r in records)
+    outs = {}
+    for name in ("d.parquet", "d.jsonl.gz"):
+        outs[name] = str(tmp_path / f"out-{name}")
+        preprocess([str(tmp_path / name)], outs[name], DIGITS, workers=1, shard_size=128, **QUIET)
+    a, b = (ShardDataset(o).get_batch(range(300)) for o in outs.values())
+    assert all((u == v).all() for u, v in zip(a, b))
+
+    rows = np.column_stack([np.arange(50), np.random.default_rng(0).random((50, 3))])
+    np.save(tmp_path / "rows.npy", rows)
+    out = str(tmp_path / "npy-out")
+    preprocess([str(tmp_path / "rows.npy")], out, "tests.preprocess.prep_transforms:indexed_row",
+               workers=1, shard_size=16, **QUIET)
+    i, x = ShardDataset(out, fields=("i", "x")).get_batch(range(50))
+    assert i.tolist() == list(range(50)) and np.allclose(x.numpy(), rows[:, 1:].astype(np.float32))
+
+
+@pytest.fixture
+def moto_s3(monkeypatch):
+    from moto.server import ThreadedMotoServer
+
+    from operators.launch.job import free_port
+
+    port = free_port()
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
+    server.start()
+    for key, value in {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
+                       "AWS_DEFAULT_REGION": "us-east-1", "AWS_ENDPOINT_URL": f"http://127.0.0.1:{port}"}.items():
+        monkeypatch.setenv(key, value)
+    import boto3
+
+    boto3.client("s3").create_bucket(Bucket="raw")
+    try:
+        yield
+    finally:
+        server.stop()
+
+
+def test_s3_input_and_output_through_moto(tmp_path, moto_s3, digits_raw):
+    import fsspec
+
+    from operators.training.shards import ShardDataset
+
+    fs = fsspec.filesystem("s3", skip_instance_cache=True)
+    for path in partitions(digits_raw)[:2]:
+        fs.put_file(path, f"raw/day=2024-01-01/{os.path.basename(path)}")
+    out = "s3://raw/shards/2024-01-01"
+    result = preprocess(["s3://raw/day=2024-01-01/"], out, DIGITS, workers=2, shard_size=200, **QUIET)
+    assert result["num_samples"] == 958 and result["manifest"] == out + "/manifest.json"
+    fs.invalidate_cache()
+    local = str(tmp_path / "staged")
+    fs.get("raw/shards/2024-01-01/", local, recursive=True)  # what the staging step does, in short
+    assert len(ShardDataset(local, verify=True)) == 958
+
+
+@pytest.mark.parametrize("kwargs, field", [
+    ({"workers": 0}, "workers"), ({"max_bad_fraction": 2}, "max_bad_fraction"),
+    ({"shard_size": 0}, "shard_size"), ({"transform": "no.such.module:fn"}, "transform"),
+    ({"transform": "operators.preprocess.examples:NOPE"}, "transform"), ({"inputs": ["/no/such/dir"]}, "input"),
+])
+def test_bad_arguments_fail_before_any_work(tmp_path, digits_raw, kwargs, field):
+    out = tmp_path / "out"
+    args = {"inputs": partitions(digits_raw)[:1], "output": str(out), "transform": DIGITS, **kwargs}
+    with pytest.raises(SpecError) as info:
+        preprocess(**args, **QUIET)
+    assert info.value.field == field and str(info.value).startswith(f"{field}=")
+    assert not out.exists()
+
+
+def test_reader_refuses_unpublished_truncated_or_corrupt_shards(tmp_path, digits_shards):
+    import shutil
+
+    from operators.training.shards import ShardDataset
+
+    with pytest.raises(PreprocessError, match="manifest.json is missing"):
+        ShardDataset(str(tmp_path))
+    copy = str(tmp_path / "copy")
+    shutil.copytree(digits_shards, copy)
+    manifest = json.load(open(os.path.join(copy, "manifest.json"), encoding="utf-8"))
+    victim = os.path.join(copy, manifest["shards"][1]["files"]["x"]["path"])
+    data = bytearray(open(victim, "rb").read())
+    data[-1] ^= 0xFF
+    open(victim, "wb").write(bytes(data))
+    ShardDataset(copy)  # same size: only the checksum can tell
+    with pytest.raises(PreprocessError, match="does not match its SHA-256"):
+        ShardDataset(copy, verify=True)
+    open(victim, "wb").write(bytes(data[:-4]))
+    with pytest.raises(PreprocessError, match="bytes, manifest says"):
+        ShardDataset(copy)
+    with pytest.raises(PreprocessError, match=r"fields \['z'\] are not in the dataset"):
+        ShardDataset(digits_shards, fields=("x", "z"))
