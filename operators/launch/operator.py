@@ -38,6 +38,12 @@ class DistributedTrainingOperator(BaseOperator):
             ``$DTRAIN_HOME/runs/<dag_id>/<run_id>/<task_id>``, so an Airflow retry of the same
             run resumes from its checkpoint and other runs never share it.
         device, gpus_per_node, rdzv_timeout, workdir: as in :class:`operators.launch.spec.LaunchSpec`.
+        hostfile, hosts, ssh: backend ``ssh``: the hosts (DeepSpeed ``host slots=N`` lines, optionally
+            ``user@host:port``) and SSH settings; see :mod:`operators.launch.hostfile`.
+        ssh_conn_id: backend ``ssh``: an Airflow SSH connection giving the hosts and settings
+            (an explicit hostfile/hosts/ssh wins).
+        mpi_options: distribution ``mpi``: extra mpirun options (allow-listed).
+        parameter_servers: distribution ``tensorflow``: how many ranks are ``ps`` tasks.
         deferrable: submit the job, then wait in the triggerer instead of a worker slot
             (``backend='slurm'``; see operators.launch.deferrable).
         slurm_options: partition, time_limit, account, gpus_per_node, extra_sbatch, ... (templated),
@@ -46,7 +52,7 @@ class DistributedTrainingOperator(BaseOperator):
 
     template_fields: Sequence[str] = (
         "command", "nodes", "procs_per_node", "distribution", "env", "deepspeed_config", "run_dir",
-        "max_restarts", "slurm_options",
+        "max_restarts", "slurm_options", "hostfile", "hosts", "mpi_options",
     )
     template_fields_renderers = {"env": "json", "deepspeed_config": "json", "command": "py"}
     ui_color = "#d7e9f7"
@@ -68,6 +74,12 @@ class DistributedTrainingOperator(BaseOperator):
         gpus_per_node: int | None = None,
         rdzv_timeout: float = 300.0,
         workdir: str | None = None,
+        hostfile: str | None = None,
+        hosts: Sequence[str] | str | None = None,
+        ssh: dict[str, Any] | None = None,
+        ssh_conn_id: str | None = None,
+        mpi_options: Sequence[str] | str | None = None,
+        parameter_servers: int = 0,
         deferrable: bool = False,
         slurm_options: dict[str, Any] | None = None,
         **kwargs: Any,
@@ -86,6 +98,12 @@ class DistributedTrainingOperator(BaseOperator):
         self.gpus_per_node = gpus_per_node
         self.rdzv_timeout = rdzv_timeout
         self.workdir = workdir
+        self.hostfile = hostfile
+        self.hosts = hosts
+        self.ssh = ssh
+        self.ssh_conn_id = ssh_conn_id
+        self.mpi_options = mpi_options
+        self.parameter_servers = parameter_servers
         self.deferrable = deferrable
         self.slurm_options = slurm_options
         self._launcher = None
@@ -104,7 +122,22 @@ class DistributedTrainingOperator(BaseOperator):
             deepspeed_config=self.deepspeed_config or None, max_restarts=self.max_restarts,
             run_dir=self.run_dir or self.default_run_dir(context), device=self.device,
             gpus_per_node=self.gpus_per_node, rdzv_timeout=self.rdzv_timeout, workdir=self.workdir,
+            **self.remote_fields(),
         )
+
+    def remote_fields(self) -> dict[str, Any]:
+        """Hosts and SSH settings: explicit arguments, else the Airflow SSH connection."""
+        fields: dict[str, Any] = {"mpi_options": self.mpi_options or None, "parameter_servers": self.parameter_servers}
+        hosts, ssh = self.hosts or None, self.ssh
+        if self.ssh_conn_id and not (self.hostfile or hosts):
+            from airflow.sdk import BaseHook
+
+            from operators.launch.hostfile import from_airflow_connection
+
+            conn_hosts, conn_ssh = from_airflow_connection(BaseHook.get_connection(self.ssh_conn_id))
+            hosts, ssh = conn_hosts, {**conn_ssh, **(ssh or {})}
+        fields.update(hostfile=self.hostfile or None, hosts=hosts, ssh=ssh)
+        return {k: v for k, v in fields.items() if v is not None}
 
     def execute(self, context) -> dict[str, Any]:
         from operators.launch.launcher import Launcher

@@ -128,6 +128,10 @@ def main(argv: list[str] | None = None) -> int:
     environ = dict(os.environ)
     environ.update(contract_from_env(environ, mpi_per_node_launch=environ.get("DTRAIN_MPI_PER_NODE") == "1"))
     environ.setdefault("PYTHONUNBUFFERED", "1")
+    if environ.get("DTRAIN_DISTRIBUTION") == "tensorflow":
+        from operators.launch.tf_config import tf_config_env  # TF scripts read TF_CONFIG unchanged
+
+        environ.update(tf_config_env(environ))
     rank = RankProcess(command, environ)
     for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         signal.signal(signum, rank.forward)

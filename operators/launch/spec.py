@@ -242,6 +242,10 @@ class LaunchSpec:
             raise SpecError("command", self.command[0], "an executable on PATH or an existing .py script")
 
     def _check_gpus(self) -> None:
+        # This host's GPUs say nothing about remote nodes: count them only for the local
+        # backend, unless the user stated gpus_per_node.
+        if self.backend != "local" and self.gpus_per_node is None:
+            return
         capacity = self.gpu_capacity()
         if self.device == "gpu" and capacity == 0:
             raise SpecError("device", "gpu", "a host with at least one visible GPU (none found)")
