@@ -12,7 +12,7 @@ class PreflightOperator(BaseOperator):
     """Run the node checks of :mod:`operators.preflight.checks` on every node of the job.
 
     Args:
-        nodes, procs_per_node, backend, hosts, hostfile, ssh, device, gpus_per_node: as for
+        nodes, procs_per_node, backend, hosts, hostfile, ssh, ssh_conn_id, device, gpus_per_node: as for
             DistributedTrainingOperator (templated), so preflight checks exactly the nodes that train.
         manifest_path: the staged dataset's manifest on the shared filesystem (templated).
         manifest_sha256: the manifest's expected digest; default: computed here on the worker,
@@ -29,13 +29,14 @@ class PreflightOperator(BaseOperator):
     ui_color = "#fdf1c7"
 
     def __init__(self, *, nodes: int | str = 1, procs_per_node: int | str = 1, backend: str = "local",
-                 hosts: Any = None, hostfile: str | None = None, ssh: dict | None = None, device: str = "auto",
+                 hosts: Any = None, hostfile: str | None = None, ssh: dict | None = None,
+                 ssh_conn_id: str | None = None, device: str = "auto",
                  gpus_per_node: int | None = None, manifest_path: str | None = None,
                  manifest_sha256: str | None = None, checkpoint_dir: str | None = None,
                  min_free_gb: float | str = 1.0, expect_gpus: bool | None = None, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.nodes, self.procs_per_node, self.backend = nodes, procs_per_node, backend
-        self.hosts, self.hostfile, self.ssh = hosts, hostfile, ssh
+        self.hosts, self.hostfile, self.ssh, self.ssh_conn_id = hosts, hostfile, ssh, ssh_conn_id
         self.device, self.gpus_per_node = device, gpus_per_node
         self.manifest_path, self.manifest_sha256 = manifest_path, manifest_sha256
         self.checkpoint_dir, self.min_free_gb, self.expect_gpus = checkpoint_dir, min_free_gb, expect_gpus
@@ -45,7 +46,15 @@ class PreflightOperator(BaseOperator):
         from operators.preflight.checks import file_sha256
         from operators.preflight.runner import PreflightError, run_preflight
 
-        extra = {k: v for k, v in (("hosts", self.hosts), ("hostfile", self.hostfile), ("ssh", self.ssh)) if v}
+        hosts, ssh = self.hosts, self.ssh
+        if self.ssh_conn_id and not (self.hostfile or hosts):
+            from airflow.sdk import BaseHook
+
+            from operators.launch.hostfile import from_airflow_connection
+
+            hosts, conn_ssh = from_airflow_connection(BaseHook.get_connection(self.ssh_conn_id))
+            ssh = {**conn_ssh, **(ssh or {})}
+        extra = {k: v for k, v in (("hosts", hosts), ("hostfile", self.hostfile), ("ssh", ssh)) if v}
         spec = LaunchSpec(command=[sys.executable, "-c", "pass"], nodes=self.nodes, procs_per_node=self.procs_per_node,
                           backend=self.backend, device=self.device, gpus_per_node=self.gpus_per_node, **extra)
         expected = self.manifest_sha256
