@@ -4,9 +4,9 @@
 
     parts = PreprocessOperator.partial(
         task_id="preprocess", transform="mypkg.prep:transform",
-        output="/fsx/datasets/digits/{{ ds }}",          # keyed by logical date: backfill-safe
+        output_path="/fsx/datasets/digits/{{ ds }}",          # keyed by logical date: backfill-safe
     ).expand(input=["s3://raw/{{ ds }}/part-0.jsonl", "s3://raw/{{ ds }}/part-1.jsonl"])
-    publish = PreprocessFinalizeOperator(task_id="publish", output="/fsx/datasets/digits/{{ ds }}",
+    publish = PreprocessFinalizeOperator(task_id="publish", output_path="/fsx/datasets/digits/{{ ds }}",
                                          partitions=parts.output)
 
 Each mapped task runs its partition over every core of its worker; a retry keeps the
@@ -36,13 +36,13 @@ def _coerce_fraction(value: Any) -> float:
 
 
 class PreprocessOperator(BaseOperator):
-    """Apply ``transform`` to one input partition and write its shards under ``output/parts/<partition>``.
+    """Apply ``transform`` to one input partition and write its shards under ``output_path/parts/<partition>``.
 
     Args:
         transform: import path ``module:function`` (one parsed record in, dict of arrays or None out).
         input: a URL (file, directory or glob; any fsspec filesystem) or a list of URLs: one partition.
             Map over this with ``.expand(input=[...])``.
-        output: the dataset directory or URL shared by every partition (templated; key it by ``{{ ds }}``).
+        output_path: the dataset directory or URL shared by every partition (templated; key it by ``{{ ds }}``).
         partition: the partition's name (default: derived from the input URL).
         workers: processes on this worker (default: every core).
         max_bad_fraction: fail this task above this fraction of bad records (default 0.001).
@@ -51,17 +51,17 @@ class PreprocessOperator(BaseOperator):
     Returns (XCom): name, inputs, records, samples, dropped, bad, bytes, shard count, path.
     """
 
-    template_fields: Sequence[str] = ("transform", "input", "output", "partition", "workers",
+    template_fields: Sequence[str] = ("transform", "input", "output_path", "partition", "workers",
                                       "max_bad_fraction", "shard_size")
     ui_color = "#e8f3d6"
 
-    def __init__(self, *, transform: str, input: str | list[str], output: str, partition: str | None = None,
+    def __init__(self, *, transform: str, input: str | list[str], output_path: str, partition: str | None = None,
                  workers: int | str | None = None, max_bad_fraction: float | str = DEFAULT_MAX_BAD_FRACTION,
                  shard_size: int | str = DEFAULT_SHARD_SIZE, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.transform = transform
         self.input = input
-        self.output = output
+        self.output_path = output_path
         self.partition = partition
         self.workers = workers
         self.max_bad_fraction = max_bad_fraction
@@ -74,7 +74,7 @@ class PreprocessOperator(BaseOperator):
         workers = None if self.workers in (None, "", "None") else coerce_int("workers", self.workers, minimum=1)
         inputs = list(self.input) if isinstance(self.input, (list, tuple)) else self.input
         return process_partition(
-            inputs, self.output, self.transform, partition=self.partition or None, workers=workers,
+            inputs, self.output_path, self.transform, partition=self.partition or None, workers=workers,
             shard_size=coerce_int("shard_size", self.shard_size, minimum=1),
             max_bad_fraction=_coerce_fraction(self.max_bad_fraction), log=self.log.info,
         )
@@ -90,21 +90,22 @@ class PreprocessFinalizeOperator(BaseOperator):
     """Publish the dataset: check every partition, merge quarantine.jsonl, write manifest.json last.
 
     Args:
-        output: the dataset directory or URL (templated).
+        output_path: the dataset directory or URL (templated). (``output`` is taken: it is
+            Airflow's XComArg of the task.)
         partitions: what the mapped PreprocessOperator returned (``parts.output``), or partition
-            names; None publishes every finished partition under ``output``.
+            names; None publishes every finished partition under ``output_path``.
         max_bad_fraction: fail (publishing nothing) above this fraction over the whole dataset.
 
     Returns (XCom): manifest path, num_samples, shards, partitions, records, bad_records, fields.
     """
 
-    template_fields: Sequence[str] = ("output", "partitions", "max_bad_fraction")
+    template_fields: Sequence[str] = ("output_path", "partitions", "max_bad_fraction")
     ui_color = "#c9e4b0"
 
-    def __init__(self, *, output: str, partitions: Any = None,
+    def __init__(self, *, output_path: str, partitions: Any = None,
                  max_bad_fraction: float | str = DEFAULT_MAX_BAD_FRACTION, **kwargs: Any) -> None:
         super().__init__(**kwargs)
-        self.output = output
+        self.output_path = output_path
         self.partitions = partitions
         self.max_bad_fraction = max_bad_fraction
 
@@ -112,5 +113,5 @@ class PreprocessFinalizeOperator(BaseOperator):
         from operators.preprocess.runner import finalize_dataset
 
         partitions = None if self.partitions is None else list(self.partitions)
-        return finalize_dataset(self.output, partitions, max_bad_fraction=_coerce_fraction(self.max_bad_fraction),
+        return finalize_dataset(self.output_path, partitions, max_bad_fraction=_coerce_fraction(self.max_bad_fraction),
                                 log=self.log.info)

@@ -1,4 +1,4 @@
-"""A DAG for tests/preprocess/test_preprocess_dag.py: list the day's partitions, preprocess each in a
+"""A DAG for tests/preprocess/test_preprocess_dag.py (test DAGs live in the tests/dags bundle): list the day's partitions, preprocess each in a
 mapped task, then publish. Inputs arrive as params (dag.test(run_conf=...))."""
 
 from __future__ import annotations
@@ -18,6 +18,6 @@ with DAG(dag_id="preprocess_mapped_test", schedule=None, catchup=False,
 
     parts = PreprocessOperator.partial(
         task_id="preprocess", transform="operators.preprocess.examples:digits_features",
-        output="{{ params.out }}", workers="2", shard_size="200",
+        output_path="{{ params.out }}", workers="2", shard_size="200",
     ).expand(input=list_partitions("{{ params.raw }}"))
-    PreprocessFinalizeOperator(task_id="publish", output="{{ params.out }}", partitions=parts.output)
+    PreprocessFinalizeOperator(task_id="publish", output_path="{{ params.out }}", partitions=parts.output)
