@@ -16,15 +16,16 @@ import threading
 import time
 import uuid
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Callable, Iterable
 
 from operators.staging import verify as V
 from operators.staging.errors import StagingCancelled, StagingError, VerifyError
 from operators.staging.lister import SourceObject
 from operators.staging.manifest import TMP_PREFIX, Entry, Journal
+from operators.staging.s3read import SourceChanged
 
 # Errors worth a retry of the same request; missing objects and denied access are not.
-_FATAL = (FileNotFoundError, PermissionError, StagingCancelled)
+_FATAL = (FileNotFoundError, PermissionError, StagingCancelled, SourceChanged)
 
 
 @dataclass
@@ -32,7 +33,7 @@ class CopyJob:
     obj: SourceObject
     final: str
     plan: V.VerifyPlan
-    chunks: list[tuple[int, int, int]] = field(default_factory=list)  # (start, end, segment index)
+    chunks: list[tuple[int, int]] = field(default_factory=list)  # fetch ranges [start, end)
     attempts: int = 0
     # per-attempt state
     remaining: int = 0
@@ -43,20 +44,22 @@ class CopyJob:
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     def split(self, part_size: int) -> None:
+        """Fetch ranges of ``part_size`` over the whole object, independent of the hash segments
+        (a range may feed several multipart segments; each gets its own slice)."""
         self.chunks = []
-        for index, (start, end) in enumerate(self.plan.segments):
-            pos = start
-            while True:
-                stop = min(end, pos + part_size)
-                self.chunks.append((pos, stop, index))
-                pos = stop
-                if pos >= end:
-                    break
+        pos = 0
+        while True:
+            stop = min(self.obj.size, pos + part_size)
+            self.chunks.append((pos, stop))
+            pos = stop
+            if pos >= self.obj.size:
+                break
 
     def reset(self) -> None:
         self.remaining = len(self.chunks)
         self.fd, self.tmp, self.error = -1, "", None
-        self.hashers = [V.SegmentHasher(s, e, self.plan.algo) for s, e in self.plan.segments]
+        self.hashers = ([] if self.plan.kind == "size" else
+                        [V.SegmentHasher(s, e, self.plan.algo) for s, e in self.plan.segments])
 
 
 class Progress:
@@ -98,7 +101,7 @@ class Progress:
 class Copier:
     """Runs copy jobs on ``workers`` threads; parts of one file are spread over the threads."""
 
-    def __init__(self, fetch: Callable[[str, int, int], Any], jobs: list[CopyJob], *, workers: int,
+    def __init__(self, fetch: Callable[[SourceObject, int, int], Iterable[bytes]], jobs: list[CopyJob], *, workers: int,
                  part_size: int, retries: int, journal: Journal | None, progress: Progress,
                  cancel: threading.Event, log: logging.Logger, fsync: bool = True):
         self.fetch = fetch
@@ -163,21 +166,44 @@ class Copier:
                 self._finish(job)
 
     def _copy_chunk(self, job: CopyJob, index: int) -> None:
-        if self.cancel.is_set():
-            raise StagingCancelled("stage cancelled")
-        start, end, segment = job.chunks[index]
+        """Stream one range into the temp file block by block; resume the range after a
+        dropped connection instead of starting it over."""
+        start, end = job.chunks[index]
         fd = self._open(job)
-        data = self._fetch(job.obj.path, start, end) if end > start else b""
-        if len(data) != end - start:
-            raise VerifyError(f"{job.obj.rel}: short download of bytes {start}-{end}: got {len(data)}")
-        view = memoryview(data)
-        offset = start
+        pos, delay, attempt = start, 0.2, 0
+        while pos < end:
+            if self.cancel.is_set():
+                raise StagingCancelled("stage cancelled")
+            try:
+                for block in self.fetch(job.obj, pos, end):
+                    if pos + len(block) > end:
+                        raise VerifyError(f"{job.obj.rel}: the store sent more than bytes {start}-{end}")
+                    self._write(job, fd, pos, block)
+                    pos += len(block)
+                if pos < end:
+                    raise VerifyError(f"{job.obj.rel}: short download, bytes {pos}-{end} missing")
+            except _FATAL:
+                raise
+            except Exception as e:  # dropped connection, short body, throttling: resume this range
+                attempt += 1
+                if attempt > 3:
+                    raise
+                self.log.debug("resuming %s at byte %d after %s: %s", job.obj.rel, pos, type(e).__name__, e)
+                time.sleep(delay)
+                delay *= 2
+
+    def _write(self, job: CopyJob, fd: int, pos: int, block) -> None:
+        view = memoryview(block)
+        offset = pos
         while view:
             written = os.pwrite(fd, view, offset)
             view, offset = view[written:], offset + written
-        if job.plan.kind != "size":
-            job.hashers[segment].add(start, end, data, fd)
-        self.progress.add_bytes(len(data))
+        end = pos + len(block)
+        for hasher, (seg_start, seg_end) in zip(job.hashers, job.plan.segments):
+            lo, hi = max(pos, seg_start), min(end, seg_end)
+            if lo < hi:
+                hasher.add(lo, hi, memoryview(block)[lo - pos:hi - pos], fd)
+        self.progress.add_bytes(len(block))
 
     def _open(self, job: CopyJob) -> int:
         with job.lock:
@@ -188,23 +214,6 @@ class Copier:
                 if len(job.chunks) > 1:
                     _preallocate(job.fd, job.obj.size)
             return job.fd
-
-    def _fetch(self, path: str, start: int, end: int):
-        delay = 0.2
-        for attempt in range(4):
-            if self.cancel.is_set():
-                raise StagingCancelled("stage cancelled")
-            try:
-                return self.fetch(path, start, end)
-            except _FATAL:
-                raise
-            except Exception as e:  # transient network trouble: back off and retry the same range
-                if attempt == 3:
-                    raise
-                self.log.debug("retrying %s bytes %d-%d after %s", path, start, end, type(e).__name__)
-                time.sleep(delay)
-                delay *= 2
-        raise AssertionError("unreachable")
 
     def _finish(self, job: CopyJob) -> None:
         error = job.error
