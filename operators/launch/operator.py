@@ -45,7 +45,7 @@ class DistributedTrainingOperator(BaseOperator):
         mpi_options: distribution ``mpi``: extra mpirun options (allow-listed).
         parameter_servers: distribution ``tensorflow``: how many ranks are ``ps`` tasks.
         deferrable: submit the job, then wait in the triggerer instead of a worker slot
-            (``backend='slurm'``; see operators.launch.deferrable).
+            (``backend='slurm'`` or ``'ssh'``; see operators.launch.deferrable).
         slurm_options: partition, time_limit, account, gpus_per_node, extra_sbatch, ... (templated),
             as in :class:`operators.launch.backends.slurm.SlurmOptions`.
     """
@@ -166,10 +166,11 @@ class DistributedTrainingOperator(BaseOperator):
             self._launcher.terminate()
         from operators.launch.deferrable import kill_job
 
-        kill_job(self)  # a job submitted in deferrable mode: scancel it
+        kill_job(self)  # a job submitted in deferrable mode: scancel it, or stop every host's node
 
     def execute_complete(self, context, event: dict[str, Any] | None = None) -> dict[str, Any]:
         """Resumed by the trigger's event (deferrable mode): raise with the log tail on failure."""
         from operators.launch.deferrable import resume_job
 
-        return resume_job(self, event)
+        self.last_result = resume_job(self, event)
+        return self.last_result

@@ -19,7 +19,7 @@ from .conftest import DDP_REPORT, cpu_spec, queue, wait_for
 def run_dag(out_dir, fail_rank=-1):
     from tests.conftest import load_test_dag
 
-    dag = load_test_dag("slurm_deferrable_dags.py", "slurm_deferrable_test")
+    dag = load_test_dag("deferrable_dags.py", "slurm_deferrable_test")
     dag_run = dag.test(run_conf={"out_dir": str(out_dir), "fail_rank": fail_rank})
     ti = next(t for t in dag_run.get_task_instances() if t.task_id == "train")
     return ti
@@ -109,7 +109,7 @@ def submit_sleeper(tmp_path, seconds, **options):
 def test_trigger_serializes_primitives_and_reattaches_after_restart(slurm, tmp_path):
     from operators.launch.trigger import DistributedJobTrigger
 
-    job, job_id = submit_sleeper(tmp_path, 4)
+    job, job_id = submit_sleeper(tmp_path, 1)
     first = DistributedJobTrigger(job_id=job_id, run_dir=job.run_dir, poll_interval=0.3)
     classpath, kwargs = first.serialize()
     assert json.loads(json.dumps(kwargs)) == kwargs  # primitives only

@@ -68,22 +68,24 @@ def first_event(trigger, timeout=120):
     return asyncio.run(asyncio.wait_for(wait(), timeout))
 
 
-def test_ssh_deferred_job_trains_and_resumes(ssh_cluster, tmp_path):
-    spec = ssh_spec(ssh_cluster, tmp_path, procs=1)  # 2x2 DDP is covered on Slurm and by the blocking SSH tests
-    op, trigger = defer(spec)
-    job_id = op._dtrain_submission["job_id"]
-    # The task holds nothing while deferred: no ssh client of ours, the nodes run detached.
-    assert not [p for p in psutil.Process().children(recursive=True) if p.name() == "ssh"]
-    assert job_pids(job_id)
-    event = first_event(rebuilt(trigger))
-    assert event["status"] == "success" and event["backend"] == "ssh"
-    result = op.execute_complete({}, event)
-    assert result["exit_code"] == 0 and result["world_size"] == 2
+def test_ssh_deferred_task_in_airflow_dag_test(airflow_db, ssh_cluster, tmp_path, monkeypatch):
+    """The same through Airflow's dag.test(): deferred, trigger run inline, resumed, succeeded."""
+    from tests.conftest import load_test_dag
+
+    monkeypatch.setenv("DTRAIN_TEST_SSH_KEY", ssh_cluster.key_file)
+    monkeypatch.setenv("DTRAIN_TEST_SSH_KNOWN_HOSTS", ssh_cluster.known_hosts)
+    dag = load_test_dag("deferrable_dags.py", "ssh_deferrable_test")
+    dag_run = dag.test(run_conf={"out_dir": str(tmp_path), "hostfile": ssh_cluster.hostfile(1)})
+    ti = next(t for t in dag_run.get_task_instances() if t.task_id == "train")
+    assert ti.state == "success"
+    [event] = [json.loads(line) for line in (tmp_path / "events.jsonl").read_text().splitlines()]
+    assert event["status"] == "success" and event["backend"] == "ssh"  # it deferred, the trigger fired
+    result = ti.xcom_pull(task_ids="train")
+    assert result["world_size"] == 2 and result["ssh_job_id"] == event["job_id"]
     reps = [json.load(open(tmp_path / "rep" / name)) for name in sorted(os.listdir(tmp_path / "rep"))]
-    assert sorted(int(r["RANK"]) for r in reps) == [0, 1]
-    assert all(r["NODE_RANK"] == r["RANK"] for r in reps)  # host order
+    assert [(r["RANK"], r["NODE_RANK"]) for r in reps] == [("0", "0"), ("1", "1")]  # node rank in host order
     assert len({(r["weight"], r["bias"]) for r in reps}) == 1  # all-reduced across the two hosts
-    wait_for(lambda: not job_pids(job_id), 10, what="the detached nodes to exit")  # nothing left behind
+    wait_for(lambda: not job_pids(event["job_id"]), 10, what="the detached nodes to exit")
 
 
 def test_ssh_deferred_failure_stops_the_other_host_and_raises_with_tail(ssh_cluster, tmp_path):
@@ -92,6 +94,8 @@ def test_ssh_deferred_failure_stops_the_other_host_and_raises_with_tail(ssh_clus
     spec = ssh_spec(ssh_cluster, tmp_path, "--fail-rank", "1", procs=1)
     op, trigger = defer(spec)
     job_id = op._dtrain_submission["job_id"]
+    # The task holds nothing while deferred: no ssh client of ours; the nodes run detached.
+    assert not [p for p in psutil.Process().children(recursive=True) if p.name() == "ssh"]
     event = first_event(rebuilt(trigger))
     assert event["status"] == "failed" and event["exit_code"] != 0
     with pytest.raises(LaunchError) as info:

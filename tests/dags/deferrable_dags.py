@@ -1,4 +1,8 @@
-"""DAG for tests/slurm/test_deferrable.py: the training operator in deferrable mode on Slurm.
+"""DAGs for tests/slurm/test_deferrable.py and test_ssh_deferrable.py: the training operator in
+deferrable mode on Slurm and over SSH.
+
+The SSH settings (key and known_hosts of the test sshd hosts) come from the environment the
+test sets before loading this file: ``ssh`` is not a templated field.
 
 The operator subclass records each event it resumes with (a real subclass, not a mock):
 execute_complete only runs after the task deferred and the trigger fired.
@@ -37,4 +41,22 @@ with DAG(dag_id="slurm_deferrable_test", schedule=None, catchup=False,
         env={"GLOO_SOCKET_IFNAME": "lo"},
         workdir=REPO,
         slurm_options={"poll_interval": 0.5},
+    )
+
+
+with DAG(dag_id="ssh_deferrable_test", schedule=None, catchup=False,
+         params={"out_dir": Param("/nonexistent", type="string"), "hostfile": Param("/nonexistent", type="string")}) as ssh_dag:
+    RecordingTrainingOperator(
+        task_id="train",
+        backend="ssh",
+        deferrable=True,
+        nodes=2,
+        procs_per_node=1,
+        device="cpu",
+        command=[DDP_REPORT, "{{ params.out_dir }}/rep", "--steps", "10"],
+        hostfile="{{ params.hostfile }}",
+        ssh={"key_file": os.environ.get("DTRAIN_TEST_SSH_KEY", ""),
+             "known_hosts_file": os.environ.get("DTRAIN_TEST_SSH_KNOWN_HOSTS", ""),
+             "strict_host_key_checking": "yes"},
+        workdir=REPO,
     )
