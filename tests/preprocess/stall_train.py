@@ -52,8 +52,8 @@ def main() -> int:
     sampler = ShardSampler(len(dataset), num_replicas=ctx.world_size, rank=ctx.rank, drop_last=True)
     source = SlowFetch(dataset, args.load_sleep) if args.load_sleep else dataset
     loader = DataLoader(source, batch_size=args.batch_size, sampler=sampler, drop_last=True)
-    model = torch.nn.Sequential(torch.nn.Linear(64, 512), torch.nn.ReLU(), torch.nn.Linear(512, 512),
-                                torch.nn.ReLU(), torch.nn.Linear(512, 10))
+    model = torch.nn.Sequential(torch.nn.Linear(64, 1024), torch.nn.ReLU(), torch.nn.Linear(1024, 1024),
+                                torch.nn.ReLU(), torch.nn.Linear(1024, 10))
     optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
     metrics = MetricsWriter(ctx.rank)
     step, epoch = 0, 0

@@ -1,0 +1,85 @@
+"""The shard reader's rank split: disjoint, complete, equal-sized per epoch on 2 and 4 ranks, a new
+order every epoch; checked in-process and on 4 real ranks started by the launcher."""
+
+from __future__ import annotations
+
+import json
+import os
+from collections import Counter
+
+import numpy as np
+import pytest
+import torch
+
+from operators.preprocess.runner import preprocess
+from operators.training.shards import ShardDataset, ShardSampler
+
+from .conftest import HERE, launch
+
+INDEXED = "tests.preprocess.prep_transforms:indexed_row"
+
+
+@pytest.fixture(scope="module")
+def indexed_shards(tmp_path_factory) -> str:
+    """1200 samples (divisible by 2 and 4) whose field i is the sample's id, in 10 shards."""
+    root = tmp_path_factory.mktemp("indexed")
+    np.save(root / "rows.npy", np.column_stack([np.arange(1200), np.ones((1200, 2))]))
+    preprocess([str(root / "rows.npy")], str(root / "out"), INDEXED, workers=1, shard_size=120, log=lambda _: None)
+    return str(root / "out")
+
+
+def check_split(per_rank: list[list[int]], n: int) -> None:
+    sizes = {len(r) for r in per_rank}
+    assert sizes == {n // len(per_rank)}  # equal counts: DDP never waits for a rank with a batch fewer
+    flat = [i for r in per_rank for i in r]
+    assert len(flat) == len(set(flat)) == n and set(flat) == set(range(n))  # disjoint and complete
+
+
+@pytest.mark.parametrize("world", [2, 4])
+def test_split_is_disjoint_complete_equal_and_reshuffled_each_epoch(indexed_shards, world):
+    dataset = ShardDataset(indexed_shards, fields=("i",))
+    epochs = []
+    for epoch in (0, 1):
+        per_rank = []
+        for rank in range(world):
+            sampler = ShardSampler(len(dataset), num_replicas=world, rank=rank, seed=3)
+            sampler.set_epoch(epoch)
+            per_rank.append([int(dataset[k][0]) for k in sampler])
+        check_split(per_rank, 1200)
+        epochs.append(per_rank)
+    assert all(a != b for a, b in zip(*epochs))  # every rank sees a different order in epoch 1
+
+
+def test_uneven_counts_pad_or_drop_but_stay_equal():
+    n, world = 1437, 4
+    padded = [ShardSampler(n, world, r).indices() for r in range(world)]
+    assert {len(p) for p in padded} == {360}
+    counts = Counter(i for p in padded for i in p)
+    assert set(counts) == set(range(n)) and sum(c - 1 for c in counts.values()) == 3  # all seen, 3 twice
+    dropped = [ShardSampler(n, world, r, drop_last=True).indices() for r in range(world)]
+    flat = [i for p in dropped for i in p]
+    assert {len(p) for p in dropped} == {359} and len(set(flat)) == len(flat) == 1436
+    with pytest.raises(ValueError, match="rank=4"):
+        ShardSampler(n, 4, 4)
+
+
+def test_batched_reads_equal_per_sample_reads(digits_shards):
+    dataset = ShardDataset(digits_shards)
+    picks = [1436, 0, 201, 199, 200, 5, 999, -1]
+    x, y = dataset.get_batch(picks)
+    assert torch.equal(x, torch.stack([dataset[i][0] for i in picks]))
+    assert torch.equal(y, torch.stack([dataset[i][1] for i in picks]))
+    assert x.dtype == torch.float32 and x.shape == (8, 64) and y.dtype == torch.int64 and dataset[3][1].shape == ()
+    with pytest.raises(IndexError):
+        dataset.get_batch([1437])
+
+
+def test_four_launched_ranks_split_the_shards(tmp_path, indexed_shards):
+    out = tmp_path / "seen"
+    out.mkdir()
+    launch(4, str(tmp_path / "run"), os.path.join(HERE, "dump_rank_indices.py"), indexed_shards, OUT_DIR=str(out))
+    reports = [json.load(open(out / f"rank{r}.json", encoding="utf-8")) for r in range(4)]
+    assert {r["world_size"] for r in reports} == {4}
+    for epoch in ("0", "1"):
+        check_split([r["seen"][epoch] for r in reports], 1200)
+    assert all(r["seen"]["0"] != r["seen"]["1"] for r in reports)
