@@ -47,6 +47,7 @@ TERMINAL_STATES = frozenset({
 # Exit codes for states whose batch script reported nothing (killed before it could).
 STATE_EXIT_CODES = {"CANCELLED": 143, "TIMEOUT": 124, "PREEMPTED": 143, "OUT_OF_MEMORY": 137}
 UNKNOWN_JOB_EXIT_CODE = 1
+MAX_POLL_ERRORS = 5  # consecutive failed polls before the job is given up (and cancelled)
 
 _NAME = re.compile(r"^[A-Za-z0-9_.+-]{1,128}$")
 _PARTITION = re.compile(r"^[A-Za-z0-9_.-]{1,64}(,[A-Za-z0-9_.-]{1,64})*$")
@@ -481,22 +482,49 @@ class SlurmBackend(Backend):
 
     def run(self, job: Job) -> BackendOutcome:
         job_id = self.submit(job)
-        follower = LogFollower(log_path(job.run_dir, job_id), self.sink)
-        while True:
-            if self._stop.is_set():
-                self._cancel_and_wait(job_id)
-                follower.poll(final=True)
-                return BackendOutcome(exit_code=-1, stopped=True)
-            status = query(job_id, job.run_dir)
-            follower.poll(final=status.done)
-            if status.done:
-                break
-            self._stop.wait(self.options.poll_interval)
+        try:
+            status = self._follow(job, job_id)
+        except BaseException:
+            # Whatever went wrong here (KeyboardInterrupt included), the job must not run on unwatched.
+            self._cancel_quietly(job_id)
+            raise
+        if status is None:
+            return BackendOutcome(exit_code=-1, stopped=True)
         if status.exit_code:
             self.sink(f"[dtrain] slurm job {job_id} ended {status.state} with exit code {status.exit_code}"
                       + (f" ({status.reason})" if status.reason and status.reason != "None" else ""))
         return BackendOutcome(exit_code=status.exit_code or 0, node_index=None,
                               tail=read_tail(log_path(job.run_dir, job_id)) if status.exit_code else [])
+
+    def _follow(self, job: Job, job_id: str) -> JobStatus | None:
+        """Poll and stream the log until the job ends (its status) or terminate() (None)."""
+        follower = LogFollower(log_path(job.run_dir, job_id), self.sink)
+        errors = 0
+        while True:
+            if self._stop.is_set():
+                self._cancel_and_wait(job_id)
+                follower.poll(final=True)
+                return None
+            try:
+                status = query(job_id, job.run_dir)
+                errors = 0
+            except DTrainError as e:  # slurmctld busy or restarting: ask again, a few times
+                errors += 1
+                self.sink(f"[dtrain] polling slurm job {job_id} failed ({errors}/{MAX_POLL_ERRORS}): {e}")
+                if errors >= MAX_POLL_ERRORS:
+                    raise
+                self._stop.wait(self.options.poll_interval)
+                continue
+            follower.poll(final=status.done)
+            if status.done:
+                return status
+            self._stop.wait(self.options.poll_interval)
+
+    def _cancel_quietly(self, job_id: str) -> None:
+        try:
+            cancel(job_id)
+        except DTrainError as e:
+            self.sink(f"[dtrain] could not cancel slurm job {job_id}: {e}")
 
     def terminate(self) -> None:
         """scancel the job (if submitted) and wait until Slurm reports it ended."""
