@@ -52,7 +52,7 @@ class DistributedTrainingOperator(BaseOperator):
 
     template_fields: Sequence[str] = (
         "command", "nodes", "procs_per_node", "distribution", "env", "deepspeed_config", "run_dir",
-        "max_restarts", "slurm_options", "hostfile", "hosts", "mpi_options",
+        "max_restarts", "backend", "slurm_options", "hostfile", "hosts", "mpi_options",
     )
     template_fields_renderers = {"env": "json", "deepspeed_config": "json", "command": "py"}
     ui_color = "#d7e9f7"
@@ -129,7 +129,7 @@ class DistributedTrainingOperator(BaseOperator):
         """Hosts and SSH settings: explicit arguments, else the Airflow SSH connection."""
         fields: dict[str, Any] = {"mpi_options": self.mpi_options or None, "parameter_servers": self.parameter_servers}
         hosts, ssh = self.hosts or None, self.ssh
-        if self.ssh_conn_id and not (self.hostfile or hosts):
+        if self.ssh_conn_id and str(self.backend).strip().lower() == "ssh" and not (self.hostfile or hosts):
             from airflow.sdk import BaseHook
 
             from operators.launch.hostfile import from_airflow_connection

@@ -47,7 +47,7 @@ class PreflightOperator(BaseOperator):
         from operators.preflight.runner import PreflightError, run_preflight
 
         hosts, ssh = self.hosts, self.ssh
-        if self.ssh_conn_id and not (self.hostfile or hosts):
+        if self.ssh_conn_id and str(self.backend).strip().lower() == "ssh" and not (self.hostfile or hosts):
             from airflow.sdk import BaseHook
 
             from operators.launch.hostfile import from_airflow_connection

@@ -17,7 +17,9 @@ nothing heavy is imported at parse time and ``__init__`` does no I/O.
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+import contextlib
+import os
+from typing import Any, Iterator, Sequence
 
 from airflow.sdk import BaseOperator
 
@@ -35,6 +37,37 @@ def _coerce_fraction(value: Any) -> float:
     return number
 
 
+@contextlib.contextmanager
+def aws_credentials_env(conn_id: str | None) -> Iterator[None]:
+    """Expose an Airflow AWS connection to this task's process and its spawned workers as the
+    standard AWS variables (what s3fs/botocore read), for the duration of the task only.
+
+    Never logged, never in argv or XCom; the previous environment is restored afterwards.
+    """
+    if not conn_id:
+        yield
+        return
+    from operators.staging.operator import aws_storage_options
+
+    options = aws_storage_options(conn_id)
+    names = {"key": "AWS_ACCESS_KEY_ID", "secret": "AWS_SECRET_ACCESS_KEY", "token": "AWS_SESSION_TOKEN",
+             "endpoint_url": "AWS_ENDPOINT_URL", "profile": "AWS_PROFILE"}
+    wanted = {names[k]: str(v) for k, v in options.items() if k in names}
+    region = (options.get("client_kwargs") or {}).get("region_name")
+    if region:
+        wanted["AWS_DEFAULT_REGION"] = region
+    saved = {name: os.environ.get(name) for name in wanted}
+    os.environ.update(wanted)
+    try:
+        yield
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+
+
 class PreprocessOperator(BaseOperator):
     """Apply ``transform`` to one input partition and write its shards under ``output_path/parts/<partition>``.
 
@@ -47,6 +80,8 @@ class PreprocessOperator(BaseOperator):
         workers: processes on this worker (default: every core).
         max_bad_fraction: fail this task above this fraction of bad records (default 0.001).
         shard_size: input records per shard.
+        aws_conn_id: Airflow AWS connection for s3:// inputs and outputs (its credentials reach the
+            workers as the standard AWS variables, for this task only; never logged).
 
     Returns (XCom): name, inputs, records, samples, dropped, bad, bytes, shard count, path.
     """
@@ -57,8 +92,10 @@ class PreprocessOperator(BaseOperator):
 
     def __init__(self, *, transform: str, input: str | list[str], output_path: str, partition: str | None = None,
                  workers: int | str | None = None, max_bad_fraction: float | str = DEFAULT_MAX_BAD_FRACTION,
-                 shard_size: int | str = DEFAULT_SHARD_SIZE, **kwargs: Any) -> None:
+                 shard_size: int | str = DEFAULT_SHARD_SIZE, aws_conn_id: str | None = None,
+                 **kwargs: Any) -> None:
         super().__init__(**kwargs)
+        self.aws_conn_id = aws_conn_id
         self.transform = transform
         self.input = input
         self.output_path = output_path
@@ -73,11 +110,12 @@ class PreprocessOperator(BaseOperator):
 
         workers = None if self.workers in (None, "", "None") else coerce_int("workers", self.workers, minimum=1)
         inputs = list(self.input) if isinstance(self.input, (list, tuple)) else self.input
-        return process_partition(
-            inputs, self.output_path, self.transform, partition=self.partition or None, workers=workers,
-            shard_size=coerce_int("shard_size", self.shard_size, minimum=1),
-            max_bad_fraction=_coerce_fraction(self.max_bad_fraction), log=self.log.info,
-        )
+        with aws_credentials_env(self.aws_conn_id):
+            return process_partition(
+                inputs, self.output_path, self.transform, partition=self.partition or None, workers=workers,
+                shard_size=coerce_int("shard_size", self.shard_size, minimum=1),
+                max_bad_fraction=_coerce_fraction(self.max_bad_fraction), log=self.log.info,
+            )
 
     def on_kill(self) -> None:
         from operators.preprocess.runner import terminate_active
@@ -95,6 +133,7 @@ class PreprocessFinalizeOperator(BaseOperator):
         partitions: what the mapped PreprocessOperator returned (``parts.output``), or partition
             names; None publishes every finished partition under ``output_path``.
         max_bad_fraction: fail (publishing nothing) above this fraction over the whole dataset.
+        aws_conn_id: Airflow AWS connection for an s3:// output_path.
 
     Returns (XCom): manifest path, num_samples, shards, partitions, records, bad_records, fields.
     """
@@ -103,8 +142,10 @@ class PreprocessFinalizeOperator(BaseOperator):
     ui_color = "#c9e4b0"
 
     def __init__(self, *, output_path: str, partitions: Any = None,
-                 max_bad_fraction: float | str = DEFAULT_MAX_BAD_FRACTION, **kwargs: Any) -> None:
+                 max_bad_fraction: float | str = DEFAULT_MAX_BAD_FRACTION, aws_conn_id: str | None = None,
+                 **kwargs: Any) -> None:
         super().__init__(**kwargs)
+        self.aws_conn_id = aws_conn_id
         self.output_path = output_path
         self.partitions = partitions
         self.max_bad_fraction = max_bad_fraction
@@ -113,5 +154,6 @@ class PreprocessFinalizeOperator(BaseOperator):
         from operators.preprocess.runner import finalize_dataset
 
         partitions = None if self.partitions is None else list(self.partitions)
-        return finalize_dataset(self.output_path, partitions, max_bad_fraction=_coerce_fraction(self.max_bad_fraction),
-                                log=self.log.info)
+        with aws_credentials_env(self.aws_conn_id):
+            return finalize_dataset(self.output_path, partitions,
+                                    max_bad_fraction=_coerce_fraction(self.max_bad_fraction), log=self.log.info)

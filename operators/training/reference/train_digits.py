@@ -36,7 +36,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--checkpoint-every", type=int, default=25)
     p.add_argument("--step-sleep", type=float, default=0.0, help="seconds added to each step (to watch or kill a run)")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--deepspeed", action="store_true", help="train with DeepSpeed, config from DTRAIN_DEEPSPEED_CONFIG")
+    p.add_argument("--deepspeed", action="store_true",
+                   default=os.environ.get("DTRAIN_DISTRIBUTION") == "deepspeed" and "DTRAIN_DEEPSPEED_CONFIG" in os.environ,
+                   help="train with DeepSpeed, config from DTRAIN_DEEPSPEED_CONFIG (default when launched "
+                        "with distribution=deepspeed)")
     p.add_argument("--shards", help="read training data from preprocessed shards in this directory")
     p.add_argument("--output", help="where rank 0 writes the trained model (default: run dir/model.pt)")
     p.add_argument("--init-from", help="warm-start weights from this model file, if it exists")

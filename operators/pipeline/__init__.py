@@ -1,0 +1,1 @@
+"""The retraining pipeline's own steps (configuration, evaluation, publishing), Airflow-free."""
