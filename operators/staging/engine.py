@@ -197,7 +197,7 @@ def stage(source: str, destination: str, *, workers: Any = DEFAULT_WORKERS, part
         source=redact_url(source), destination=dest, manifest_path=manifest_path,
         files_total=len(objects), bytes_total=sum(o.size for o in objects), fetched=len(fetch),
         skipped=len(skip), deleted=deleted, gone=gone, bytes_fetched=fetched_bytes, seconds=round(seconds, 3),
-        mb_per_s=round(fetched_bytes / 1e6 / copy_seconds, 1) if fetched_bytes and copy_seconds > 0 else 0.0)
+        mb_per_s=round(fetched_bytes / 1e6 / copy_seconds, 6) if fetched_bytes and copy_seconds > 0 else 0.0)
     log.info("%s", result.summary())
     return result
 

@@ -109,7 +109,7 @@ def stage_to_fsspec(source: str, destination: str, *, workers: int, part_size: i
                          files_total=len(objects), bytes_total=sum(o.size for o in objects), fetched=len(fetch),
                          skipped=len(skip), deleted=deleted, gone=gone, bytes_fetched=fetched_bytes,
                          seconds=round(seconds, 3),
-                         mb_per_s=round(fetched_bytes / 1e6 / seconds, 1) if fetched_bytes else 0.0)
+                         mb_per_s=round(fetched_bytes / 1e6 / seconds, 6) if fetched_bytes else 0.0)
     log.info("%s", result.summary())
     return result
 

@@ -8,6 +8,10 @@ inside fixtures (monkeypatch), never at import time.
 from __future__ import annotations
 
 import http.client
+import json
+import subprocess
+import sys
+import urllib.request
 import http.server
 import os
 import socket
@@ -208,3 +212,43 @@ def proxy(moto_endpoint):
     server.shutdown()
     server.server_close()
     thread.join(timeout=5)
+
+
+# --- a second moto server, in its own process, that enforces credentials -----------------------
+
+@pytest.fixture(scope="session")
+def auth_server():
+    """(endpoint, access key id, secret) of a moto server with IAM auth on and bucket ``secured``
+    holding ``ds/a.bin``. A separate process: switching auth on is global to a moto server."""
+    import boto3
+
+    port = free_port()
+    env = {k: v for k, v in os.environ.items() if k != "INITIAL_NO_AUTH_ACTION_COUNT"}
+    proc = subprocess.Popen([os.path.join(os.path.dirname(sys.executable), "moto_server"), "-H", "127.0.0.1", "-p", str(port)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
+    try:
+        wait_for(lambda: _port_open(port), what="auth moto server")
+        endpoint = f"http://127.0.0.1:{port}"
+        setup = dict(endpoint_url=endpoint, region_name=REGION, aws_access_key_id="setup",
+                     aws_secret_access_key="setup")
+        iam = boto3.client("iam", **setup)
+        iam.create_user(UserName="stager")
+        iam.put_user_policy(UserName="stager", PolicyName="read", PolicyDocument=json.dumps(
+            {"Version": "2012-10-17", "Statement": [{"Effect": "Allow", "Action": "s3:*", "Resource": "*"}]}))
+        key = iam.create_access_key(UserName="stager")["AccessKey"]
+        s3 = boto3.client("s3", **setup)
+        s3.create_bucket(Bucket="secured")
+        s3.put_object(Bucket="secured", Key="ds/a.bin", Body=b"secret data")
+        # From now on every request must carry a known access key.
+        urllib.request.urlopen(urllib.request.Request(f"{endpoint}/moto-api/reset-auth", data=b"0", method="POST",
+                                                      headers={"Content-Type": "text/plain"})).read()
+        yield endpoint, key["AccessKeyId"], key["SecretAccessKey"]
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
