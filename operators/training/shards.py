@@ -4,10 +4,15 @@
 
     dataset = ShardDataset("/fsx/digits/2024-01-01")            # items are (x, y) tensors
     sampler = ShardSampler(len(dataset), seed=0)                 # rank and world size from the env
-    loader = DataLoader(dataset, batch_size=32, sampler=sampler, drop_last=True)
+    loader = ShardLoader(dataset, batch_size=32, sampler=sampler)  # or DataLoader(dataset, ..., sampler=sampler)
     for epoch in range(epochs):
         sampler.set_epoch(epoch)
-        ...
+        for x, y in loader:
+            ...
+
+ShardLoader reads several batches with one gather per field and hands out slices, so a
+step waits microseconds for its data; a plain DataLoader works too (the dataset has a
+batched ``__getitems__``), at the cost of collating samples for every batch.
 
 Each shard's field files are ``.npy`` arrays opened with ``np.load(mmap_mode="r")``:
 nothing is decoded, the page cache (or the shared filesystem's client cache) does the I/O,
@@ -33,9 +38,14 @@ class ShardDataset:
         directory: the dataset directory (local or a mounted shared filesystem).
         fields: which fields make an item, in order (default ``("x", "y")``).
         verify: recompute every shard's SHA-256 against the manifest before use.
+        cache_bytes: when the chosen fields of the whole dataset fit in this many bytes, each
+            process reads them once into one contiguous array per field (a sequential read of
+            the shards), and a batch is then a single gather per field. Larger datasets stay
+            memory-mapped shard by shard (one gather per shard a batch touches). 0 = always map.
     """
 
-    def __init__(self, directory: str, fields: Sequence[str] = ("x", "y"), verify: bool = False):
+    def __init__(self, directory: str, fields: Sequence[str] = ("x", "y"), verify: bool = False,
+                 cache_bytes: int = 256 << 20):
         self.directory = os.path.abspath(directory)
         self.manifest = load_manifest(self.directory)
         missing = [f for f in fields if f not in self.manifest["fields"]]
@@ -56,6 +66,9 @@ class ShardDataset:
         self._starts = np.asarray(self.offsets[:-1], dtype=np.int64)
         self._maps: dict[tuple[int, str], Any] = {}
         self._pid = os.getpid()
+        self.nbytes = sum(shard["files"][f]["bytes"] for shard in self.shards for f in self.fields)
+        self.cached = self.nbytes <= cache_bytes
+        self._cache: dict[str, Any] = {}
 
     def _check_files(self, verify: bool) -> None:
         for shard in self.shards:
@@ -82,12 +95,27 @@ class ShardDataset:
 
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
-        state["_maps"] = {}  # each process maps the files itself
+        state["_maps"], state["_cache"] = {}, {}  # each process maps (or caches) the files itself
         return state
 
-    def _array(self, shard: int, field: str):
+    def _check_pid(self) -> None:
         if self._pid != os.getpid():  # forked DataLoader worker: do not share the parent's maps
-            self._maps, self._pid = {}, os.getpid()
+            self._maps, self._cache, self._pid = {}, {}, os.getpid()
+
+    def _whole(self, field: str):
+        """The field of every sample as one array (cached mode)."""
+        self._check_pid()
+        array = self._cache.get(field)
+        if array is None:
+            import numpy as np
+
+            array = self._cache[field] = np.concatenate([self._array(i, field) for i in range(len(self.shards))])
+            for i in range(len(self.shards)):  # the maps are no longer needed
+                self._maps.pop((i, field), None)
+        return array
+
+    def _array(self, shard: int, field: str):
+        self._check_pid()
         key = (shard, field)
         array = self._maps.get(key)
         if array is None:
@@ -110,6 +138,11 @@ class ShardDataset:
         import numpy as np
         import torch
 
+        if self.cached:
+            index = int(index)
+            if not -len(self) <= index < len(self):
+                raise IndexError(f"index {index} out of range for {len(self)} samples")
+            return tuple(torch.from_numpy(np.array(self._whole(f)[index])) for f in self.fields)
         shard, row = self._locate(int(index))
         return tuple(torch.from_numpy(np.array(self._array(shard, f)[row])) for f in self.fields)
 
@@ -123,6 +156,8 @@ class ShardDataset:
         if idx.size and (idx.min() < -n or idx.max() >= n):
             raise IndexError(f"indices out of range for {n} samples")
         idx = np.where(idx < 0, idx + n, idx)
+        if self.cached:
+            return tuple(torch.from_numpy(self._whole(field)[idx]) for field in self.fields)
         shard_of = np.searchsorted(self._starts, idx, side="right") - 1
         order = np.argsort(shard_of, kind="stable")  # group by shard: one gather per shard touched
         sorted_shards = shard_of[order]
@@ -177,6 +212,10 @@ class ShardSampler:
         self.epoch = epoch
 
     def indices(self) -> list[int]:
+        return self.indices_array().tolist()
+
+    def indices_array(self):
+        """This rank's indices for the current epoch as a numpy array (no per-index Python objects)."""
         import numpy as np
 
         if self.shuffle:
@@ -185,10 +224,44 @@ class ShardSampler:
             order = np.arange(self.num_samples_total)
         if self.total_size > len(order):
             order = np.concatenate([order, order[: self.total_size - len(order)]])
-        return order[: self.total_size][self.rank::self.num_replicas].tolist()
+        return order[: self.total_size][self.rank::self.num_replicas]
 
     def __iter__(self) -> Iterator[int]:
         return iter(self.indices())
 
     def __len__(self) -> int:
         return self.num_samples
+
+
+class ShardLoader:
+    """Batches of a ShardDataset, read ``read_ahead`` batches at a time with one gather per field.
+
+    Iterating it once is one epoch in the sampler's current order (call ``sampler.set_epoch``
+    before each). Yields tuples of batched tensors, like a DataLoader with the default collate,
+    but with no per-sample work and no per-batch gather: a batch is a slice of the read-ahead
+    block. No worker processes or threads: the read is a memory copy, cheaper than the hand-off.
+    """
+
+    def __init__(self, dataset: ShardDataset, batch_size: int, sampler: Any = None, drop_last: bool = True,
+                 read_ahead: int = 64, pin_memory: bool = False):
+        if batch_size < 1 or read_ahead < 1:
+            raise ValueError(f"batch_size={batch_size} and read_ahead={read_ahead} must be at least 1")
+        self.dataset, self.batch_size, self.drop_last = dataset, batch_size, drop_last
+        self.sampler = sampler if sampler is not None else ShardSampler(len(dataset))
+        self.read_ahead, self.pin_memory = read_ahead, pin_memory
+
+    def __len__(self) -> int:
+        n = len(self.sampler)
+        return n // self.batch_size if self.drop_last else -(-n // self.batch_size)
+
+    def __iter__(self) -> Iterator[tuple]:
+        import numpy as np
+
+        order = self.sampler.indices_array() if hasattr(self.sampler, "indices_array") else np.fromiter(self.sampler, np.int64)
+        indices = order[: len(self) * self.batch_size]
+        block = self.batch_size * self.read_ahead
+        for start in range(0, len(indices), block):
+            arrays = self.dataset.get_batch(indices[start:start + block])
+            if self.pin_memory:
+                arrays = tuple(t.pin_memory() for t in arrays)
+            yield from zip(*(t.split(self.batch_size) for t in arrays))

@@ -83,3 +83,23 @@ def test_four_launched_ranks_split_the_shards(tmp_path, indexed_shards):
     for epoch in ("0", "1"):
         check_split([r["seen"][epoch] for r in reports], 1200)
     assert all(r["seen"]["0"] != r["seen"]["1"] for r in reports)
+
+
+def test_cached_and_memory_mapped_reads_agree_and_shard_loader_batches(digits_shards):
+    from operators.training.shards import ShardLoader
+
+    cached, mapped = ShardDataset(digits_shards), ShardDataset(digits_shards, cache_bytes=0)
+    assert cached.cached and not mapped.cached
+    picks = list(range(1436, -1, -97))
+    for a, b in zip(cached.get_batch(picks), mapped.get_batch(picks)):
+        assert torch.equal(a, b)
+    assert torch.equal(cached[5][0], mapped[5][0]) and int(cached[-1][1]) == int(mapped[1436][1])
+    sampler = ShardSampler(len(mapped), num_replicas=2, rank=1, seed=5, drop_last=True)
+    sampler.set_epoch(3)
+    loader = ShardLoader(mapped, batch_size=50, sampler=sampler, read_ahead=4)
+    batches = list(loader)
+    assert len(batches) == len(loader) == 718 // 50 and all(x.shape == (50, 64) for x, _ in batches)
+    order = sampler.indices()[: 14 * 50]
+    expected = mapped.get_batch(order)
+    assert torch.equal(torch.cat([x for x, _ in batches]), expected[0])
+    assert torch.equal(torch.cat([y for _, y in batches]), expected[1])
