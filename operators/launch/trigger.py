@@ -57,10 +57,10 @@ async def _run(argv: list[str], timeout: float = 60.0) -> tuple[int, str, str]:
 async def query_slurm_job(job_id: str, run_dir: str) -> slurm.JobStatus:
     """Async twin of :func:`operators.launch.backends.slurm.query` (same argv, same decision)."""
     try:
-        rc, out, _ = await _run(slurm.show_job_argv(job_id))
+        rc, out, err = await _run(slurm.show_job_argv(job_id))
     except asyncio.TimeoutError as e:
         raise DTrainError(f"scontrol show job {job_id} timed out") from e
-    fields = slurm.parse_scontrol_job(out) if rc == 0 else {}
+    fields = slurm.fields_or_raise(job_id, rc, out, err)
     if not fields.get("JobState") and shutil.which("sacct"):
         try:
             rc, out, _ = await _run(slurm.sacct_argv(job_id))

@@ -94,3 +94,29 @@ def test_terminate_scancels_and_frees_every_process(slurm, tmp_path):
     assert slurm.job_pids() == set()
     state = slurm.run(["scontrol", "show", "job", "-o", backend.slurm_job_id]).stdout
     assert "JobState=CANCELLED" in state
+
+
+def test_query_of_a_job_slurm_never_knew_is_done_and_failed(slurm, tmp_path):
+    from operators.launch.backends.slurm import query
+
+    status = query("999999", str(tmp_path))
+    assert status.done and status.exit_code == 1 and status.state == "UNKNOWN"
+    (tmp_path / "slurm-999999.exit").write_text("0\n")  # the batch script's record, if it got that far
+    assert query("999999", str(tmp_path)).ok
+
+
+def test_unreachable_controller_is_an_error_not_a_verdict(slurm, tmp_path, monkeypatch):
+    """A slurmctld that does not answer must not turn a running job into a failed one."""
+    import pytest
+
+    from operators.errors import DTrainError
+    from operators.launch.backends.slurm import query
+    from operators.launch.job import free_port
+
+    conf = tmp_path / "slurm.conf"
+    text = open(slurm.conf).read()
+    port = [line for line in text.splitlines() if line.startswith("SlurmctldPort=")][0]
+    conf.write_text(text.replace(port, f"SlurmctldPort={free_port()}").replace("MessageTimeout=10", "MessageTimeout=1"))
+    monkeypatch.setenv("SLURM_CONF", str(conf))
+    with pytest.raises(DTrainError, match="scontrol show job 1 failed"):
+        query("1", str(tmp_path))

@@ -154,3 +154,24 @@ def test_trigger_on_kill_cancels_the_job(slurm, tmp_path):
     event = asyncio.run(asyncio.wait_for(wait_event(), 60))
     assert event.payload["status"] == "failed" and event.payload["state"] == "CANCELLED"
     assert queue(slurm) == []
+
+
+def test_trigger_gives_up_with_an_error_event_when_slurm_cannot_be_asked(slurm, tmp_path, monkeypatch):
+    """A controller that does not answer is retried, then reported as an error (not as a failed job)."""
+    from operators.launch.job import free_port
+    from operators.launch.trigger import MAX_POLL_ERRORS, DistributedJobTrigger
+
+    text = open(slurm.conf).read()
+    port = [line for line in text.splitlines() if line.startswith("SlurmctldPort=")][0]
+    conf = tmp_path / "slurm.conf"
+    conf.write_text(text.replace(port, f"SlurmctldPort={free_port()}").replace("MessageTimeout=10", "MessageTimeout=1"))
+    monkeypatch.setenv("SLURM_CONF", str(conf))
+    trigger = DistributedJobTrigger(job_id="1", run_dir=str(tmp_path), poll_interval=0.05)
+
+    async def wait_event():
+        async for event in trigger.run():
+            return event
+
+    event = asyncio.run(asyncio.wait_for(wait_event(), 60)).payload
+    assert event["status"] == "error" and "scontrol show job 1 failed" in event["reason"]
+    assert MAX_POLL_ERRORS > 1

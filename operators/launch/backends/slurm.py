@@ -413,7 +413,7 @@ def submit(script_path: str, cwd: str | None = None) -> str:
 def query(job_id: str, run_dir: str) -> JobStatus:
     """The job's status now: scontrol first; sacct if scontrol forgot it; the script's record."""
     proc = _run(show_job_argv(job_id))
-    fields = parse_scontrol_job(proc.stdout) if proc.returncode == 0 else {}
+    fields = fields_or_raise(job_id, proc.returncode, proc.stdout, proc.stderr)
     if not fields.get("JobState"):
         try:
             acct = _run(sacct_argv(job_id))
@@ -421,6 +421,16 @@ def query(job_id: str, run_dir: str) -> JobStatus:
         except DTrainError:
             fields = {}
     return decide(job_id, fields, read_exit_record(run_dir, job_id))
+
+
+def fields_or_raise(job_id: str, returncode: int, stdout: str, stderr: str) -> dict[str, str]:
+    """scontrol's fields; {} when Slurm no longer knows the job; DTrainError when the controller
+    could not be asked (a restarting slurmctld is not a failed job: the caller asks again)."""
+    if returncode == 0:
+        return parse_scontrol_job(stdout)
+    if "Invalid job id" in stderr or "Invalid job id" in stdout:
+        return {}
+    raise DTrainError(f"scontrol show job {job_id} failed (exit {returncode}): {stderr.strip()[-300:]}")
 
 
 def cancel(job_id: str) -> None:
