@@ -157,7 +157,15 @@ def stage(source: str, destination: str, *, workers: Any = DEFAULT_WORKERS, part
     with DestinationLock(dest):
         on_disk = scan_destination(dest)
         known = M.load(dest)
-        objects = list_source(fs, root)
+        # Build the reader (botocore client: ~0.2 s of CPU) while the listing waits on the network.
+        fetcher_box: list = []
+        builder = threading.Thread(target=lambda: fetcher_box.append(_fetcher(fs, workers)),
+                                   name="dtrain-stage-client", daemon=True)
+        builder.start()
+        try:
+            objects = list_source(fs, root)
+        finally:
+            builder.join()
         fetch, skip, gone = diff(objects, known, on_disk)
         deleted = remove_gone(dest, gone, log) if delete else 0
         if gone and not delete:
@@ -174,7 +182,7 @@ def stage(source: str, destination: str, *, workers: Any = DEFAULT_WORKERS, part
             progress = Progress(len(fetch), sum(o.size for o in fetch), log, progress_interval)
             journal = M.Journal(dest)
             try:
-                new, failures = Copier(_fetcher(fs, workers), jobs, workers=workers, part_size=part_size, retries=retries,
+                new, failures = Copier(fetcher_box[0] if fetcher_box else _fetcher(fs, workers), jobs, workers=workers, part_size=part_size, retries=retries,
                                        journal=journal, progress=progress, cancel=cancel, log=log,
                                        fsync=fsync).run()
             finally:
