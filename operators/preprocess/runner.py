@@ -12,10 +12,12 @@ written by finalize only, last and atomically, and only when the bad-record chec
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
 import re
+import sys
 import time
 from collections import deque
 from typing import Any, Callable, Iterator
@@ -113,7 +115,8 @@ class _Pool:
             elif self.executor is None:
                 pending.append((key, process_chunk(task)))
             else:
-                pending.append((key, self.executor.submit(process_chunk, task)))
+                with _main_without_path():
+                    pending.append((key, self.executor.submit(process_chunk, task)))
             while pending and (len(pending) > 2 * self.workers or not _is_future(pending[0][1])):
                 yield _resolve(pending.popleft())
         while pending:
@@ -132,6 +135,28 @@ class _Pool:
         if not ok:
             self.kill()
         self.executor.shutdown(wait=True, cancel_futures=not ok)
+
+
+@contextlib.contextmanager
+def _main_without_path() -> Iterator[None]:
+    """Spawned workers start by re-running the parent's ``__main__`` (file, or module by name). Under Airflow's
+    LocalExecutor that file is the ``airflow`` CLI, whose import needs database settings a task
+    process deliberately lacks, so every worker died before its first chunk. The workers need
+    nothing from ``__main__`` (the transform is imported by name): hide its path while they start.
+    """
+    main = sys.modules.get("__main__")
+    if main is None:
+        yield
+        return
+    path = main.__dict__.pop("__file__", None)
+    spec = main.__dict__.get("__spec__")
+    main.__spec__ = None  # `python -m pkg` would have them import pkg.__main__ by name instead
+    try:
+        yield
+    finally:
+        main.__spec__ = spec
+        if path is not None:
+            main.__file__ = path
 
 
 def _is_future(value: Any) -> bool:

@@ -228,3 +228,25 @@ def test_reader_refuses_unpublished_truncated_or_corrupt_shards(tmp_path, digits
         ShardDataset(copy)
     with pytest.raises(PreprocessError, match=r"fields \['z'\] are not in the dataset"):
         ShardDataset(digits_shards, fields=("x", "z"))
+
+
+def test_workers_do_not_rerun_the_callers_main(tmp_path, digits_raw):
+    """Spawned workers must not import the caller's __main__ (under Airflow's LocalExecutor that is
+    the airflow CLI, which cannot be imported in a task process)."""
+    import subprocess
+    import sys
+
+    from .conftest import child_env
+
+    script = tmp_path / "caller.py"
+    script.write_text(
+        "import sys\n"
+        "if __name__ != '__main__':\n"
+        "    raise SystemExit('caller re-imported in a worker')\n"
+        "from operators.preprocess.runner import preprocess\n"
+        f"r = preprocess([{partitions(digits_raw)[0]!r}], sys.argv[1], {DIGITS!r}, workers=2, shard_size=100)\n"
+        "print('samples', r['num_samples'])\n")
+    result = subprocess.run([sys.executable, str(script), str(tmp_path / "out")], capture_output=True, text=True,
+                            timeout=120, env=child_env())
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "samples 479" in result.stdout
