@@ -250,3 +250,52 @@ def test_workers_do_not_rerun_the_callers_main(tmp_path, digits_raw):
                             timeout=120, env=child_env())
     assert result.returncode == 0, result.stderr[-2000:]
     assert "samples 479" in result.stdout
+
+
+def test_fields_that_differ_between_shards_fail_finalize(tmp_path):
+    (tmp_path / "in").mkdir()
+    np.save(tmp_path / "in" / "a.npy", np.column_stack([np.arange(10), np.ones((10, 3))]))
+    np.save(tmp_path / "in" / "b.npy", np.column_stack([np.arange(10), np.ones((10, 2))]))
+    with pytest.raises(PreprocessError, match="same field names, dtypes and shapes"):
+        preprocess([str(tmp_path / "in")], str(tmp_path / "out"), "tests.preprocess.prep_transforms:indexed_row",
+                   workers=1, **QUIET)
+    assert not os.path.exists(tmp_path / "out" / "manifest.json")
+
+
+def test_operator_on_kill_stops_its_workers(tmp_path, digits_raw, monkeypatch):
+    import threading
+    import time
+
+    import psutil
+
+    from operators.preprocess.operator import PreprocessOperator
+
+    monkeypatch.setenv("PREP_TEST_SLEEP_S", "0.02")  # inherited by the spawned workers
+    op = PreprocessOperator(task_id="p", transform="tests.preprocess.prep_transforms:digits_slow",
+                            input=partitions(digits_raw)[0], output_path=str(tmp_path / "out"), workers="2",
+                            shard_size="20")
+    errors = []
+    thread = threading.Thread(target=lambda: errors.append(_capture(op.execute, {})))
+    thread.start()
+    def pool_workers():  # not multiprocessing's resource tracker, which lives as long as this process
+        return [p for p in psutil.Process().children() if "spawn_main" in " ".join(p.cmdline())]
+
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and len(pool_workers()) < 2:
+        time.sleep(0.05)
+    workers = pool_workers()
+    assert len(workers) >= 2
+    op.on_kill()
+    thread.join(timeout=60)
+    assert not thread.is_alive()
+    assert isinstance(errors[0], PreprocessError) and "a worker failed" in str(errors[0])
+    _, alive = psutil.wait_procs(workers, timeout=20)
+    assert alive == []
+    assert not list((tmp_path / "out").glob("parts/*/_partition.json"))  # the partition is not marked done
+
+
+def _capture(fn, *args):
+    try:
+        return fn(*args)
+    except Exception as e:  # the test thread hands the error back for the assertion
+        return e
