@@ -25,7 +25,7 @@ from operators.staging import manifest as M
 from operators.staging import verify as V
 from operators.staging.copy import Copier, CopyJob, Progress
 from operators.staging.errors import StagingCancelled, StagingError
-from operators.staging.lister import SourceObject, list_source
+from operators.staging.lister import SourceObject
 
 DEFAULT_WORKERS = 16
 DEFAULT_PART_SIZE = 64 * 1024 * 1024
@@ -98,27 +98,6 @@ def _local_path(url: str) -> str | None:
     return url
 
 
-def open_source(source: str, storage_options: Mapping[str, Any] | None, workers: int):
-    """(filesystem, root path) for the source URL, with a connection pool sized to ``workers``."""
-    import fsspec.core
-
-    options = dict(storage_options or {})
-    protocol = source.split("://", 1)[0] if "://" in source else "file"
-    if protocol in ("s3", "s3a"):
-        config = dict(options.get("config_kwargs") or {})
-        config.setdefault("max_pool_connections", max(10, workers * 2))
-        options["config_kwargs"] = config
-        options.setdefault("skip_instance_cache", True)  # fresh listing every stage
-    try:
-        fs, root = fsspec.core.url_to_fs(source, **options)
-    except ImportError as e:
-        raise StagingError(f"no filesystem for {source!r}: {e}") from e
-    except (ValueError, TypeError) as e:
-        raise SpecError("storage_options", "<redacted>", f"options the {protocol} filesystem accepts ({e})") from e
-    fs.invalidate_cache()
-    return fs, root
-
-
 def stage(source: str, destination: str, *, workers: Any = DEFAULT_WORKERS, part_size: Any = DEFAULT_PART_SIZE,
           delete: bool = False, storage_options: Mapping[str, Any] | None = None, verify: str = "auto",
           retries: int = 2, progress_interval: float = 10.0, fsync: bool = True,
@@ -149,7 +128,8 @@ def stage(source: str, destination: str, *, workers: Any = DEFAULT_WORKERS, part
                                log=log, cancel=cancel)
     dest = os.path.abspath(dest)
     started = time.monotonic()
-    fs, root = open_source(source.strip(), storage_options, workers)
+    from operators.staging.sources import open_source
+    src = open_source(source.strip(), storage_options, workers)
     try:
         os.makedirs(dest, exist_ok=True)
     except OSError as e:
@@ -159,11 +139,11 @@ def stage(source: str, destination: str, *, workers: Any = DEFAULT_WORKERS, part
         known = M.load(dest)
         # Build the reader (botocore client: ~0.2 s of CPU) while the listing waits on the network.
         fetcher_box: list = []
-        builder = threading.Thread(target=lambda: fetcher_box.append(_fetcher(fs, workers)),
+        builder = threading.Thread(target=lambda: fetcher_box.append(src.fetcher()),
                                    name="dtrain-stage-client", daemon=True)
         builder.start()
         try:
-            objects = list_source(fs, root)
+            objects = src.list()
         finally:
             builder.join()
         fetch, skip, gone = diff(objects, known, on_disk)
@@ -178,13 +158,13 @@ def stage(source: str, destination: str, *, workers: Any = DEFAULT_WORKERS, part
         fetched_bytes = 0
         if fetch:
             _make_dirs(dest, fetch)
-            jobs = plan_jobs(fs, dest, fetch, verify, workers)
+            jobs = plan_jobs(src.head_func(), dest, fetch, verify, workers)
             progress = Progress(len(fetch), sum(o.size for o in fetch), log, progress_interval)
             journal = M.Journal(dest)
             try:
-                new, failures = Copier(fetcher_box[0] if fetcher_box else _fetcher(fs, workers), jobs, workers=workers, part_size=part_size, retries=retries,
+                new, failures = Copier(fetcher_box[0] if fetcher_box else src.fetcher(), jobs, workers=workers, part_size=part_size, retries=retries,
                                        journal=journal, progress=progress, cancel=cancel, log=log,
-                                       fsync=fsync).run()
+                                       fsync=fsync, dest=dest).run()
             finally:
                 journal.close()
             entries.update(new)
@@ -217,24 +197,6 @@ def _raise_failures(failures: dict[str, BaseException], cancel: threading.Event)
     first = failures[names[0]]
     detail = "; ".join(f"{n}: {type(failures[n]).__name__}: {failures[n]}" for n in names[:5])
     raise StagingError(f"{len(names)} file(s) failed to stage (rerun resumes): {detail}") from first
-
-
-def _fetcher(fs, workers: int):
-    """``fetch(obj, start, end) -> bytes``: botocore worker-thread reads for S3, fsspec otherwise."""
-    if "s3" in (fs.protocol if isinstance(fs.protocol, (tuple, list)) else (fs.protocol,)):
-        from operators.staging.s3read import make_fetcher
-        fast = make_fetcher(fs, workers)
-        if fast is not None:
-            return fast
-
-    def fetch(obj: SourceObject, start: int, end: int):
-        from operators.staging.s3read import BLOCK
-        try:
-            for pos in range(start, end, BLOCK):
-                yield fs.cat_file(obj.path, start=pos, end=min(end, pos + BLOCK))
-        except FileNotFoundError as e:
-            raise FileNotFoundError(f"{obj.path} vanished from the source during the stage") from e
-    return fetch
 
 
 class DestinationLock:
@@ -352,16 +314,16 @@ def _make_dirs(dest: str, objects: list[SourceObject]) -> None:
             raise StagingError(f"destination directory {path!r} resolves outside the destination ({real!r}); refusing")
 
 
-def plan_jobs(fs: Any, dest: str, objects: list[SourceObject], verify: str, workers: int) -> list[CopyJob]:
+def plan_jobs(head: Any, dest: str, objects: list[SourceObject], verify: str, workers: int) -> list[CopyJob]:
     """One CopyJob per object, with its verification plan.
 
     Multipart objects need one HEAD each (part size, stored checksum); those run in parallel.
     """
     heads: dict[str, tuple[int | None, tuple[str, str] | None]] = {}
     multipart = [o for o in objects if o.multipart and verify != "size"]
-    if multipart and hasattr(fs, "call_s3"):
+    if multipart and head is not None:
         with ThreadPoolExecutor(max_workers=min(workers, 32)) as pool:
-            for obj, head in zip(multipart, pool.map(lambda o: _head_part(fs, o, verify == "strict"), multipart)):
+            for obj, head in zip(multipart, pool.map(lambda o: _head_part(head, o, verify == "strict"), multipart)):
                 heads[obj.rel] = head
     jobs = []
     for obj in objects:
@@ -371,7 +333,7 @@ def plan_jobs(fs: Any, dest: str, objects: list[SourceObject], verify: str, work
     return jobs
 
 
-def _head_part(fs: Any, obj: SourceObject, strict: bool) -> tuple[int | None, tuple[str, str] | None]:
+def _head_part(head_object: Any, obj: SourceObject, strict: bool) -> tuple[int | None, tuple[str, str] | None]:
     """(part size of a multipart upload, stored full-object checksum) for a multipart object.
 
     A stored full-object checksum (CRC32 by default in current SDKs) is used when present: it
@@ -380,12 +342,9 @@ def _head_part(fs: Any, obj: SourceObject, strict: bool) -> tuple[int | None, tu
     which the multipart ETag is recomputed exactly (MD5 of every byte). Otherwise: size + a
     recorded fingerprint.
     """
+    bucket, _, key = obj.path.partition("/")
     try:
-        bucket, key, _version = fs.split_path(obj.path)
-    except Exception:  # noqa: BLE001
-        return None, None
-    try:
-        head = fs.call_s3("head_object", Bucket=bucket, Key=key, ChecksumMode="ENABLED")
+        head = head_object(Bucket=bucket, Key=key, ChecksumMode="ENABLED")
         # Only an explicit FULL_OBJECT checksum covers the content as one stream; composite
         # checksums (and stores that do not say which kind they keep) are not used.
         if head.get("ETag", "").strip('"') == obj.etag and head.get("ChecksumType") == "FULL_OBJECT":
@@ -398,7 +357,7 @@ def _head_part(fs: Any, obj: SourceObject, strict: bool) -> tuple[int | None, tu
     if not strict:
         return None, None
     try:
-        head = fs.call_s3("head_object", Bucket=bucket, Key=key, PartNumber=1)
+        head = head_object(Bucket=bucket, Key=key, PartNumber=1)
         part_size = int(head.get("ContentLength") or 0)
         if part_size and V.plan_verify(obj.size, obj.etag, "auto", part_size).kind == "mpu":
             return part_size, None

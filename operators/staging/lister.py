@@ -67,9 +67,8 @@ def _token(info: dict[str, Any]) -> tuple[str | None, str | None, str]:
 
 
 def list_source(fs: Any, root: str) -> list[SourceObject]:
-    """Every object under ``root`` (a directory-like prefix), sorted by relative path.
+    """Every object under ``root`` (a directory-like prefix) of an fsspec filesystem, sorted.
 
-    Directory markers (zero-byte keys ending in ``/``) are skipped, as ``aws s3 sync`` does.
     Raises StagingError for a missing source, access denied, or an empty source; UnsafeKeyError
     for a key that would escape the destination (checked for every key before anything is copied).
     """
@@ -82,6 +81,14 @@ def list_source(fs: Any, root: str) -> list[SourceObject]:
         raise StagingError(f"access to source {root!r} denied: check the credentials and their permissions ({e})") from e
     except Exception as e:  # botocore credential errors and the like carry no common base
         raise StagingError(f"cannot list source {root!r}: {type(e).__name__}: {e}") from e
+    return build_objects(root, found)
+
+
+def build_objects(root: str, found: dict[str, dict[str, Any]]) -> list[SourceObject]:
+    """SourceObjects from ``{path: info}`` listed under ``root``; safe relative paths, sorted.
+
+    Directory markers (zero-byte keys ending in ``/``) are skipped, as ``aws s3 sync`` does.
+    """
     objects: list[SourceObject] = []
     prefix = root + "/"
     for path, info in found.items():

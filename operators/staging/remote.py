@@ -28,11 +28,12 @@ def stage_to_fsspec(source: str, destination: str, *, workers: int, part_size: i
                     cancel: threading.Event):
     import fsspec.core
 
-    from operators.staging.engine import StageResult, diff, open_source, plan_jobs, redact_url
-    from operators.staging.lister import list_source
+    from operators.staging.engine import StageResult, diff, plan_jobs, redact_url
+    from operators.staging.sources import open_source
 
     started = time.monotonic()
-    fs, root = open_source(source, storage_options, workers)
+    src = open_source(source, storage_options, workers)
+    fetch = src.fetcher()
     dfs, droot = fsspec.core.url_to_fs(destination)
     droot = droot.rstrip("/")
     dfs.makedirs(droot, exist_ok=True)
@@ -44,15 +45,15 @@ def stage_to_fsspec(source: str, destination: str, *, workers: int, part_size: i
         elif rel not in (M.MANIFEST_NAME, M.JOURNAL_NAME, M.LOCK_NAME):
             on_disk[rel] = int(info.get("size") or 0)
     known = _load(dfs, droot)
-    objects = list_source(fs, root)
-    fetch, skip, gone = diff(objects, known, on_disk)
+    objects = src.list()
+    to_fetch, skip, gone = diff(objects, known, on_disk)
     deleted = 0
     if delete:
         for rel in gone:
             dfs.rm_file(f"{droot}/{rel}")
             deleted += 1
     entries = {o.rel: known[o.rel] for o in skip}
-    jobs = plan_jobs(fs, droot, fetch, verify, workers)
+    jobs = plan_jobs(src.head_func(), droot, to_fetch, verify, workers)
     lock = threading.Lock()
     failures: dict[str, BaseException] = {}
 
@@ -68,7 +69,7 @@ def stage_to_fsspec(source: str, destination: str, *, workers: int, part_size: i
                     pos = seg_start
                     while pos < seg_end:
                         stop = min(seg_end, pos + part_size)
-                        data = fs.cat_file(job.obj.path, start=pos, end=stop)
+                        data = b"".join(fetch(job.obj, pos, stop))
                         if len(data) != stop - pos:
                             raise VerifyError(f"{job.obj.rel}: short download at {pos}")
                         out.write(data)
@@ -104,9 +105,9 @@ def stage_to_fsspec(source: str, destination: str, *, workers: int, part_size: i
     dfs.pipe_file(tmp, json.dumps(doc, indent=1).encode())
     dfs.mv(tmp, manifest_path)
     seconds = time.monotonic() - started
-    fetched_bytes = sum(o.size for o in fetch)
+    fetched_bytes = sum(o.size for o in to_fetch)
     result = StageResult(source=redact_url(source), destination=destination, manifest_path=manifest_path,
-                         files_total=len(objects), bytes_total=sum(o.size for o in objects), fetched=len(fetch),
+                         files_total=len(objects), bytes_total=sum(o.size for o in objects), fetched=len(to_fetch),
                          skipped=len(skip), deleted=deleted, gone=gone, bytes_fetched=fetched_bytes,
                          seconds=round(seconds, 3),
                          mb_per_s=round(fetched_bytes / 1e6 / seconds, 6) if fetched_bytes else 0.0)

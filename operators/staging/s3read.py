@@ -44,52 +44,58 @@ class SourceChanged(StagingError):
     """The object changed between the listing and the read; a rerun picks up the new version."""
 
 
-def make_fetcher(fs: Any, workers: int) -> Callable[[Any, int, int], Iterator[bytes]] | None:
-    """A thread-safe ``fetch(obj, start, end) -> iterator of byte blocks`` for an S3FileSystem, or None.
-
-    None when the filesystem was built in a way this cannot reproduce (an injected session);
-    the caller then reads through s3fs.
-    """
-    built = _client_like(fs, workers)
-    if built is None:
+def make_fetcher(options: dict | None, workers: int) -> Callable[[Any, int, int], Iterator[bytes]] | None:
+    """A thread-safe ``fetch(obj, start, end) -> iterator of byte blocks`` from s3fs-style options,
+    or None when they cannot be reproduced (the caller then reads through s3fs)."""
+    if options is None:
         return None
-    client, client_kwargs, config_kwargs = built
-    extra = dict(getattr(fs, "req_kw", {}) or {})
+    try:
+        client, client_kwargs, config_kwargs = build_client(options, workers)
+    except StagingError:
+        return None
+    extra = {"RequestPayer": "requester"} if options.get("requester_pays") else {}
+    return reader_for(client, extra, client_kwargs, config_kwargs)
+
+
+def reader_for(client: Any, extra: dict, client_kwargs: dict, config_kwargs: dict):
     forced = os.environ.get("DTRAIN_S3_READER", "")
     if forced == "botocore" or _needs_botocore_transport(client_kwargs, config_kwargs):
         return _botocore_reader(client, extra)
     return _PresignedReader(client, extra, client_kwargs, _botocore_reader(client, extra)).fetch
 
 
-def _client_like(fs: Any, workers: int):
-    if getattr(fs, "session", None) is not None and not getattr(fs, "_session_is_owned", True):
-        return None
-    try:
-        import botocore.config
-        import botocore.session
-    except ImportError:
-        return None
-    client_kwargs = dict(getattr(fs, "client_kwargs", {}) or {})
-    init = {"aws_access_key_id": fs.key, "aws_secret_access_key": fs.secret, "aws_session_token": fs.token,
-            "endpoint_url": fs.endpoint_url}
+def build_client(options: dict, workers: int):
+    """(botocore S3 client, client_kwargs, config_kwargs) from s3fs-style storage options, the way
+    s3fs builds its own (same names, same meaning). StagingError if botocore refuses them."""
+    import botocore.config
+    import botocore.session
+
+    options = dict(options)
+    client_kwargs = dict(options.pop("client_kwargs", None) or {})
+    key = options.pop("key", None) or options.pop("username", None)
+    secret = options.pop("secret", None) or options.pop("password", None)
+    init = {"aws_access_key_id": key, "aws_secret_access_key": secret,
+            "aws_session_token": options.pop("token", None), "endpoint_url": options.pop("endpoint_url", None)}
     init = {k: v for k, v in init.items() if v is not None and k not in client_kwargs}
-    config_kwargs = dict(getattr(fs, "config_kwargs", {}) or {})
+    config_kwargs = dict(options.pop("config_kwargs", None) or {})
     config_kwargs["max_pool_connections"] = max(int(config_kwargs.get("max_pool_connections") or 10), workers + 4)
     # Our own MD5/checksum verification covers the content; skip botocore's extra CRC pass.
     config_kwargs.setdefault("response_checksum_validation", "when_required")
-    if getattr(fs, "anon", False):
+    if options.pop("anon", False):
         from botocore import UNSIGNED
         config_kwargs["signature_version"] = UNSIGNED
         for k in ("aws_access_key_id", "aws_secret_access_key", "aws_session_token"):
             init.pop(k, None)
             client_kwargs.pop(k, None)
+    use_ssl = options.pop("use_ssl", True)
     if "use_ssl" not in client_kwargs:
-        init["use_ssl"] = getattr(fs, "use_ssl", True)
+        init["use_ssl"] = use_ssl
+    session_kwargs = {"profile": options["profile"]} if options.get("profile") else {}
     try:
-        session = botocore.session.Session(**(getattr(fs, "kwargs", {}) or {}))
+        session = botocore.session.Session(**session_kwargs)
         client = session.create_client("s3", config=botocore.config.Config(**config_kwargs), **init, **client_kwargs)
-    except Exception:  # noqa: BLE001 - options botocore does not take: fall back to s3fs reads
-        return None
+    except Exception as e:  # noqa: BLE001 - unknown profile, bad config value, ...
+        raise StagingError(f"cannot configure the S3 client: {type(e).__name__}: {e}") from e
     return client, client_kwargs, config_kwargs
 
 

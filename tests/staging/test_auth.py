@@ -20,7 +20,9 @@ from .conftest import REGION, aws_env
 BIN = os.path.dirname(sys.executable)
 
 
-def test_bad_credentials_give_a_clear_error(auth_server, tmp_path, monkeypatch):
+@pytest.mark.parametrize("client", ["native", "s3fs"])
+def test_bad_credentials_give_a_clear_error(auth_server, tmp_path, monkeypatch, client):
+    monkeypatch.setenv("DTRAIN_S3_CLIENT", client)
     endpoint, key_id, secret = auth_server
     aws_env(monkeypatch, endpoint)  # "testing"/"testing": unknown to this server
     with pytest.raises(StagingError, match="denied: check the credentials") as info:
