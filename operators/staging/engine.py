@@ -4,8 +4,8 @@ Imports no Airflow. ``stage()`` validates its inputs, takes an exclusive lock on
 destination, removes stray temporary files of a killed stage, lists the source,
 compares the listing with the manifest (and the files on disk), copies what changed
 (:mod:`operators.staging.copy`), optionally deletes what vanished from the source,
-and writes the manifest last. s3fs and friends are imported lazily by fsspec when
-the source URL needs them.
+and writes the manifest last. Sources (:mod:`operators.staging.sources`) import
+botocore, s3fs or other fsspec backends lazily, only when a stage runs.
 """
 
 from __future__ import annotations

@@ -96,7 +96,11 @@ class StageToSharedFSOperator(BaseOperator):
             raise SpecError("storage_options", type(options).__name__, "a mapping of fsspec options")
         options = dict(options)
         if self.aws_conn_id and str(self.source).startswith(("s3://", "s3a://")):
-            options.update(aws_storage_options(self.aws_conn_id, self.log))
+            conn_options = aws_storage_options(self.aws_conn_id, self.log)
+            client_kwargs = {**(options.get("client_kwargs") or {}), **conn_options.pop("client_kwargs", {})}
+            options.update(conn_options)
+            if client_kwargs:
+                options["client_kwargs"] = client_kwargs
         return options
 
     def execute(self, context: Any) -> dict[str, Any]:

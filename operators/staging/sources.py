@@ -1,8 +1,8 @@
 """Where objects come from: any fsspec filesystem, or S3 read natively through botocore.
 
 Both give the engine the same three things: ``list()`` (SourceObjects), ``fetcher()``
-(a thread-safe ``fetch(obj, start, end) -> byte blocks``) and ``head(obj, strict)`` (what
-verification needs to know about a multipart object).
+(a thread-safe ``fetch(obj, start, end) -> byte blocks``) and ``head_func()`` (a HEAD
+call for what verification needs to know about a multipart object; None if not S3).
 
 For ``s3://`` the native source is used whenever the storage options are ones it
 reproduces exactly (credentials, endpoint, region via client_kwargs, botocore config,
