@@ -157,22 +157,11 @@ def stage(source: str, destination: str, *, workers: Any = DEFAULT_WORKERS, part
         copy_started = time.monotonic()
         fetched_bytes = 0
         if fetch:
-            _make_dirs(dest, fetch)
-            jobs = plan_jobs(src.head_func(), dest, fetch, verify, workers)
-            progress = Progress(len(fetch), sum(o.size for o in fetch), log, progress_interval)
-            journal = M.Journal(dest)
-            try:
-                new, failures = Copier(fetcher_box[0] if fetcher_box else src.fetcher(), jobs, workers=workers, part_size=part_size, retries=retries,
-                                       journal=journal, progress=progress, cancel=cancel, log=log,
-                                       fsync=fsync, dest=dest).run()
-            finally:
-                journal.close()
+            new = _copy(src, fetcher_box[0] if fetcher_box else None, dest, fetch, workers=workers,
+                        part_size=part_size, verify=verify, retries=retries, fsync=fsync, log=log,
+                        cancel=cancel, progress_interval=progress_interval)
             entries.update(new)
-            fetched_bytes = sum(new[rel].size for rel in new)
-            if failures:
-                _raise_failures(failures, cancel)
-            for directory in {os.path.dirname(j.final) for j in jobs}:
-                M.fsync_dir(directory)
+            fetched_bytes = sum(entry.size for entry in new.values())
         copy_seconds = time.monotonic() - copy_started
         manifest_path = os.path.join(dest, M.MANIFEST_NAME)
         journal_left = os.path.exists(os.path.join(dest, M.JOURNAL_NAME))
@@ -188,6 +177,27 @@ def stage(source: str, destination: str, *, workers: Any = DEFAULT_WORKERS, part
         mb_per_s=round(fetched_bytes / 1e6 / copy_seconds, 6) if fetched_bytes and copy_seconds > 0 else 0.0)
     log.info("%s", result.summary())
     return result
+
+
+def _copy(src: Any, fetcher: Any, dest: str, objects: list[SourceObject], *, workers: int, part_size: int,
+          verify: str, retries: int, fsync: bool, log: logging.Logger, cancel: threading.Event,
+          progress_interval: float) -> dict[str, M.Entry]:
+    """Copy ``objects`` into ``dest``; returns their manifest entries or raises for any failure."""
+    _make_dirs(dest, objects)
+    jobs = plan_jobs(src.head_func(), dest, objects, verify, workers)
+    progress = Progress(len(objects), sum(o.size for o in objects), log, progress_interval)
+    journal = M.Journal(dest)
+    try:
+        copier = Copier(fetcher or src.fetcher(), jobs, workers=workers, part_size=part_size, retries=retries,
+                        journal=journal, progress=progress, cancel=cancel, log=log, fsync=fsync, dest=dest)
+        new, failures = copier.run()
+    finally:
+        journal.close()
+    if failures:
+        _raise_failures(failures, cancel)
+    for directory in {os.path.dirname(j.final) for j in jobs}:
+        M.fsync_dir(directory)  # the renames themselves, before the manifest claims them
+    return new
 
 
 def _raise_failures(failures: dict[str, BaseException], cancel: threading.Event) -> None:
