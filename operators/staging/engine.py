@@ -27,7 +27,7 @@ from operators.staging.copy import Copier, CopyJob, Progress
 from operators.staging.errors import StagingCancelled, StagingError
 from operators.staging.lister import SourceObject
 
-DEFAULT_WORKERS = 16
+DEFAULT_WORKERS = 32
 DEFAULT_PART_SIZE = 64 * 1024 * 1024
 MIN_PART_SIZE = 256 * 1024
 RESERVED_NAMES = (M.MANIFEST_NAME, M.JOURNAL_NAME, M.LOCK_NAME)

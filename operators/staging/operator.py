@@ -47,7 +47,7 @@ class StageToSharedFSOperator(BaseOperator):
 
     def __init__(self, *, source: str, destination: str, dataset_version: str | None = "{{ ds }}",
                  aws_conn_id: str | None = "aws_default", storage_options: dict[str, Any] | None = None,
-                 workers: int | str = 16, part_size: int | str = "64MiB", delete: bool = False,
+                 workers: int | str = 32, part_size: int | str = "64MiB", delete: bool = False,
                  verify: str = "auto", epoch_seconds: float | str | None = None, nodes: int | str = 1,
                  deployment_type: str | None = None, fsx_table: dict | None = None,
                  fail_below_need: bool = False, progress_interval: float = 30.0, **kwargs: Any) -> None:
