@@ -63,7 +63,7 @@ def deepspeed_config(params) -> str:
 with DAG(
     dag_id="retrain_pipeline",
     schedule=CFG.schedule,
-    start_date=dt.datetime(2026, 1, 1, tzinfo=dt.timezone.utc),
+    start_date=CFG.start_date,
     catchup=CFG.catchup,
     max_active_runs=int(os.environ.get("DTRAIN_RETRAIN_MAX_ACTIVE_RUNS", "1")),
     params=PARAMS,
@@ -74,7 +74,8 @@ with DAG(
     doc_md=__doc__,
 ) as dag:
 
-    @task
+    # No retry: a partition with no data fails at once and frees the run slot; rerun it once data lands.
+    @task(retries=0)
     def list_raw_inputs(raw_url: str) -> list[str]:
         """The raw files of this run's partition: one mapped preprocessing task each."""
         import fsspec

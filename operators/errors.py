@@ -28,4 +28,5 @@ class LaunchError(DTrainError):
         self.rank = rank
         self.tail = list(tail or [])
         detail = "\n".join(self.tail)
-        super().__init__(message + (f"\nlast lines of rank {rank}:\n{detail}" if detail else ""))
+        source = f"rank {rank}" if rank is not None else "the job"
+        super().__init__(message + (f"\nlast lines of {source}:\n{detail}" if detail else ""))

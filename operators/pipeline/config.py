@@ -13,11 +13,13 @@ each other, and a rerun of one date leaves the others untouched.
 | DTRAIN_AWS_CONN_ID | aws_default | Airflow connection with the object-store credentials |
 | DTRAIN_RETRAIN_SCHEDULE | @daily | the DAG's schedule ("none" for manual only) |
 | DTRAIN_RETRAIN_CATCHUP | false | let the scheduler run missed intervals |
+| DTRAIN_RETRAIN_START_DATE | 2026-01-01 | the schedule's first interval (backfills may go earlier) |
 | DTRAIN_SSH_CONN_ID | dtrain_ssh | hosts for backend=ssh |
 """
 
 from __future__ import annotations
 
+import datetime as dt
 import os
 from dataclasses import dataclass
 
@@ -34,6 +36,7 @@ class PipelineConfig:
     schedule: str | None
     catchup: bool
     ssh_conn_id: str
+    start_date: dt.datetime
     transform: str = "operators.preprocess.examples:digits_features"
 
     @property
@@ -58,6 +61,8 @@ def load_config(environ: dict[str, str] | None = None) -> PipelineConfig:
         schedule=None if schedule.lower() in ("", "none", "null") else schedule,
         catchup=env.get("DTRAIN_RETRAIN_CATCHUP", "false").strip().lower() in ("1", "true", "yes"),
         ssh_conn_id=env.get("DTRAIN_SSH_CONN_ID", "dtrain_ssh"),
+        start_date=dt.datetime.fromisoformat(env.get("DTRAIN_RETRAIN_START_DATE", "2026-01-01")).replace(
+            tzinfo=dt.timezone.utc),
     )
 
 

@@ -109,8 +109,10 @@ def main(argv: list[str] | None = None) -> int:
     device = torch.device(ctx.device)
     dataset, test = train_dataset(args, args.seed)
     model = build_model(args.hidden).to(device)
+    warm_start = None
     if args.init_from and os.path.isfile(args.init_from):
         model.load_state_dict(torch.load(args.init_from, map_location=device))
+        warm_start = args.init_from
         print(f"warm start from {args.init_from}")
 
     ds_config = None
@@ -215,6 +217,7 @@ def main(argv: list[str] | None = None) -> int:
             "world_size": ctx.world_size, "global_batch": global_batch, "lr": lr,
             "final_loss": round(float(loss.item()), 4), "resumed_from_step": resumed_from,
             "distribution": "deepspeed" if args.deepspeed else "pytorch", "model_path": output,
+            "warm_start_from": warm_start,
             **({"zero_stage": train_model.zero_optimization_stage()} if args.deepspeed else {}),
         })
         print(f"test accuracy: {accuracy:.4f}")

@@ -1,0 +1,159 @@
+"""retrain_pipeline end to end with real Airflow, moto's S3, a temp dir as the shared filesystem and
+the local backend: `airflow dags test`, REST triggers on `airflow standalone`, and a real backfill."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+
+from .conftest import BIN
+
+FAST = {"nodes": 1, "procs_per_node": 2, "epochs": 6, "min_accuracy": 0.8}
+
+
+def fingerprint(path: str) -> tuple[str, int]:
+    with open(path, "rb") as fh:
+        return hashlib.sha256(fh.read()).hexdigest(), os.stat(path).st_mtime_ns
+
+
+def models(env: dict[str, str]) -> str:
+    return os.path.join(env["DTRAIN_SHARED_FS"], "models", "v1")
+
+
+def test_a_dags_test_runs_the_whole_pipeline(airflow_db, pipeline_env, capsys):
+    started = time.monotonic()
+    proc = subprocess.run([os.path.join(BIN, "airflow"), "dags", "test", "retrain_pipeline", "2026-01-01"],
+                          env=pipeline_env, capture_output=True, text=True, timeout=900)
+    elapsed = time.monotonic() - started
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
+    published = os.path.join(models(pipeline_env), "2026-01-01")
+    metrics = json.load(open(os.path.join(published, "metrics.json")))
+    assert metrics["world_size"] == 4  # the embedded default: 2 nodes x 2 processes
+    assert metrics["evaluated_accuracy"] >= 0.95
+    assert os.path.isfile(os.path.join(published, "model.pt"))
+    staged = os.path.join(pipeline_env["DTRAIN_SHARED_FS"], "datasets", "v1", "2026-01-01")
+    dataset = json.load(open(os.path.join(staged, "manifest.json")))
+    assert dataset["num_samples"] == int(1797 * 0.8)
+    assert os.path.isfile(os.path.join(staged, ".dtrain-manifest.json"))  # staging's own manifest
+    assert "global_batch=128 lr=0.2000" in proc.stdout  # the linearly scaled rate in the train log
+    assert "Credential" not in proc.stdout and "demo-secret-key" not in proc.stdout + proc.stderr
+    with capsys.disabled():
+        print(f"\n[e2e] airflow dags test retrain_pipeline (2x2 DDP, 20 epochs): {elapsed:.1f} s")
+
+
+def test_b_rest_trigger_with_params_and_asset_scheduled_evaluation(standalone, capsys):
+    status, runs_before = standalone.request("GET", "/dags/retrain_pipeline/dagRuns")
+    assert status == 200
+    for bad in ({"nodes": 0}, {"distribution": "horovod"}, {"dataset_version": "../../etc"}, {"epochs": "many"}):
+        status, body = standalone.request("POST", "/dags/retrain_pipeline/dagRuns",
+                                          {"logical_date": "2026-02-01T00:00:00Z", "conf": bad})
+        assert 400 <= status < 500, (bad, status, body)
+        assert "Invalid input for param" in json.dumps(body), body
+    status, runs_after = standalone.request("GET", "/dags/retrain_pipeline/dagRuns")
+    assert runs_after["total_entries"] == runs_before["total_entries"]  # no run created
+
+    started = time.monotonic()
+    status, run = standalone.request("POST", "/dags/retrain_pipeline/dagRuns",
+                                     {"logical_date": "2026-02-01T00:00:00Z", "conf": FAST})
+    assert status == 200, run
+    done = standalone.wait_run("retrain_pipeline", run["dag_run_id"])
+    elapsed = time.monotonic() - started
+    assert done["state"] == "success", standalone.failure_report("retrain_pipeline", run["dag_run_id"])
+    assert done["dag_run_id"] == run["dag_run_id"] and done["logical_date"].startswith("2026-02-01"), done
+    metrics = json.load(open(os.path.join(models(standalone.env), "2026-02-01", "metrics.json")))
+    assert metrics["world_size"] == 2 and metrics["epochs"] == 6
+    earlier = os.path.join(models(standalone.env), "2026-01-01", "model.pt")  # published by test_a, if it ran
+    assert metrics["warm_start_from"] == (earlier if os.path.exists(earlier) else None)
+
+    # The published model is an Asset: the evaluation DAG is scheduled on it.
+    deadline = time.monotonic() + 300
+    evaluation = os.path.join(models(standalone.env), "2026-02-01", "evaluation.json")
+    while time.monotonic() < deadline and not os.path.exists(evaluation):
+        time.sleep(3)
+    status, eval_runs = standalone.request("GET", "/dags/evaluate_published_model/dagRuns")
+    assert eval_runs["total_entries"] >= 1 and eval_runs["dag_runs"][0]["run_type"] == "asset_triggered"
+    assert json.load(open(evaluation))["accuracy"] >= 0.9
+    with capsys.disabled():
+        print(f"\n[e2e] REST-triggered run (1x2, 6 epochs) on airflow standalone: {elapsed:.1f} s")
+
+
+def test_c_backfill_three_dates_then_rerun_one(standalone, capsys):
+    conf = json.dumps(FAST)
+    started = time.monotonic()
+    out = standalone.airflow("backfill", "create", "--dag-id", "retrain_pipeline", "--from-date", "2026-01-02",
+                             "--to-date", "2026-01-04", "--dag-run-conf", conf, "--max-active-runs", "1")
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
+    dates = ["2026-01-02", "2026-01-03", "2026-01-04"]
+    for date in dates:
+        run = standalone.wait_run("retrain_pipeline", f"backfill__{date}T00:00:00+00:00", timeout=900)
+        assert run["state"] == "success", standalone.failure_report("retrain_pipeline", run["dag_run_id"])
+    elapsed = time.monotonic() - started
+    root = models(standalone.env)
+    files = {d: {name: fingerprint(os.path.join(root, d, name)) for name in ("model.pt", "metrics.json")}
+             for d in dates}
+    assert len({files[d]["model.pt"][0] for d in dates}) == 3  # three separate models
+    for d in dates:
+        assert json.load(open(os.path.join(root, d, "metrics.json")))["world_size"] == 2
+        staged = os.path.join(standalone.env["DTRAIN_SHARED_FS"], "datasets", "v1", d, "manifest.json")
+        assert os.path.isfile(staged)
+
+    def backfills_done():  # the backfill itself completes a moment after its last run
+        status, body = standalone.request("GET", "/backfills?dag_id=retrain_pipeline")
+        return status == 200 and all(b["completed_at"] for b in body["backfills"])
+
+    deadline = time.monotonic() + 120
+    while not backfills_done() and time.monotonic() < deadline:
+        time.sleep(2)
+    rerun = standalone.airflow("backfill", "create", "--dag-id", "retrain_pipeline", "--from-date", "2026-01-03",
+                               "--to-date", "2026-01-03", "--dag-run-conf", conf, "--reprocess-behavior", "completed")
+    assert rerun.returncode == 0, rerun.stdout[-2000:] + rerun.stderr[-2000:]
+    deadline = time.monotonic() + 600
+    while time.monotonic() < deadline:
+        now = fingerprint(os.path.join(root, "2026-01-03", "metrics.json"))
+        if now[1] != files["2026-01-03"]["metrics.json"][1]:
+            break
+        time.sleep(3)
+    run = standalone.wait_run("retrain_pipeline", "backfill__2026-01-03T00:00:00+00:00", timeout=600)
+    assert run["state"] == "success"
+    assert fingerprint(os.path.join(root, "2026-01-03", "metrics.json"))[1] != files["2026-01-03"]["metrics.json"][1]
+    for d in ("2026-01-02", "2026-01-04"):  # the other dates are untouched
+        assert {n: fingerprint(os.path.join(root, d, n)) for n in ("model.pt", "metrics.json")} == files[d]
+    leftovers = [n for n in os.listdir(root) if n.startswith(".")]
+    assert leftovers == []  # no half-published model directory
+    with capsys.disabled():
+        print(f"\n[e2e] backfill of 3 dates (1x2, 6 epochs each): {elapsed:.1f} s")
+
+
+def test_d_dag_files_parse_without_heavy_imports(capsys):
+    code = r'''
+import glob, importlib.util, json, os, sys, time
+t0 = time.perf_counter(); import airflow.sdk; t1 = time.perf_counter()
+path = sys.argv[1]
+before = set(sys.modules)
+spec = importlib.util.spec_from_file_location("dagfile", path)
+spec.loader.exec_module(importlib.util.module_from_spec(spec))
+t2 = time.perf_counter()
+new = {m.split(".")[0] for m in set(sys.modules) - before}
+print(json.dumps({"sdk_s": t1 - t0, "parse_s": t2 - t1,
+                  "heavy": sorted(new & {"torch", "deepspeed", "s3fs", "boto3", "botocore", "numpy", "paramiko"})}))
+'''
+    dags = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "dags")
+    files = sorted(f for f in os.listdir(dags) if f.endswith(".py"))
+    assert "retrain_pipeline.py" in files
+    lines = []
+    for name in files:
+        out = subprocess.run([sys.executable, "-c", code, os.path.join(dags, name)], capture_output=True, text=True,
+                             timeout=120)
+        assert out.returncode == 0, out.stderr[-2000:]
+        report = json.loads(out.stdout.strip().splitlines()[-1])
+        assert report["heavy"] == [], (name, report)
+        lines.append(f"[parse] {name}: {report['parse_s']:.3f} s over a bare `import airflow.sdk` "
+                     f"({report['sdk_s']:.2f} s)")
+    with capsys.disabled():
+        print("\n" + "\n".join(lines))
