@@ -14,7 +14,8 @@ def get_provider_info() -> dict:
         "operators": [
             {
                 "integration-name": "Distributed training",
-                "python-modules": ["operators.launch.operator"],
+                "python-modules": ["operators.launch.operator", "operators.staging.operator",
+                                   "operators.preprocess.operator", "operators.preflight.operator"],
             }
         ],
     }

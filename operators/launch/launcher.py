@@ -32,6 +32,7 @@ class LaunchResult:
     failed_node: int | None = None
     tail: list[str] = field(default_factory=list)
     metrics: dict[str, Any] = field(default_factory=dict)
+    stall: dict[str, Any] = field(default_factory=dict)
     stopped: bool = False
 
     @property
@@ -101,6 +102,7 @@ class Launcher:
             checkpoint_dir=job.checkpoint_dir, metrics_dir=job.metrics_dir,
             metrics=read_metrics(job.metrics_dir),
         )
+        self._report_stalls(result)
         if outcome.stopped or self._terminated.is_set():
             result.exit_code, result.stopped = STOPPED_EXIT_CODE, True
         elif outcome.exit_code != 0:
@@ -115,6 +117,20 @@ class Launcher:
         self.sink(f"[dtrain] job {job.job_id} finished: exit_code={result.exit_code} in {result.duration_s:.1f}s"
                   + (f" (rank {result.failed_rank} failed first)" if result.failed_rank is not None else ""))
         return result
+
+    def _report_stalls(self, result: LaunchResult) -> None:
+        """Per-rank step time, data-wait fraction and samples/s, with the CPUBottleneck and
+        LoadBalancing verdicts, from the metrics the training helper wrote (if any)."""
+        from operators.training.stall_report import format_report, summarize
+
+        try:
+            result.stall = summarize(result.metrics_dir)
+        except (OSError, ValueError) as e:  # a report must never turn a finished job into a failure
+            self.sink(f"[stall] no report: {e}")
+            return
+        if result.stall.get("ranks"):
+            for line in format_report(result.stall):
+                self.sink(line)
 
     def terminate(self) -> None:
         self._terminated.set()

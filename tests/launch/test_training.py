@@ -40,6 +40,11 @@ def test_ddp_two_nodes_by_two_reaches_stated_accuracy(tmp_path):
     assert steps == [metrics["steps"]] * 4
     first = json.loads(per_rank[0].read_text().splitlines()[0])
     assert {"step", "loss", "samples_per_s", "data_wait_s", "step_time_s"} <= set(first)
+    # The data-stall report comes back with the result (and so through XCom) and into the log.
+    assert len(result.stall["ranks"]) == 4
+    assert all(0 <= r["data_wait_fraction"] <= 1 and r["samples_per_s"] > 0 for r in result.stall["ranks"])
+    assert result.to_xcom()["stall"] == json.loads(json.dumps(result.stall))
+    assert any(line.startswith("[stall]") for line in lines)
 
 
 @pytest.mark.parametrize("stage", [1, 2])

@@ -130,14 +130,16 @@ def main(argv: list[str] | None = None) -> int:
               f"(base_lr={args.base_lr} x {global_batch}/{args.base_batch})")
 
     if args.shards:  # the shard reader splits by rank itself (epoch-seeded, equal counts per rank)
-        from operators.training.shards import ShardSampler
+        from operators.training.shards import ShardLoader, ShardSampler
 
         sampler = ShardSampler(len(dataset), num_replicas=ctx.world_size, rank=ctx.rank, shuffle=True,
                                seed=args.seed, drop_last=True)
+        # Batches are slices of one memory-mapped read: no per-sample collate on the CPU.
+        loader = ShardLoader(dataset, per_rank_batch, sampler)
     else:
         sampler = DistributedSampler(dataset, num_replicas=ctx.world_size, rank=ctx.rank, shuffle=True,
                                      seed=args.seed, drop_last=True)
-    loader = DataLoader(dataset, batch_size=per_rank_batch, sampler=sampler, drop_last=True)
+        loader = DataLoader(dataset, batch_size=per_rank_batch, sampler=sampler, drop_last=True)
     steps_per_epoch = len(loader)
     optimizer = torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: warmup_factor(s, args.warmup_steps))
