@@ -26,8 +26,10 @@ from operators.preprocess.operator import PreprocessFinalizeOperator, Preprocess
 from operators.staging.operator import StageToSharedFSOperator
 
 CFG = load_config()
-STAGED_DATASET = Asset(name="dtrain_staged_dataset", uri=f"file://{CFG.datasets_root}")
-TRAINED_MODEL = Asset(name="dtrain_trained_model", uri=f"file://{CFG.models_root}")
+# Asset identity must not depend on a worker's environment (two URIs under one name make
+# Airflow deactivate one): the locations travel in each asset event's extra instead.
+STAGED_DATASET = Asset(name="dtrain_staged_dataset", uri="dtrain://retrain_pipeline/staged_dataset")
+TRAINED_MODEL = Asset(name="dtrain_trained_model", uri="dtrain://retrain_pipeline/trained_model")
 
 VERSION = "{{ params.dataset_version }}"
 PART = "{{ partition(dag_run) }}"
