@@ -31,6 +31,8 @@ import sys
 import threading
 import time
 
+from operators.launch.proctree import kill_tree
+
 ANNOUNCE = "[dtrain-detached]"
 TAIL_LINES = 40
 
@@ -82,25 +84,6 @@ def _daemon_process(state: dict | None):
         return proc
     except (psutil.NoSuchProcess, KeyError, ValueError, TypeError):
         return None
-
-
-def kill_tree(root, grace: float) -> None:
-    """SIGTERM every descendant of ``root`` (torchrun gives workers sessions of their own), then SIGKILL."""
-    import psutil
-
-    for attempt in range(2):
-        try:
-            victims = root.children(recursive=True)
-        except psutil.NoSuchProcess:
-            return
-        if not victims:
-            return
-        for proc in victims:
-            try:
-                proc.send_signal(signal.SIGTERM if attempt == 0 else signal.SIGKILL)
-            except psutil.NoSuchProcess:
-                pass
-        psutil.wait_procs(victims, timeout=grace if attempt == 0 else 2.0)
 
 
 # -- start -----------------------------------------------------------------------------------

@@ -28,6 +28,8 @@ import subprocess
 import sys
 import threading
 
+from operators.launch.proctree import kill_tree
+
 ANNOUNCE = "[dtrain-remote]"
 
 
@@ -114,22 +116,7 @@ class RemoteNode:
     def _kill_tree(self) -> None:
         import psutil
 
-        me = psutil.Process()
-        for attempt in range(2):
-            victims = me.children(recursive=True)
-            if not victims:
-                return
-            for proc in victims:
-                try:
-                    proc.send_signal(signal.SIGTERM if attempt == 0 else signal.SIGKILL)
-                except psutil.NoSuchProcess:
-                    pass
-            _, alive = psutil.wait_procs(victims, timeout=self.args.grace if attempt == 0 else 2.0)
-            for proc in alive:
-                try:
-                    proc.kill()
-                except psutil.NoSuchProcess:
-                    pass
+        kill_tree(psutil.Process(), self.args.grace)
 
     def wait(self) -> int:
         code = self.child.wait()

@@ -10,8 +10,6 @@ import subprocess
 import sys
 import time
 
-import pytest
-
 from .conftest import BIN
 
 FAST = {"nodes": 1, "procs_per_node": 2, "epochs": 6, "min_accuracy": 0.8}

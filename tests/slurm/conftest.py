@@ -9,14 +9,14 @@ from __future__ import annotations
 import os
 import time
 
-import psutil
 import pytest
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(os.path.dirname(HERE))
 DDP_REPORT = os.path.join(HERE, "scripts", "ddp_report.py")
 
-from tests.slurm.cluster import SlurmCluster, missing_binaries
+from tests.slurm.cluster import SlurmCluster, missing_binaries  # noqa: E402
+from tests.support import alive, wait_for  # noqa: E402,F401 (re-exported to the tests here)
 
 
 @pytest.fixture(scope="session")
@@ -56,28 +56,6 @@ def queue(cluster) -> list[str]:
     """Job ids squeue still lists (any state, COMPLETING included)."""
     out = cluster.run(["squeue", "-h", "-o", "%i %T"]).stdout
     return [line.split()[0] for line in out.splitlines() if line.strip()]
-
-
-def alive(pids) -> list[int]:
-    """PIDs still running (zombies count as gone: they hold nothing and cannot run)."""
-    out = []
-    for pid in pids:
-        try:
-            if psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
-                out.append(pid)
-        except psutil.NoSuchProcess:
-            pass
-    return out
-
-
-def wait_for(predicate, timeout: float = 60.0, interval: float = 0.2, what: str = "condition"):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(interval)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
 
 
 def cpu_spec(command, nodes=2, procs_per_node=2, **kwargs):

@@ -21,6 +21,7 @@ import uuid
 from dataclasses import dataclass, field
 
 import pytest
+from tests.support import wait_for  # noqa: F401 (re-exported to the tests here)
 
 REGION = "us-east-1"
 
@@ -29,16 +30,6 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
-
-
-def wait_for(predicate, timeout: float = 30.0, interval: float = 0.02, what: str = "condition"):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(interval)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
 
 
 @pytest.fixture(scope="session")

@@ -25,7 +25,7 @@ def test_bad_credentials_give_a_clear_error(auth_server, tmp_path, monkeypatch, 
     monkeypatch.setenv("DTRAIN_S3_CLIENT", client)
     endpoint, key_id, secret = auth_server
     aws_env(monkeypatch, endpoint)  # "testing"/"testing": unknown to this server
-    with pytest.raises(StagingError, match="denied: check the credentials") as info:
+    with pytest.raises(StagingError, match="denied: check the credentials"):
         stage("s3://secured/ds/", str(tmp_path / "d"))
     assert not (tmp_path / "d" / "a.bin").exists()
     result = stage("s3://secured/ds/", str(tmp_path / "d"), storage_options={"key": key_id, "secret": secret})
