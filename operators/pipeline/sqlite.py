@@ -5,6 +5,7 @@ longer than sqlite3's 5-second default wait, and a CLI write (``airflow backfill
 then fails with "database is locked". Point Airflow at a longer wait:
 
     AIRFLOW__DATABASE__SQL_ALCHEMY_CONNECT_ARGS=operators.pipeline.sqlite.CONNECT_ARGS
+    AIRFLOW__DATABASE__SQL_ALCHEMY_CONNECT_ARGS_ASYNC=operators.pipeline.sqlite.CONNECT_ARGS
 """
 
 CONNECT_ARGS = {"timeout": 60}

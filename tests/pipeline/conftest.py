@@ -61,6 +61,7 @@ class Standalone:
                 "kwargs": {"path": os.path.join(REPO, "dags")}}]),
             AIRFLOW__CORE__PARALLELISM="4",
             AIRFLOW__DATABASE__SQL_ALCHEMY_CONNECT_ARGS="operators.pipeline.sqlite.CONNECT_ARGS",
+            AIRFLOW__DATABASE__SQL_ALCHEMY_CONNECT_ARGS_ASYNC="operators.pipeline.sqlite.CONNECT_ARGS",
         )
         self.url = f"http://127.0.0.1:{self.port}/api/v2"
         self.log_path = os.path.join(home, "standalone.log")
@@ -88,15 +89,22 @@ class Standalone:
             time.sleep(2)
         raise AssertionError(f"airflow standalone not ready in {timeout}s:\n" + open(self.log_path).read()[-3000:])
 
-    def request(self, method: str, path: str, body: dict | None = None) -> tuple[int, dict]:
+    def request(self, method: str, path: str, body: dict | None = None, attempts: int = 3) -> tuple[int, dict]:
+        """One API call. On 2 loaded cores the API server can stall behind SQLite's lock: a call that
+        times out is sent again (callers make POSTs idempotent with an explicit dag_run_id)."""
         data = None if body is None else json.dumps(body).encode()
-        req = urllib.request.Request(self.url + path, data=data, method=method,
-                                     headers={"Content-Type": "application/json"})
-        try:
-            with urllib.request.urlopen(req, timeout=30) as resp:
-                return resp.status, json.loads(resp.read() or b"{}")
-        except urllib.error.HTTPError as e:
-            return e.code, json.loads(e.read() or b"{}")
+        for attempt in range(attempts):
+            req = urllib.request.Request(self.url + path, data=data, method=method,
+                                         headers={"Content-Type": "application/json"})
+            try:
+                with urllib.request.urlopen(req, timeout=90) as resp:
+                    return resp.status, json.loads(resp.read() or b"{}")
+            except urllib.error.HTTPError as e:
+                return e.code, json.loads(e.read() or b"{}")
+            except TimeoutError:
+                if attempt == attempts - 1:
+                    raise
+        raise AssertionError("unreachable")
 
     def wait_run(self, dag_id: str, run_id: str, timeout: float = 600) -> dict:
         from urllib.parse import quote
