@@ -33,7 +33,9 @@ TRAINED_MODEL = Asset(name="dtrain_trained_model", uri="dtrain://retrain_pipelin
 
 VERSION = "{{ params.dataset_version }}"
 PART = "{{ partition(dag_run) }}"
-RUN_DIR = os.path.join(CFG.runs_root, VERSION, PART)
+# A retry of the run keeps clear_number and so resumes from its checkpoints; clearing the run
+# (a rerun, e.g. a backfill with --reprocess-behavior completed) trains afresh in a new directory.
+RUN_DIR = os.path.join(CFG.runs_root, VERSION, PART, "run-{{ dag_run.clear_number or 0 }}")
 
 PARAMS = {
     "nodes": Param(2, type="integer", minimum=1, maximum=64, title="Nodes",

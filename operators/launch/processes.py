@@ -53,7 +53,7 @@ class NodeProcess:
 class NodeSupervisor:
     """Starts ``argvs[i]`` for node i and watches them until all succeed or one fails."""
 
-    def __init__(self, sink: LineSink = print_sink, poll_interval: float = 0.1, grace_seconds: float = 5.0):
+    def __init__(self, sink: LineSink = print_sink, poll_interval: float = 0.02, grace_seconds: float = 5.0):
         self.sink = sink
         self.poll_interval = poll_interval
         self.grace_seconds = grace_seconds

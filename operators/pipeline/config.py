@@ -2,7 +2,8 @@
 
 Every path a run touches is keyed by dataset version and data-interval partition, so a
 retry resumes from its own checkpoint, backfills and concurrent runs never write into
-each other, and a rerun of one date leaves the others untouched.
+each other, and a rerun of one date leaves the others untouched. Checkpoints are further
+keyed by the run's clear number: a cleared (rerun) run trains afresh, a retry resumes.
 
 | variable | default | meaning |
 |---|---|---|
