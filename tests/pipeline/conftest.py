@@ -138,6 +138,10 @@ class Standalone:
     def stop(self) -> None:
         if self.proc is None:
             return
+        try:  # Airflow's processes rewrite their title and environ area: find them by ancestry too
+            tree = psutil.Process(self.proc.pid).children(recursive=True)
+        except psutil.NoSuchProcess:
+            tree = []
         try:
             os.killpg(self.proc.pid, signal.SIGTERM)
         except ProcessLookupError:
@@ -146,7 +150,13 @@ class Standalone:
             self.proc.wait(timeout=30)
         except subprocess.TimeoutExpired:
             pass
-        # Everything this instance started carries its AIRFLOW_HOME: make sure none outlives the test.
+        _, survivors = psutil.wait_procs(tree, timeout=10)
+        for proc in survivors:
+            try:
+                proc.kill()
+            except psutil.NoSuchProcess:
+                pass
+        # Whatever it started carries its AIRFLOW_HOME (where still readable): none may outlive the test.
         for proc in psutil.process_iter():
             try:
                 if proc.environ().get("AIRFLOW_HOME") == self.home:
