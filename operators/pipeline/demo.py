@@ -35,8 +35,11 @@ def _free_port() -> int:
 @contextlib.contextmanager
 def moto_s3() -> Iterator[str]:
     """moto's S3 server on a free loopback port; yields its endpoint URL."""
+    import logging
+
     from moto.server import ThreadedMotoServer
 
+    logging.getLogger("werkzeug").setLevel(logging.WARNING)  # no line per S3 request on the console
     port = _free_port()
     server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
     server.start()
