@@ -127,16 +127,11 @@ class DistributedTrainingOperator(BaseOperator):
 
     def remote_fields(self) -> dict[str, Any]:
         """Hosts and SSH settings: explicit arguments, else the Airflow SSH connection."""
+        from operators.launch.ssh_connection import resolve_hosts
+
         fields: dict[str, Any] = {"mpi_options": self.mpi_options or None, "parameter_servers": self.parameter_servers}
-        hosts, ssh = self.hosts or None, self.ssh
-        if self.ssh_conn_id and str(self.backend).strip().lower() == "ssh" and not (self.hostfile or hosts):
-            from airflow.sdk import BaseHook
-
-            from operators.launch.hostfile import from_airflow_connection
-
-            conn_hosts, conn_ssh = from_airflow_connection(BaseHook.get_connection(self.ssh_conn_id))
-            hosts, ssh = conn_hosts, {**conn_ssh, **(ssh or {})}
-        fields.update(hostfile=self.hostfile or None, hosts=hosts, ssh=ssh)
+        fields.update(resolve_hosts(backend=self.backend, ssh_conn_id=self.ssh_conn_id, hostfile=self.hostfile,
+                                    hosts=self.hosts, ssh=self.ssh))
         return {k: v for k, v in fields.items() if v is not None}
 
     def execute(self, context) -> dict[str, Any]:

@@ -43,18 +43,12 @@ class PreflightOperator(BaseOperator):
 
     def execute(self, context) -> dict[str, Any]:
         from operators.launch.spec import LaunchSpec
+        from operators.launch.ssh_connection import resolve_hosts
         from operators.preflight.checks import file_sha256
         from operators.preflight.runner import PreflightError, run_preflight
 
-        hosts, ssh = self.hosts, self.ssh
-        if self.ssh_conn_id and str(self.backend).strip().lower() == "ssh" and not (self.hostfile or hosts):
-            from airflow.sdk import BaseHook
-
-            from operators.launch.hostfile import from_airflow_connection
-
-            hosts, conn_ssh = from_airflow_connection(BaseHook.get_connection(self.ssh_conn_id))
-            ssh = {**conn_ssh, **(ssh or {})}
-        extra = {k: v for k, v in (("hosts", hosts), ("hostfile", self.hostfile), ("ssh", ssh)) if v}
+        extra = resolve_hosts(backend=self.backend, ssh_conn_id=self.ssh_conn_id, hostfile=self.hostfile,
+                              hosts=self.hosts, ssh=self.ssh)
         spec = LaunchSpec(command=[sys.executable, "-c", "pass"], nodes=self.nodes, procs_per_node=self.procs_per_node,
                           backend=self.backend, device=self.device, gpus_per_node=self.gpus_per_node, **extra)
         expected = self.manifest_sha256
