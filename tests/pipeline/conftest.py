@@ -89,20 +89,27 @@ class Standalone:
             time.sleep(2)
         raise AssertionError(f"airflow standalone not ready in {timeout}s:\n" + open(self.log_path).read()[-3000:])
 
-    def request(self, method: str, path: str, body: dict | None = None, attempts: int = 3) -> tuple[int, dict]:
-        """One API call. On 2 loaded cores the API server can stall behind SQLite's lock: a call that
-        times out is sent again (callers make POSTs idempotent with an explicit dag_run_id)."""
+    def request(self, method: str, path: str, body: dict | None = None, attempts: int = 5) -> tuple[int, dict]:
+        """One API call. On 2 loaded cores the API server can stall behind SQLite's lock, or fail a
+        read-to-write upgrade at once with "database is locked" (a 500 "Database error"; SQLite
+        refuses that upgrade without waiting). Either way the call is sent again: callers make
+        POSTs idempotent with an explicit dag_run_id, and a refused transaction left nothing."""
         data = None if body is None else json.dumps(body).encode()
         for attempt in range(attempts):
+            last = attempt == attempts - 1
             req = urllib.request.Request(self.url + path, data=data, method=method,
                                          headers={"Content-Type": "application/json"})
             try:
                 with urllib.request.urlopen(req, timeout=90) as resp:
                     return resp.status, json.loads(resp.read() or b"{}")
             except urllib.error.HTTPError as e:
-                return e.code, json.loads(e.read() or b"{}")
+                payload = json.loads(e.read() or b"{}")
+                if e.code == 500 and "Database error" in json.dumps(payload) and not last:
+                    time.sleep(2)
+                    continue
+                return e.code, payload
             except TimeoutError:
-                if attempt == attempts - 1:
+                if last:
                     raise
         raise AssertionError("unreachable")
 
