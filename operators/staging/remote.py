@@ -69,7 +69,7 @@ def stage_to_fsspec(source: str, destination: str, *, workers: int, part_size: i
                     pos = seg_start
                     while pos < seg_end:
                         stop = min(seg_end, pos + part_size)
-                        data = b"".join(fetch(job.obj, pos, stop))
+                        data = b"".join(bytes(block) for block in fetch(job.obj, pos, stop))  # blocks may share a buffer
                         if len(data) != stop - pos:
                             raise VerifyError(f"{job.obj.rel}: short download at {pos}")
                         out.write(data)

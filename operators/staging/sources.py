@@ -4,13 +4,18 @@ Both give the engine the same three things: ``list()`` (SourceObjects), ``fetche
 (a thread-safe ``fetch(obj, start, end) -> byte blocks``) and ``head_func()`` (a HEAD
 call for what verification needs to know about a multipart object; None if not S3).
 
-For ``s3://`` the native source is used whenever the storage options are ones it
+For ``s3://`` the lean source (:mod:`operators.staging.s3http`: SigV4 over ``http.client``,
+no botocore import at all) is used whenever the options and AWS environment are plain
+enough for it to behave exactly as botocore would (explicit or environment credentials,
+no profile or config file, an endpoint it can address). Otherwise the native source is
+used whenever the storage options are ones it
 reproduces exactly (credentials, endpoint, region via client_kwargs, botocore config,
 anon, profile, requester_pays; the same meaning as in s3fs). It lists with botocore and
 reads with :mod:`operators.staging.s3read`, and so never imports s3fs, aiobotocore and
 aiohttp: on the 2-core test machine those imports and the second client cost about a
 quarter of a second of CPU per stage. Any other option (or ``DTRAIN_S3_CLIENT=s3fs``)
-takes the s3fs path, which behaves the same.
+takes the s3fs path, which behaves the same; ``DTRAIN_S3_CLIENT=botocore`` skips the
+lean source.
 """
 
 from __future__ import annotations
@@ -34,9 +39,16 @@ NATIVE_S3_OPTIONS = frozenset({
 def open_source(source: str, storage_options: Mapping[str, Any] | None, workers: int):
     options = dict(storage_options or {})
     protocol = source.split("://", 1)[0] if "://" in source else "file"
-    if (protocol in ("s3", "s3a") and set(options) <= NATIVE_S3_OPTIONS
-            and os.environ.get("DTRAIN_S3_CLIENT", "") != "s3fs"):
-        return NativeS3Source(source.split("://", 1)[1], options, workers)
+    forced = os.environ.get("DTRAIN_S3_CLIENT", "")
+    if protocol in ("s3", "s3a") and forced != "s3fs" and set(options) <= NATIVE_S3_OPTIONS:
+        root = source.split("://", 1)[1]
+        if forced != "botocore":
+            from operators.staging.s3http import bucket_supported, lean_settings
+
+            settings = lean_settings(options)
+            if settings is not None and bucket_supported(settings, root.partition("/")[0]):
+                return LeanS3Source(root, settings)
+        return NativeS3Source(root, options, workers)
     return FsspecSource(source, options, workers)
 
 
@@ -129,14 +141,7 @@ class NativeS3Source:
                     if _status(e) not in (403, 404):
                         raise
         except ClientError as e:
-            code, status = _code(e), _status(e)
-            if code == "NoSuchBucket" or status == 404:
-                raise StagingError(f"source {self.root!r} does not exist (missing bucket or prefix): {code}") from e
-            if status in (401, 403) or code in ("AccessDenied", "InvalidAccessKeyId", "SignatureDoesNotMatch",
-                                                "ExpiredToken", "InvalidToken"):
-                raise StagingError(f"access to source {self.root!r} denied: check the credentials and their "
-                                   f"permissions ({code})") from e
-            raise StagingError(f"cannot list source {self.root!r}: {code or status}: {e}") from e
+            raise listing_error(self.root, _code(e), _status(e), e) from e
         except BotoCoreError as e:  # no credentials, endpoint unreachable, ...
             raise StagingError(f"cannot list source {self.root!r}: {type(e).__name__}: {e}") from e
         return build_objects(self.root, found)
@@ -148,6 +153,53 @@ class NativeS3Source:
 
     def head_func(self) -> Callable[..., dict]:
         return lambda **kw: self.client.head_object(**kw, **self.extra)
+
+
+def listing_error(root: str, code: str, status: int, e: BaseException) -> StagingError:
+    """The error a failed listing of ``root`` raises, whichever client listed it."""
+    if code == "NoSuchBucket" or status == 404:
+        return StagingError(f"source {root!r} does not exist (missing bucket or prefix): {code}")
+    if status in (401, 403) or code in ("AccessDenied", "InvalidAccessKeyId", "SignatureDoesNotMatch",
+                                        "ExpiredToken", "InvalidToken"):
+        return StagingError(f"access to source {root!r} denied: check the credentials and their permissions ({code})")
+    return StagingError(f"cannot list source {root!r}: {code or status}: {e}")
+
+
+class LeanS3Source:
+    """S3 listed and read by :class:`operators.staging.s3http.S3Http` (no botocore)."""
+
+    def __init__(self, root: str, settings: Any):
+        from operators.staging.s3http import S3Http
+
+        self.root = root.rstrip("/")
+        self.bucket, _, self.prefix = self.root.partition("/")
+        self.client = S3Http(settings, self.bucket)
+
+    def list(self) -> list[SourceObject]:
+        import http.client
+
+        from operators.staging.s3http import S3ResponseError
+
+        try:
+            found = self.client.list(self.prefix + "/" if self.prefix else "")
+            if not found and self.prefix:  # maybe the source names one object
+                try:
+                    head = self.client.head(Key=self.prefix)
+                    found[self.root] = {"ETag": head["ETag"], "size": head["ContentLength"]}
+                except S3ResponseError as e:
+                    if e.status not in (403, 404):
+                        raise
+        except S3ResponseError as e:
+            raise listing_error(self.root, e.code, e.status, e) from e
+        except (OSError, http.client.HTTPException) as e:
+            raise StagingError(f"cannot list source {self.root!r}: {type(e).__name__}: {e}") from e
+        return build_objects(self.root, found)
+
+    def fetcher(self) -> Callable[[SourceObject, int, int], Iterator[bytes]]:
+        return self.client.fetch
+
+    def head_func(self) -> Callable[..., dict]:
+        return self.client.head
 
 
 def _code(e: Any) -> str:

@@ -130,6 +130,11 @@ class Faults:
         return False
 
 
+# Query parameters of a presigned URL (SigV2 and SigV4): still a plain object GET.
+PRESIGN_PARAMS = {"AWSAccessKeyId", "Signature", "Expires", "X-Amz-Algorithm", "X-Amz-Credential", "X-Amz-Date",
+                  "X-Amz-Expires", "X-Amz-SignedHeaders", "X-Amz-Signature", "X-Amz-Security-Token"}
+
+
 class _Proxy(http.server.ThreadingHTTPServer):
     daemon_threads = True
 
@@ -157,7 +162,7 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         upstream.close()
         path = self.path.split("?", 1)[0]
         query = self.path.split("?", 1)[1] if "?" in self.path else ""
-        params = {p.split("=", 1)[0] for p in query.split("&") if p}
+        params = {p.split("=", 1)[0] for p in query.split("&") if p} - PRESIGN_PARAMS
         is_object_get = (self.command == "GET" and response.status in (200, 206) and len(path.strip("/").split("/")) >= 2
                          and params <= {"x-id", "versionId", "partNumber"})
         truncate = False

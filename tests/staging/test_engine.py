@@ -31,10 +31,12 @@ def temps(root: str) -> list[str]:
     return [os.path.join(d, n) for d, _s, files in os.walk(root) for n in files if n.startswith(M.TMP_PREFIX)]
 
 
-@pytest.fixture(params=["native", "s3fs"])
+@pytest.fixture(params=["lean", "botocore", "s3fs"])
 def s3_client(request, monkeypatch):
-    """Both S3 source paths: botocore-native listing (default) and s3fs (other storage options)."""
-    monkeypatch.setenv("DTRAIN_S3_CLIENT", request.param)
+    """Every S3 source path: the lean client (default with plain credentials), botocore (profiles,
+    instance roles, ...) and s3fs (other storage options)."""
+    if request.param != "lean":
+        monkeypatch.setenv("DTRAIN_S3_CLIENT", request.param)
     return request.param
 
 
@@ -144,10 +146,13 @@ def test_symlinked_directory_in_destination_is_not_followed_outside(s3, tmp_path
     assert list(outside.iterdir()) == []
 
 
-@pytest.fixture(params=["presigned", "botocore"])
+@pytest.fixture(params=["lean", "presigned", "botocore"])
 def reader(request, monkeypatch):
-    """Both S3 readers: presigned URLs over http.client (default) and botocore get_object."""
-    monkeypatch.setenv("DTRAIN_S3_READER", request.param)
+    """Every S3 reader: the lean client's signed GETs (default), and on the botocore path,
+    presigned URLs over http.client and botocore's get_object."""
+    if request.param != "lean":
+        monkeypatch.setenv("DTRAIN_S3_CLIENT", "botocore")
+        monkeypatch.setenv("DTRAIN_S3_READER", request.param)
     return request.param
 
 
@@ -302,7 +307,7 @@ def test_progress_and_summary_are_logged_without_credentials(s3, tmp_path, caplo
     assert "SUPERSECRET123" not in text and "AKIDSECRETVALUE" not in text
 
 
-def test_object_changed_mid_stage_is_never_mixed_into_one_file(s3, tmp_path, reader, s3_client):
+def test_object_changed_mid_stage_is_never_mixed_into_one_file(s3, tmp_path, reader):
     """Every range carries If-Match: the listing's ETag; a newer version fails the read instead
     of mixing two versions into one file."""
     from operators.staging.sources import open_source
@@ -313,5 +318,5 @@ def test_object_changed_mid_stage_is_never_mixed_into_one_file(s3, tmp_path, rea
     s3.put("p/x.bin", b"2" * 3_000_000)  # same size, new ETag
     fetch = src.fetcher()
     with pytest.raises(Exception) as info:
-        b"".join(fetch(obj, 0, 1_000_000))
+        b"".join(bytes(block) for block in fetch(obj, 0, 1_000_000))
     assert "changed during the stage" in str(info.value)
