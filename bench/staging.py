@@ -3,8 +3,9 @@
 Data: 4 x 64 MiB objects (uploaded multipart, 8 MiB parts, as the AWS CLI does) and
 300 x 256 KiB objects, served by moto's S3 server on loopback. The three tools run
 alternately (order rotated each round) into fresh directories; the median of the
-rounds is reported. dtrain runs with its defaults (each file fsynced before its rename)
-and once more with --no-fsync, since s5cmd and the AWS CLI do not fsync. Every tool's output is checked for completeness, so no tool wins
+rounds is reported. dtrain runs with its defaults (every file verified and made durable
+before its rename) and once more with --no-fsync, since s5cmd and the AWS CLI do not
+fsync. Credentials come from the environment, so dtrain uses its lean S3 client. Every tool's output is checked for completeness, so no tool wins
 by copying less. Then 2,000 small objects are staged once and re-staged unchanged
 (median of 3): that re-stage time is the incremental cost.
 
