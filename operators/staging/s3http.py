@@ -171,13 +171,23 @@ class S3Http:
                 self._tls.verify_mode = ssl.CERT_NONE
 
     def _use_region(self, region: str) -> None:
-        self.region = region
+        """Route requests to ``region``: one tuple swapped at once, so a thread never signs for
+        one region and sends to another's host."""
         creds = self.settings.credentials
-        self.signer = Signer(creds, region) if creds else None
+        signer = Signer(creds, region) if creds else None
         if self.settings.endpoint is not None:
-            self.host, self.prefix = self.settings.endpoint, f"{self.settings.base_path}/{self.bucket}"
+            host, prefix = self.settings.endpoint, f"{self.settings.base_path}/{self.bucket}"
         else:
-            self.host, self.prefix = f"{self.bucket}.s3.{region}.amazonaws.com", ""
+            host, prefix = f"{self.bucket}.s3.{region}.amazonaws.com", ""
+        self._route = (region, host, prefix, signer)
+
+    @property
+    def region(self) -> str:
+        return self._route[0]
+
+    @property
+    def host(self) -> str:
+        return self._route[1]
 
     # --- transport -------------------------------------------------------------------------
 
@@ -205,8 +215,8 @@ class S3Http:
         "this bucket is in another region" answer once. Raises OSError/HTTPException on transport
         failure (the connection is dropped, so a retry reconnects)."""
         for _ in range(2):
-            host, region = self.host, self.region
-            path = self.prefix + ("/" + key if key is not None else ("" if self.prefix else "/"))
+            region, host, prefix, signer = self._route
+            path = prefix + ("/" + key if key is not None else ("" if prefix else "/"))
             amz = {}
             if self.settings.requester_pays:
                 amz["x-amz-request-payer"] = "requester"
@@ -214,7 +224,7 @@ class S3Http:
                 if name.lower().startswith("x-amz-"):
                     amz[name.lower()] = value
             plain = {k: v for k, v in (headers or {}).items() if not k.lower().startswith("x-amz-")}
-            signed = self.signer.sign(method, host, path, query, amz) if self.signer else {"host": host, **amz}
+            signed = signer.sign(method, host, path, query, amz) if signer else {"host": host, **amz}
             target = quote_path(path) + ("?" + canonical_query(query) if query else "")
             conn = self._connection(host)
             try:
@@ -227,7 +237,7 @@ class S3Http:
             if (response.status in (301, 400) and moved and moved != region and self.settings.endpoint is None):
                 self.finish(response, host, drain=True)
                 with self._lock:
-                    if self.region == region:
+                    if self._route[0] == region:  # not already moved by another thread
                         self._use_region(moved)
                 continue
             response.dtrain_host = host  # which connection to drop if the body fails
