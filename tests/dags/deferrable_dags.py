@@ -29,7 +29,8 @@ class RecordingTrainingOperator(DistributedTrainingOperator):
 
 
 with DAG(dag_id="slurm_deferrable_test", schedule=None, catchup=False,
-         params={"out_dir": Param("/nonexistent", type="string"), "fail_rank": Param(-1, type=["integer", "string"])}) as dag:
+         params={"out_dir": Param("/nonexistent", type="string"), "fail_rank": Param(-1, type=["integer", "string"]),
+                 "sleep": Param(0, type=["number", "string"])}) as dag:
     RecordingTrainingOperator(
         task_id="train",
         backend="slurm",
@@ -37,7 +38,8 @@ with DAG(dag_id="slurm_deferrable_test", schedule=None, catchup=False,
         nodes=2,
         procs_per_node=1,
         device="cpu",
-        command=[DDP_REPORT, "{{ params.out_dir }}/rep", "--steps", "10", "--fail-rank", "{{ params.fail_rank }}"],
+        command=[DDP_REPORT, "{{ params.out_dir }}/rep", "--steps", "10", "--fail-rank", "{{ params.fail_rank }}",
+                 "--sleep", "{{ params.sleep }}"],
         env={"GLOO_SOCKET_IFNAME": "lo"},
         workdir=REPO,
         slurm_options={"poll_interval": 0.5},
