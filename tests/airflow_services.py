@@ -21,6 +21,8 @@ from urllib.parse import quote
 
 import psutil
 
+from tests.support import kill_survivors
+
 BIN = os.path.dirname(sys.executable)
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -190,12 +192,7 @@ class AirflowServices:
                 proc.wait(timeout=30)
             except subprocess.TimeoutExpired:
                 pass
-        _, survivors = psutil.wait_procs(tree, timeout=10)
-        for proc in survivors:
-            try:
-                proc.kill()
-            except psutil.NoSuchProcess:
-                pass
+        kill_survivors(tree, timeout=10)
         # Whatever it started carries its AIRFLOW_HOME (where still readable).
         for proc in psutil.process_iter():
             try:

@@ -18,6 +18,16 @@ def wait_for(predicate, timeout: float = 60.0, interval: float = 0.1, what: str 
     raise AssertionError(f"timed out after {timeout}s waiting for {what}")
 
 
+def kill_survivors(procs, timeout: float) -> None:
+    """SIGKILL whichever of ``procs`` (psutil.Process) still run after ``timeout`` seconds."""
+    _, survivors = psutil.wait_procs(procs, timeout=timeout)
+    for proc in survivors:
+        try:
+            proc.kill()
+        except psutil.NoSuchProcess:
+            pass
+
+
 def alive(pids) -> list[int]:
     """PIDs still running (zombies count as gone: they hold nothing and cannot run)."""
     out = []

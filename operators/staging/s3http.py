@@ -30,7 +30,7 @@ import xml.etree.ElementTree as ET
 from dataclasses import dataclass, replace
 from typing import Any, Iterator, Mapping
 
-from operators.staging.s3read import raise_for_status
+from operators.staging.s3read import raise_for_status, read_blocks
 from operators.staging.sigv4 import Credentials, Signer, canonical_query, quote_path
 
 # Bytes read per block. 1 MiB stays in the CPU cache between the socket read, the hash and the
@@ -345,12 +345,7 @@ class S3Http:
                 raise OSError(f"GET {obj.path}: {error}")  # throttling, 5xx: the copier retries
             if response.status == 200 and not whole:
                 raise OSError(f"GET {obj.path}: the store ignored the byte range")
-            view = self._buffer()
-            while True:
-                n = response.readinto(view)
-                if not n:
-                    break
-                yield view[:n]
+            yield from read_blocks(response, self._buffer())
             done = True
         finally:
             if done:

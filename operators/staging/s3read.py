@@ -245,16 +245,21 @@ class _PresignedReader:
                 raise _Rejected(f"HTTP {response.status} {code}")
             if response.status == 200 and (start, end) != (0, obj.size):
                 raise OSError(f"GET {obj.path}: the store ignored the byte range")
-            view = self.buffer()
-            while True:
-                n = response.readinto(view)
-                if not n:
-                    break
-                yield view[:n]
+            yield from read_blocks(response, self.buffer())
             done = True
         finally:
             if not done or response.will_close:
                 conn.close()
+
+
+def read_blocks(response: http.client.HTTPResponse, view: memoryview) -> Iterator[memoryview]:
+    """The body of ``response`` read into ``view`` block after block; each block is valid until
+    the next is asked for (the buffer is reused: no allocation per block)."""
+    while True:
+        n = response.readinto(view)
+        if not n:
+            return
+        yield view[:n]
 
 
 def _error_code(body: bytes) -> str:

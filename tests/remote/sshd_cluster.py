@@ -21,6 +21,8 @@ from dataclasses import dataclass, field
 
 import psutil
 
+from tests.support import kill_survivors
+
 SSHD = shutil.which("sshd") or "/usr/sbin/sshd"
 SSH_KEYGEN = shutil.which("ssh-keygen") or "/usr/bin/ssh-keygen"
 PRIVSEP_DIR = "/run/sshd"  # Debian's sshd refuses to start without it
@@ -115,12 +117,7 @@ class SSHCluster:
                 proc.terminate()
             except psutil.NoSuchProcess:
                 pass
-        _, alive = psutil.wait_procs(victims, timeout=3)
-        for proc in alive:
-            try:
-                proc.kill()
-            except psutil.NoSuchProcess:
-                pass
+        kill_survivors(victims, timeout=3)
         for host in self.hosts:
             if host.proc is not None:
                 try:

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import http.client
 import http.server
-import json
 import os
 import subprocess
 import sys
