@@ -234,7 +234,8 @@ class S3Http:
                 self._drop(host)
                 raise
             moved = response.getheader("x-amz-bucket-region")
-            if (response.status in (301, 400) and moved and moved != region and self.settings.endpoint is None):
+            if (response.status in (301, 400) and moved and moved != region and self.settings.endpoint is None
+                    and _AWS_REGION.match(moved)):  # the header names a host: only a well-formed region
                 self.finish(response, host, drain=True)
                 with self._lock:
                     if self._route[0] == region:  # not already moved by another thread
