@@ -5,7 +5,9 @@ Data: 4 x 64 MiB objects (uploaded multipart, 8 MiB parts, as the AWS CLI does) 
 alternately (order rotated each round) into fresh directories; the median of the
 rounds is reported. dtrain runs with its defaults (every file verified and made durable
 before its rename) and once more with --no-fsync, since s5cmd and the AWS CLI do not
-fsync. Credentials come from the environment, so dtrain uses its lean S3 client. Every tool's output is checked for completeness, so no tool wins
+fsync. Credentials come from the environment, so dtrain uses its lean S3 client; it runs
+once more through botocore (DTRAIN_S3_CLIENT=botocore), the path a profile or an instance
+role takes. Every tool's output is checked for completeness, so no tool wins
 by copying less. Then 2,000 small objects are staged once and re-staged unchanged
 (median of 3): that re-stage time is the incremental cost.
 
@@ -106,6 +108,8 @@ def main() -> int:
                                 + (["--workers", str(args.workers)] if args.workers else []),
             "dtrain-nofsync": lambda d: [f"{BIN}/dtrain", "stage", "s3://bench/data/", d, "--progress-interval", "0",
                                          "--no-fsync"] + (["--workers", str(args.workers)] if args.workers else []),
+            "dtrain-botocore": lambda d: [f"{BIN}/dtrain", "stage", "s3://bench/data/", d, "--progress-interval", "0"]
+                                          + (["--workers", str(args.workers)] if args.workers else []),
             "s5cmd": lambda d: [f"{BIN}/s5cmd", "--endpoint-url", endpoint, "cp", "s3://bench/data/*", d + "/"],
             "aws": lambda d: [f"{BIN}/aws", "--endpoint-url", endpoint, "s3", "cp", "--recursive", "--quiet",
                               "s3://bench/data/", d],
@@ -116,7 +120,8 @@ def main() -> int:
             order = names[r % len(names):] + names[:r % len(names)]
             for name in order:
                 dest = os.path.join(work, f"{name}-{r}")
-                times[name].append(timed(tools[name](dest), env))
+                tool_env = {**env, "DTRAIN_S3_CLIENT": "botocore"} if name == "dtrain-botocore" else env
+                times[name].append(timed(tools[name](dest), tool_env))
                 got = tree_size(dest)
                 if got != (count, total):
                     raise SystemExit(f"{name} copied {got}, expected {(count, total)}")
@@ -141,7 +146,9 @@ def main() -> int:
           f"loopback, median of {args.rounds}: dtrain {med['dtrain']:.2f} s, s5cmd {med['s5cmd']:.2f} s, "
           f"aws s3 cp {med['aws']:.2f} s; dtrain/s5cmd {med['dtrain'] / med['s5cmd']:.2f}, "
           f"dtrain/aws {med['dtrain'] / med['aws']:.2f} (dtrain --no-fsync {med['dtrain-nofsync']:.2f} s, "
-          f"/s5cmd {med['dtrain-nofsync'] / med['s5cmd']:.2f}; s5cmd and aws do not fsync); "
+          f"/s5cmd {med['dtrain-nofsync'] / med['s5cmd']:.2f}; s5cmd and aws do not fsync; dtrain through "
+          f"botocore, as with a profile or instance role, {med['dtrain-botocore']:.2f} s, "
+          f"/s5cmd {med['dtrain-botocore'] / med['s5cmd']:.2f}); "
           f"re-stage {args.unchanged} unchanged objects: "
           f"{again:.2f} s (first stage {first:.2f} s)", flush=True)
     return 0
