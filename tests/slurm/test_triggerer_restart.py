@@ -17,7 +17,7 @@ from tests.airflow_services import AirflowServices, bundle
 from .conftest import REPO, queue, wait_for
 
 DAG = "slurm_deferrable_test"
-JOB_SECONDS = 60  # long enough for the crash, the takeover and a few polls by the new triggerer
+JOB_SECONDS = 75  # long enough for the crash, the takeover and a few polls by the new triggerer
 
 
 def triggerer_of(ti: dict) -> int | None:
