@@ -17,12 +17,12 @@ defaults. Every error names the source, the line number and the offending value.
 
 from __future__ import annotations
 
-import json
 import os
 import re
 from dataclasses import dataclass
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any, Iterable, Sequence
 
+from operators.args import mapping_arg
 from operators.errors import SpecError
 
 _USER = r"[A-Za-z_][A-Za-z0-9._-]{0,63}"
@@ -147,15 +147,8 @@ class SSHSettings:
     def from_mapping(cls, value: Any) -> "SSHSettings":
         if isinstance(value, SSHSettings):
             return value
-        if value is None:
-            value = {}
-        if isinstance(value, str):
-            try:
-                value = json.loads(value) if value.strip() else {}
-            except json.JSONDecodeError as e:
-                raise SpecError("ssh", value, "a mapping (or JSON object) of SSH settings") from e
-        if not isinstance(value, Mapping):
-            raise SpecError("ssh", value, f"a mapping with keys among {', '.join(cls.FIELDS)}")
+        value = mapping_arg("ssh", value, not_json="a mapping (or JSON object) of SSH settings",
+                            not_mapping=f"a mapping with keys among {', '.join(cls.FIELDS)}")
         unknown = sorted(set(value) - set(cls.FIELDS))
         if unknown:
             raise SpecError("ssh", unknown[0], f"one of {', '.join(cls.FIELDS)}")

@@ -15,6 +15,7 @@ import shutil
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
 
+from operators.args import mapping_arg
 from operators.errors import SpecError
 from operators.launch.deepspeed_config import resolve_deepspeed_config
 
@@ -81,15 +82,8 @@ def coerce_argv(name: str, value: Any) -> list[str]:
 
 
 def coerce_env(name: str, value: Any) -> dict[str, str]:
-    if value is None:
-        return {}
-    if isinstance(value, str):
-        try:
-            value = json.loads(value) if value.strip() else {}
-        except json.JSONDecodeError as e:
-            raise SpecError(name, value, "a mapping of strings (or a JSON object string) is required") from e
-    if not isinstance(value, Mapping):
-        raise SpecError(name, value, "a mapping of variable name to string is required")
+    value = mapping_arg(name, value, not_json="a mapping of strings (or a JSON object string) is required",
+                        not_mapping="a mapping of variable name to string is required")
     env = {}
     for key, item in value.items():
         if not isinstance(key, str) or not key or "=" in key or "\0" in key:

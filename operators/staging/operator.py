@@ -8,7 +8,6 @@ options only: never argv, never the log, never XCom.
 
 from __future__ import annotations
 
-import json
 import os
 import threading
 from typing import Any, Sequence
@@ -84,17 +83,10 @@ class StageToSharedFSOperator(BaseOperator):
 
     def storage_options_for_source(self) -> dict[str, Any]:
         """fsspec options: the user's (non-secret) ones plus the connection's credentials."""
-        from operators.errors import SpecError
+        from operators.args import mapping_arg
 
-        options = self.storage_options or {}
-        if isinstance(options, str):  # a rendered template arrives as text
-            try:
-                options = json.loads(options) if options.strip() else {}
-            except ValueError as e:
-                raise SpecError("storage_options", "<not shown>", "a JSON object") from e
-        if not isinstance(options, dict):
-            raise SpecError("storage_options", type(options).__name__, "a mapping of fsspec options")
-        options = dict(options)
+        options = dict(mapping_arg("storage_options", self.storage_options or {}, not_json="a JSON object",
+                                   not_mapping="a mapping of fsspec options", secret=True))
         if self.aws_conn_id and str(self.source).startswith(("s3://", "s3a://")):
             conn_options = aws_storage_options(self.aws_conn_id, self.log)
             client_kwargs = {**(options.get("client_kwargs") or {}), **conn_options.pop("client_kwargs", {})}

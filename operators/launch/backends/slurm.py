@@ -21,7 +21,6 @@ Stdlib only and no Airflow: the async trigger and the CLI import it cheaply.
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import shlex
@@ -32,6 +31,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
 
+from operators.args import mapping_arg
 from operators.errors import DTrainError, LaunchError, SpecError
 from operators.launch.backends.base import Backend, BackendOutcome
 from operators.launch.job import Job
@@ -139,13 +139,8 @@ def coerce_options(options: "SlurmOptions | Mapping[str, Any] | str | None" = No
         return SlurmOptions()
     if isinstance(options, SlurmOptions):
         return options
-    if isinstance(options, str):
-        try:
-            options = json.loads(options) if options.strip() else {}
-        except json.JSONDecodeError as e:
-            raise SpecError("slurm_options", options, "a mapping (or a JSON object string)") from e
-    if not isinstance(options, Mapping):
-        raise SpecError("slurm_options", options, "a mapping of SlurmOptions fields")
+    options = mapping_arg("slurm_options", options, not_json="a mapping (or a JSON object string)",
+                          not_mapping="a mapping of SlurmOptions fields")
     allowed = set(SlurmOptions.__dataclass_fields__)
     unknown = sorted(set(options) - allowed)
     if unknown:
