@@ -11,23 +11,14 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
-import time
+
+from timing import timed  # bench/ is on sys.path when a benchmark runs as a script
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 BIN = os.path.dirname(sys.executable)
 JOB = os.path.join(HERE, "scripts", "allreduce.py")
-
-
-def timed(argv: list[str], env: dict[str, str]) -> float:
-    started = time.perf_counter()
-    proc = subprocess.run(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    elapsed = time.perf_counter() - started
-    if proc.returncode != 0:
-        raise SystemExit(f"{argv[0]} failed ({proc.returncode}):\n{proc.stderr[-2000:]}")
-    return elapsed
 
 
 def main() -> None:

@@ -22,11 +22,11 @@ import os
 import shutil
 import socket
 import statistics
-import subprocess
 import sys
 import tempfile
-import time
 from concurrent.futures import ThreadPoolExecutor
+
+from timing import timed  # bench/ is on sys.path when a benchmark runs as a script
 
 BIN = os.path.dirname(os.path.abspath(sys.executable))
 MiB = 1024 * 1024
@@ -65,15 +65,6 @@ def tree_size(path: str) -> tuple[int, int]:
             count += 1
             size += os.path.getsize(os.path.join(root, name))
     return count, size
-
-
-def timed(argv: list[str], env: dict) -> float:
-    start = time.perf_counter()
-    proc = subprocess.run(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    elapsed = time.perf_counter() - start
-    if proc.returncode != 0:
-        raise SystemExit(f"{argv[0]} failed ({proc.returncode}): {proc.stderr[-2000:]}")
-    return elapsed
 
 
 def main() -> int:
