@@ -109,12 +109,17 @@ def test_failing_rank_tears_down_every_host_and_propagates_its_exit_code(ssh_clu
     assert still_alive(job_processes(result.job_id)) == []
 
 
-def test_sigterm_to_dtrain_launch_leaves_no_process_on_any_host(ssh_cluster, tmp_path):
-    run_dir = tmp_path / "run"
-    argv = [DTRAIN, "launch", "--backend", "ssh", "--hostfile", ssh_cluster.hostfile(2), "--nodes", "2",
+def hanging_launch_argv(ssh_cluster, run_dir, steps: int) -> list[str]:
+    """`dtrain launch` of a 2-host x 2-process job whose ranks train ``steps`` steps, then hang."""
+    return [DTRAIN, "launch", "--backend", "ssh", "--hostfile", ssh_cluster.hostfile(2), "--nodes", "2",
             "--procs-per-node", "2", "--device", "cpu", "--run-dir", str(run_dir),
             "--ssh-key", ssh_cluster.key_file, "--ssh-known-hosts", ssh_cluster.known_hosts,
-            "--ssh-strict-host-key-checking", "yes", "--", *train_command("--steps", "2", "--hang")]
+            "--ssh-strict-host-key-checking", "yes", "--", *train_command("--steps", str(steps), "--hang")]
+
+
+def test_sigterm_to_dtrain_launch_leaves_no_process_on_any_host(ssh_cluster, tmp_path):
+    run_dir = tmp_path / "run"
+    argv = hanging_launch_argv(ssh_cluster, run_dir, steps=2)
     log = open(tmp_path / "launch.log", "wb")
     cli = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     log.close()
@@ -168,10 +173,7 @@ def test_tensorflow_ranks_get_their_tf_config_over_ssh(ssh_cluster, tmp_path):
 def test_sigkill_of_the_launcher_still_leaves_no_process(ssh_cluster, tmp_path):
     """No handler runs on SIGKILL: the stdin lifeline closes, every remote agent stops its tree."""
     run_dir = tmp_path / "run"
-    argv = [DTRAIN, "launch", "--backend", "ssh", "--hostfile", ssh_cluster.hostfile(2), "--nodes", "2",
-            "--procs-per-node", "2", "--device", "cpu", "--run-dir", str(run_dir),
-            "--ssh-key", ssh_cluster.key_file, "--ssh-known-hosts", ssh_cluster.known_hosts,
-            "--ssh-strict-host-key-checking", "yes", "--", *train_command("--steps", "1", "--hang")]
+    argv = hanging_launch_argv(ssh_cluster, run_dir, steps=1)
     cli = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     try:
         assert wait_for(lambda: len(reports(str(run_dir))) == 4, timeout=150)
