@@ -7,15 +7,24 @@ import time
 import psutil
 
 
-def wait_for(predicate, timeout: float = 60.0, interval: float = 0.1, what: str = "condition"):
-    """Poll ``predicate`` until it returns something truthy (returned), or fail after ``timeout``."""
+def poll_until(predicate, timeout: float, interval: float = 0.1):
+    """Poll ``predicate`` until it returns something truthy, for at most ``timeout`` seconds;
+    returns its last value either way (for ``assert poll_until(...), details``)."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         value = predicate()
         if value:
             return value
         time.sleep(interval)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+    return predicate()
+
+
+def wait_for(predicate, timeout: float = 60.0, interval: float = 0.1, what: str = "condition"):
+    """Poll ``predicate`` until it returns something truthy (returned), or fail after ``timeout``."""
+    value = poll_until(predicate, timeout, interval)
+    if not value:
+        raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+    return value
 
 
 def kill_survivors(procs, timeout: float) -> None:

@@ -11,12 +11,12 @@ from __future__ import annotations
 import os
 import shutil
 import sys
-import time
 
 import psutil
 import pytest
 
 from tests.remote.sshd_cluster import SSHCluster, start_cluster
+from tests.support import poll_until
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 TRAIN = os.path.join(HERE, "ddp_train.py")
@@ -66,13 +66,9 @@ def still_alive(procs: list[psutil.Process]) -> list[str]:
 
 
 def wait_for(predicate, timeout: float, interval: float = 0.2):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(interval)
-    return predicate()
+    """Like tests.support.wait_for, but returns the last value instead of failing, so callers
+    assert with their own details (the launch log)."""
+    return poll_until(predicate, timeout, interval)
 
 
 def reports(run_dir: str) -> dict[int, dict]:
