@@ -12,8 +12,8 @@ import sys
 
 import pytest
 
-from operators.staging.engine import stage
-from operators.staging.errors import StagingError
+from dtrain.staging.engine import stage
+from dtrain.staging.errors import StagingError
 
 from .conftest import REGION, aws_env
 

@@ -7,7 +7,7 @@ import os
 import subprocess
 import sys
 
-from operators.staging import manifest as M
+from dtrain.staging import manifest as M
 
 DTRAIN = os.path.join(os.path.dirname(sys.executable), "dtrain")
 

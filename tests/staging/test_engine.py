@@ -8,10 +8,10 @@ import os
 
 import pytest
 
-from operators.errors import SpecError
-from operators.staging import manifest as M
-from operators.staging.engine import stage
-from operators.staging.errors import StagingError, UnsafeKeyError
+from dtrain.errors import SpecError
+from dtrain.staging import manifest as M
+from dtrain.staging.engine import stage
+from dtrain.staging.errors import StagingError, UnsafeKeyError
 
 
 def tree(root: str) -> dict[str, bytes]:
@@ -283,7 +283,7 @@ def test_local_and_memory_sources(tmp_path):
 
 
 def test_second_stage_into_the_same_destination_is_refused_while_one_runs(s3, tmp_path):
-    from operators.staging.engine import DestinationLock
+    from dtrain.staging.posixdest import DestinationLock
 
     s3.put("p/x", b"x")
     dest = tmp_path / "dest"
@@ -310,7 +310,7 @@ def test_progress_and_summary_are_logged_without_credentials(s3, tmp_path, caplo
 def test_object_changed_mid_stage_is_never_mixed_into_one_file(s3, tmp_path, reader):
     """Every range carries If-Match: the listing's ETag; a newer version fails the read instead
     of mixing two versions into one file."""
-    from operators.staging.sources import open_source
+    from dtrain.staging.sources import open_source
 
     s3.put("p/x.bin", b"1" * 3_000_000)
     src = open_source(s3.url("p/"), None, 2)

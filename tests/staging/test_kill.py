@@ -12,7 +12,7 @@ import sys
 import threading
 import time
 
-from operators.staging import manifest as M
+from dtrain.staging import manifest as M
 
 from .conftest import wait_for
 

@@ -12,7 +12,7 @@ from datetime import datetime, timezone
 
 import pytest
 
-from operators.staging import manifest as M
+from dtrain.staging import manifest as M
 
 from .conftest import wait_for
 
@@ -21,7 +21,7 @@ AWS_VARS = ("AWS_ENDPOINT_URL", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "A
 
 STAGE_DAG = """
 from airflow.sdk import DAG, Param
-from operators.staging.operator import StageToSharedFSOperator
+from dtrain.staging.operator import StageToSharedFSOperator
 
 with DAG(dag_id="stage_operator_test", schedule=None, catchup=False,
          params={"prefix": Param("ds", type="string"), "fsx": Param("/nonexistent", type="string")}) as dag:
@@ -96,8 +96,8 @@ def test_operator_fails_the_task_with_a_wrong_connection(airflow_db, auth_server
 
 
 def test_operator_bad_dataset_version_fails_before_any_io(tmp_path):
-    from operators.errors import SpecError
-    from operators.staging.operator import StageToSharedFSOperator
+    from dtrain.errors import SpecError
+    from dtrain.staging.operator import StageToSharedFSOperator
 
     op = StageToSharedFSOperator(task_id="s", source="s3://b/p/", destination=str(tmp_path / "fsx"),
                                  dataset_version="../escape", aws_conn_id=None)
@@ -107,8 +107,8 @@ def test_operator_bad_dataset_version_fails_before_any_io(tmp_path):
 
 
 def test_on_kill_cancels_and_leaves_no_temporary_file(s3, proxy, tmp_path, monkeypatch):
-    from operators.staging.errors import StagingCancelled
-    from operators.staging.operator import StageToSharedFSOperator
+    from dtrain.staging.errors import StagingCancelled
+    from dtrain.staging.operator import StageToSharedFSOperator
 
     endpoint, faults = proxy
     s3.put_many({f"p/{i}.bin": os.urandom(400_000) for i in range(6)})
@@ -140,7 +140,7 @@ def test_on_kill_cancels_and_leaves_no_temporary_file(s3, proxy, tmp_path, monke
 def test_operator_module_is_cheap_to_import_and_init_does_no_io(tmp_path):
     code = (
         "import sys\n"
-        "from operators.staging.operator import StageToSharedFSOperator\n"
+        "from dtrain.staging.operator import StageToSharedFSOperator\n"
         f"op = StageToSharedFSOperator(task_id='s', source='s3://b/{{{{ ds }}}}/', destination={str(tmp_path / 'x')!r})\n"
         "heavy = [m for m in ('s3fs', 'boto3', 'botocore', 'aiobotocore', 'torch', 'numpy') if m in sys.modules]\n"
         "print(heavy)\n"

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from operators.errors import SpecError
-from operators.staging.errors import ThroughputError
-from operators.staging.planner import plan, round_capacity, verdict
+from dtrain.errors import SpecError
+from dtrain.staging.errors import ThroughputError
+from dtrain.staging.planner import plan, round_capacity, verdict
 
 
 def test_guide_example_100gb_in_30s_needs_about_3_3_gbps():

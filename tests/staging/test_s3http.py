@@ -16,11 +16,11 @@ import threading
 
 import pytest
 
-from operators.staging import s3http
-from operators.staging.engine import stage
-from operators.staging.errors import StagingError
-from operators.staging.sigv4 import Credentials, Signer
-from operators.staging.sources import LeanS3Source, NativeS3Source, open_source
+from dtrain.staging import s3http
+from dtrain.staging.engine import stage
+from dtrain.staging.errors import StagingError
+from dtrain.staging.sigv4 import Credentials, Signer
+from dtrain.staging.sources import LeanS3Source, NativeS3Source, open_source
 
 from .conftest import REGION
 
@@ -125,7 +125,7 @@ def test_default_source_is_lean_and_a_stage_never_imports_botocore(s3, tmp_path)
         assert isinstance(open_source(s3.url("p/"), None, 4), NativeS3Source)
     finally:
         del os.environ["DTRAIN_S3_CLIENT"]
-    code = ("import sys; from operators.staging.engine import stage; "
+    code = ("import sys; from dtrain.staging.engine import stage; "
             f"r = stage({s3.url('p/')!r}, {str(tmp_path / 'd')!r}); "
             "print(r.fetched, sorted(m for m in sys.modules if m.split('.')[0] in ('botocore', 'boto3', 's3fs')))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=dict(os.environ),

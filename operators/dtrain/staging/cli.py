@@ -16,7 +16,7 @@ import sys
 
 
 def register(subparsers) -> None:
-    from operators.staging.engine import DEFAULT_PART_SIZE, DEFAULT_WORKERS
+    from dtrain.staging.engine import DEFAULT_PART_SIZE, DEFAULT_WORKERS
 
     p = subparsers.add_parser("stage", help="mirror an object-store prefix onto the shared filesystem",
                               description="Copy every object under SRC into DST (relative paths kept), "
@@ -54,7 +54,7 @@ def register(subparsers) -> None:
 
 
 def storage_options_arg(value: str | None) -> dict:
-    from operators.errors import SpecError
+    from dtrain.errors import SpecError
 
     if not value:
         return {}
@@ -78,8 +78,8 @@ def storage_options_arg(value: str | None) -> dict:
 def run_stage(args: argparse.Namespace) -> int:
     import threading
 
-    from operators.staging.engine import stage
-    from operators.staging.planner import plan, verdict
+    from dtrain.staging.engine import stage
+    from dtrain.staging.planner import plan, verdict
 
     logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(levelname)s %(message)s")
     for noisy in ("botocore", "aiobotocore", "s3fs", "fsspec"):
@@ -112,7 +112,7 @@ def run_stage(args: argparse.Namespace) -> int:
 
 
 def run_plan(args: argparse.Namespace) -> int:
-    from operators.staging.planner import plan
+    from dtrain.staging.planner import plan
 
     p = plan(args.dataset_size, args.epoch_seconds, args.nodes, args.deployment_type, args.table)
     if args.json:

@@ -1,28 +1,27 @@
-"""Parallel copy into a local (POSIX) destination: files in parallel, large files in ranged parts.
+"""The copy half of the staging loop: files in parallel, large files in ranged parts, any destination.
 
-Each file is written with ``os.pwrite`` into a hidden temporary file created in its
-final directory (preallocated to the object's size), every part is hashed as it
-lands, the result is verified, fsynced and only then renamed to its final name.
-A reader therefore never sees a partial file at a final path, even if the process
-is killed with SIGKILL; the next stage removes the stray temporary files.
+Each file is written into a temporary file of the destination (:mod:`dtrain.staging.destination`),
+every part is hashed as it lands, the result is verified, made durable as the destination
+requires and only then moved to its final name. A failed file is refetched (``retries``),
+a dropped range resumes where it stopped, progress is logged at intervals and ``cancel``
+stops every worker. A reader never sees a partial file at a final path.
 """
 
 from __future__ import annotations
 
 import logging
-import os
 import queue
 import threading
 import time
-import uuid
 from dataclasses import dataclass, field
-from typing import Callable, Iterable
 
-from operators.staging import verify as V
-from operators.staging.errors import StagingCancelled, StagingError, VerifyError
-from operators.staging.lister import SourceObject
-from operators.staging.manifest import TMP_PREFIX, Entry, Journal
-from operators.staging.s3read import SourceChanged
+from dtrain.staging import verify as V
+from dtrain.staging.destination import Destination, TempFile
+from dtrain.staging.errors import StagingCancelled, StagingError, VerifyError
+from dtrain.staging.lister import SourceObject
+from dtrain.staging.manifest import Entry, Journal
+from dtrain.staging.s3read import SourceChanged
+from dtrain.staging.sources import Fetch
 
 BATCH = 64            # verified files made durable by one syncfs
 BATCH_SECONDS = 0.25  # ... or after this long, so renames (and resumability) keep pace
@@ -34,25 +33,23 @@ _FATAL = (FileNotFoundError, PermissionError, StagingCancelled, SourceChanged)
 @dataclass
 class CopyJob:
     obj: SourceObject
-    final: str
     plan: V.VerifyPlan
     chunks: list[tuple[int, int]] = field(default_factory=list)  # fetch ranges [start, end)
     attempts: int = 0
     # per-attempt state
     remaining: int = 0
-    fd: int = -1
-    tmp: str = ""
+    file: TempFile | None = None
     error: BaseException | None = None
     hashers: list[V.SegmentHasher] = field(default_factory=list)
     lock: threading.Lock = field(default_factory=threading.Lock)
 
-    def split(self, part_size: int) -> None:
-        """Fetch ranges of ``part_size`` over the whole object, independent of the hash segments
-        (a range may feed several multipart segments; each gets its own slice)."""
+    def split(self, part_size: int | None) -> None:
+        """Fetch ranges of ``part_size`` (None: one range) over the whole object, independent of
+        the hash segments (a range may feed several multipart segments; each gets its own slice)."""
         self.chunks = []
         pos = 0
         while True:
-            stop = min(self.obj.size, pos + part_size)
+            stop = self.obj.size if part_size is None else min(self.obj.size, pos + part_size)
             self.chunks.append((pos, stop))
             pos = stop
             if pos >= self.obj.size:
@@ -60,7 +57,7 @@ class CopyJob:
 
     def reset(self) -> None:
         self.remaining = len(self.chunks)
-        self.fd, self.tmp, self.error = -1, "", None
+        self.file, self.error = None, None
         self.hashers = ([] if self.plan.kind == "size" else
                         [V.SegmentHasher(s, e, self.plan.algo) for s, e in self.plan.segments])
 
@@ -102,26 +99,23 @@ class Progress:
 
 
 class Copier:
-    """Runs copy jobs on ``workers`` threads; parts of one file are spread over the threads."""
+    """Runs copy jobs on ``workers`` threads; parts of one file are spread over the threads
+    where the destination takes writes at any offset."""
 
-    def __init__(self, fetch: Callable[[SourceObject, int, int], Iterable[bytes]], jobs: list[CopyJob], *, workers: int,
+    def __init__(self, fetch: Fetch, jobs: list[CopyJob], *, destination: Destination, workers: int,
                  part_size: int, retries: int, journal: Journal | None, progress: Progress,
-                 cancel: threading.Event, log: logging.Logger, fsync: bool = True, dest: str | None = None):
+                 cancel: threading.Event, log: logging.Logger):
         self.fetch = fetch
         self.jobs = jobs
+        self.dest = destination
         self.workers = workers
-        self.part_size = part_size
+        # A destination without ranged writes gets each file as one range, streamed in order.
+        self.part_size = part_size if destination.ranged_writes else None
         self.retries = retries
         self.journal = journal
         self.progress = progress
         self.cancel = cancel
         self.log = log
-        # Durability before rename. "batch": one syncfs(2) for up to BATCH verified files, then
-        # their renames (one journal commit instead of one per file); "file": fsync each file;
-        # "none": rely on the page cache (survives kill -9, not a power cut).
-        self.syncfs = _syncfs() if fsync and dest else None
-        self.durability = "none" if not fsync else ("batch" if self.syncfs else "file")
-        self.dest = dest
         self._ready: list[tuple[CopyJob, str | None]] = []
         self._ready_since = 0.0
         self._finished = 0
@@ -164,14 +158,8 @@ class Copier:
         return self.entries, self.failures
 
     def _commit(self, batch: list[tuple[CopyJob, str | None]]) -> None:
-        """Make a batch of verified temp files durable with one syncfs, then rename them."""
-        fd = os.open(self.dest, os.O_RDONLY | os.O_DIRECTORY)
-        try:
-            if self.syncfs(fd) != 0:
-                for job, _ in batch:  # syncfs refused: fall back to per-file fsync
-                    _fsync_path(job.tmp)
-        finally:
-            os.close(fd)
+        """Make a batch of verified temp files durable at once (syncfs), then move them into place."""
+        self.dest.sync([job.file for job, _ in batch])
         for job, checksum in batch:
             self._land(job, checksum)
 
@@ -203,16 +191,18 @@ class Copier:
         """Stream one range into the temp file block by block; resume the range after a
         dropped connection instead of starting it over."""
         start, end = job.chunks[index]
-        fd = self._open(job)
+        file = self._open(job)
         pos, delay, attempt = start, 0.2, 0
         while pos < end:
             if self.cancel.is_set():
                 raise StagingCancelled("stage cancelled")
             try:
                 for block in self.fetch(job.obj, pos, end):
+                    if self.cancel.is_set():  # a range may be a whole file: stop mid-range, not after it
+                        raise StagingCancelled("stage cancelled")
                     if pos + len(block) > end:
                         raise VerifyError(f"{job.obj.rel}: the store sent more than bytes {start}-{end}")
-                    self._write(job, fd, pos, block)
+                    self._write(job, file, pos, block)
                     pos += len(block)
                 if pos < end:
                     raise VerifyError(f"{job.obj.rel}: short download, bytes {pos}-{end} missing")
@@ -226,28 +216,20 @@ class Copier:
                 time.sleep(delay)
                 delay *= 2
 
-    def _write(self, job: CopyJob, fd: int, pos: int, block) -> None:
-        view = memoryview(block)
-        offset = pos
-        while view:
-            written = os.pwrite(fd, view, offset)
-            view, offset = view[written:], offset + written
+    def _write(self, job: CopyJob, file: TempFile, pos: int, block) -> None:
+        file.write(pos, block)
         end = pos + len(block)
         for hasher, (seg_start, seg_end) in zip(job.hashers, job.plan.segments):
             lo, hi = max(pos, seg_start), min(end, seg_end)
             if lo < hi:
-                hasher.add(lo, hi, memoryview(block)[lo - pos:hi - pos], fd)
+                hasher.add(lo, hi, memoryview(block)[lo - pos:hi - pos], file.read)
         self.progress.add_bytes(len(block))
 
-    def _open(self, job: CopyJob) -> int:
+    def _open(self, job: CopyJob) -> TempFile:
         with job.lock:
-            if job.fd < 0:
-                directory = os.path.dirname(job.final)
-                job.tmp = os.path.join(directory, f"{TMP_PREFIX}{uuid.uuid4().hex[:16]}")
-                job.fd = os.open(job.tmp, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)
-                if len(job.chunks) > 1:
-                    _preallocate(job.fd, job.obj.size)
-            return job.fd
+            if job.file is None:
+                job.file = self.dest.create(job.obj.rel, job.obj.size, len(job.chunks))
+            return job.file
 
     def _finish(self, job: CopyJob) -> None:
         error = job.error
@@ -255,17 +237,14 @@ class Copier:
         try:
             if error is None:
                 checksum = V.finish(job.plan, job.hashers, job.obj.rel)
-                if os.fstat(job.fd).st_size != job.obj.size:
+                if job.file.size() != job.obj.size:
                     raise VerifyError(f"{job.obj.rel}: file size differs from the object's size {job.obj.size}")
-                if self.durability == "file":
-                    os.fsync(job.fd)
+                job.file.close()
         except BaseException as e:  # noqa: BLE001
             error = e
-        if job.fd >= 0:
-            os.close(job.fd)
-            job.fd = -1
         if error is not None:
-            _unlink(job.tmp)
+            if job.file is not None:
+                job.file.discard()
             job.attempts += 1
             retry = (job.attempts <= self.retries and not isinstance(error, _FATAL)
                      and not self.cancel.is_set())
@@ -279,7 +258,7 @@ class Copier:
                 self._done += 1
                 self._cond.notify()
             return
-        if self.durability == "batch":
+        if self.dest.batched:
             with self._cond:
                 if not self._ready:
                     self._ready_since = time.monotonic()
@@ -292,13 +271,14 @@ class Copier:
         self._land(job, checksum)
 
     def _land(self, job: CopyJob, checksum: str | None) -> None:
-        """Rename a verified (and durable) temp file to its final name and record it."""
+        """Move a verified (and durable) temp file to its final name and record it."""
         try:
-            os.rename(job.tmp, job.final)
-        except OSError as e:
-            _unlink(job.tmp)
+            job.file.land()
+        except Exception as e:  # noqa: BLE001 - any store's failure; an escape would hang run()
+            job.file.discard()
             with self._cond:
-                self.failures[job.obj.rel] = StagingError(f"{job.obj.rel}: cannot move into place at {job.final}: {e}")
+                self.failures[job.obj.rel] = StagingError(f"{job.obj.rel}: cannot move into place at "
+                                                          f"{job.file.final}: {e}")
                 self._done += 1
                 self._cond.notify()
             return
@@ -312,39 +292,3 @@ class Copier:
             self._done += 1
             self._cond.notify()
 
-
-def _syncfs():
-    """libc's syncfs(2) (Linux), or None."""
-    try:
-        import ctypes
-
-        func = ctypes.CDLL(None, use_errno=True).syncfs
-    except (OSError, AttributeError):
-        return None
-    func.argtypes = [ctypes.c_int]
-    func.restype = ctypes.c_int
-    return func
-
-
-def _fsync_path(path: str) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _preallocate(fd: int, size: int) -> None:
-    """Reserve the blocks up front (fewer fragments, ENOSPC early); fall back to a sparse size."""
-    try:
-        os.posix_fallocate(fd, 0, size)
-    except OSError:
-        os.ftruncate(fd, size)
-
-
-def _unlink(path: str) -> None:
-    if path:
-        try:
-            os.unlink(path)
-        except FileNotFoundError:
-            pass

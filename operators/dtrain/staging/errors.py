@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from operators.errors import DTrainError, SpecError
+from dtrain.errors import DTrainError, SpecError
 
 __all__ = ["StagingError", "UnsafeKeyError", "VerifyError", "StagingCancelled", "ThroughputError", "SpecError"]
 

@@ -10,7 +10,7 @@ import posixpath
 from dataclasses import dataclass
 from typing import Any
 
-from operators.staging.errors import StagingError, UnsafeKeyError
+from dtrain.staging.errors import StagingError, UnsafeKeyError
 
 # Names staging keeps for itself inside the destination; no source key may use them.
 RESERVED_PREFIX = ".dtrain-"

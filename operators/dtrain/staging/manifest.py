@@ -20,6 +20,8 @@ JOURNAL_NAME = ".dtrain-manifest.journal"
 LOCK_NAME = ".dtrain-stage.lock"
 TMP_PREFIX = ".dtrain-tmp-"
 FORMAT = "dtrain-staging-manifest/1"
+# Staging's own files at the top of a destination: never reported as staged files.
+RESERVED_NAMES = (MANIFEST_NAME, JOURNAL_NAME, LOCK_NAME)
 
 
 @dataclass
@@ -62,17 +64,11 @@ def fsync_dir(directory: str) -> None:
 
 def load(dest: str) -> dict[str, Entry]:
     """Entries of the last complete manifest plus any journal a killed stage left behind."""
-    entries: dict[str, Entry] = {}
     try:
         with open(os.path.join(dest, MANIFEST_NAME), "rb") as f:
-            doc = json.load(f)
-        if doc.get("format") == FORMAT:
-            for rel, item in doc.get("files", {}).items():
-                entries[rel] = Entry(**item)
+            entries = parse(f.read())
     except FileNotFoundError:
-        pass
-    except (ValueError, TypeError):
-        entries = {}  # unreadable manifest: trust nothing, verify everything by refetching
+        entries = {}
     try:
         with open(os.path.join(dest, JOURNAL_NAME), "rb") as f:
             for line in f:
@@ -111,8 +107,20 @@ class Journal:
             pass
 
 
-def write(dest: str, source: str, entries: dict[str, Entry]) -> str:
-    """Write the complete manifest atomically; returns its path."""
+def parse(data: bytes) -> dict[str, Entry]:
+    """The entries of a manifest's bytes; none for an unreadable manifest or another format
+    (trust nothing: everything is verified by refetching)."""
+    try:
+        doc = json.loads(data)
+        if doc.get("format") != FORMAT:
+            return {}
+        return {rel: Entry(**item) for rel, item in doc.get("files", {}).items()}
+    except (ValueError, TypeError, AttributeError):
+        return {}
+
+
+def render(source: str, entries: dict[str, Entry]) -> bytes:
+    """The complete manifest for ``entries`` staged from ``source``, as bytes."""
     doc: dict[str, Any] = {
         "format": FORMAT,
         "source": source,
@@ -122,6 +130,11 @@ def write(dest: str, source: str, entries: dict[str, Entry]) -> str:
         "total_bytes": sum(e.size for e in entries.values()),
         "files": {rel: asdict(entries[rel]) for rel in sorted(entries)},
     }
+    return json.dumps(doc, indent=1).encode()
+
+
+def write(dest: str, source: str, entries: dict[str, Entry]) -> str:
+    """Write the complete manifest atomically into a POSIX directory; returns its path."""
     path = os.path.join(dest, MANIFEST_NAME)
-    atomic_write_bytes(path, json.dumps(doc, indent=1).encode())
+    atomic_write_bytes(path, render(source, entries))
     return path

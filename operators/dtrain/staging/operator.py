@@ -28,7 +28,7 @@ class StageToSharedFSOperator(BaseOperator):
             secret key, extra: ``endpoint_url``, ``region_name``, ``aws_session_token``,
             ``profile_name``). ``None``: the worker's ambient AWS environment.
         storage_options: extra non-secret fsspec options for the source (templated).
-        workers, part_size, delete, verify: as in :func:`operators.staging.engine.stage`.
+        workers, part_size, delete, verify: as in :func:`dtrain.staging.engine.stage`.
         epoch_seconds, nodes, deployment_type, fsx_table: when ``epoch_seconds`` is set, the
             planner compares the measured staging throughput with what training needs.
         fail_below_need: fail the task (instead of a warning) when staging throughput is below
@@ -70,7 +70,7 @@ class StageToSharedFSOperator(BaseOperator):
 
     def resolved_destination(self) -> str:
         """``destination/dataset_version``, refusing a version that is not one plain path component."""
-        from operators.errors import SpecError
+        from dtrain.errors import SpecError
 
         version = "" if self.dataset_version is None else str(self.dataset_version).strip()
         if not version:
@@ -83,7 +83,7 @@ class StageToSharedFSOperator(BaseOperator):
 
     def storage_options_for_source(self) -> dict[str, Any]:
         """fsspec options: the user's (non-secret) ones plus the connection's credentials."""
-        from operators.args import mapping_arg
+        from dtrain.args import mapping_arg
 
         options = dict(mapping_arg("storage_options", self.storage_options or {}, not_json="a JSON object",
                                    not_mapping="a mapping of fsspec options", secret=True))
@@ -96,8 +96,8 @@ class StageToSharedFSOperator(BaseOperator):
         return options
 
     def execute(self, context: Any) -> dict[str, Any]:
-        from operators.staging.engine import stage
-        from operators.staging.planner import plan, verdict
+        from dtrain.staging.engine import stage
+        from dtrain.staging.planner import plan, verdict
 
         destination = self.resolved_destination()
         options = self.storage_options_for_source()
@@ -130,7 +130,7 @@ def aws_storage_options(conn_id: str, log: Any = None) -> dict[str, Any]:
             if log is not None:
                 log.info("no connection %r: using the worker's AWS environment", conn_id)
             return {}
-        from operators.staging.errors import StagingError
+        from dtrain.staging.errors import StagingError
         raise StagingError(f"Airflow connection {conn_id!r} not found: {type(e).__name__}") from e
     extra = conn.extra_dejson or {}
     options: dict[str, Any] = {}

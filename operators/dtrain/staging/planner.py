@@ -2,7 +2,7 @@
 
 Required read throughput = dataset bytes / target seconds per epoch (the whole set is
 read once per epoch), split evenly over the nodes. For each FSx for Lustre deployment
-type (a table kept as data, see :mod:`operators.staging.fsx_table`) the storage capacity
+type (a table kept as data, see :mod:`dtrain.staging.fsx_table`) the storage capacity
 that provides it is throughput / (MB/s per TiB), rounded up to the type's increments and
 never below what the dataset occupies. After a stage, the measured staging throughput is
 compared with the need.
@@ -15,9 +15,9 @@ import math
 from dataclasses import asdict, dataclass, field
 from typing import Any, Mapping
 
-from operators.errors import SpecError
-from operators.staging.errors import ThroughputError
-from operators.staging.fsx_table import FSX_LUSTRE
+from dtrain.errors import SpecError
+from dtrain.staging.errors import ThroughputError
+from dtrain.staging.fsx_table import FSX_LUSTRE
 
 TIB = 1024 ** 4
 
@@ -99,8 +99,8 @@ def round_capacity(needed_tib: float, capacity: Mapping[str, Any]) -> float:
 def plan(dataset_bytes: Any, epoch_seconds: Any, nodes: Any = 1, deployment_type: str | None = None,
          table: Mapping[str, Any] | str | None = None) -> Plan:
     """Size the shared filesystem for reading ``dataset_bytes`` once every ``epoch_seconds``."""
-    from operators.launch.spec import coerce_float, coerce_int
-    from operators.staging.engine import parse_size
+    from dtrain.args import coerce_float, coerce_int
+    from dtrain.staging.engine import parse_size
 
     size = parse_size("dataset_size", dataset_bytes)
     if size <= 0:

@@ -30,8 +30,8 @@ import xml.etree.ElementTree as ET
 from dataclasses import dataclass, replace
 from typing import Any, Iterator, Mapping
 
-from operators.staging.s3read import raise_for_status, read_blocks
-from operators.staging.sigv4 import Credentials, Signer, canonical_query, quote_path
+from dtrain.staging.s3read import raise_for_status, read_blocks
+from dtrain.staging.sigv4 import Credentials, Signer, canonical_query, quote_path
 
 # Bytes read per block. 1 MiB stays in the CPU cache between the socket read, the hash and the
 # write; the buffer is reused per thread, so no block is ever allocated.
@@ -353,6 +353,12 @@ class S3Http:
                 self.finish(response)
             else:
                 self._drop(getattr(response, "dtrain_host", self.host))
+
+    def close(self) -> None:
+        """Close the calling thread's connections (a worker thread's close when that thread ends)."""
+        for conn in getattr(self._local, "conns", {}).values():
+            conn.close()
+        self._local.conns = {}
 
     def _buffer(self) -> memoryview:
         buf = getattr(self._local, "buffer", None)

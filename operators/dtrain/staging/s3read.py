@@ -1,6 +1,6 @@
 """Ranged S3 reads through botocore on worker threads, outside s3fs's single event-loop thread.
 
-(Where storage options and environment allow it, :mod:`operators.staging.s3http` does
+(Where storage options and environment allow it, :mod:`dtrain.staging.s3http` does
 without botocore altogether; this module serves every other case.)
 
 Bulk bytes never go through s3fs: it reads every response body on its one asyncio
@@ -37,7 +37,7 @@ import time
 import urllib.parse
 from typing import Any, Callable, Iterator
 
-from operators.staging.errors import StagingError
+from dtrain.staging.errors import StagingError
 
 # Bytes held per worker: a range is streamed to disk in blocks of this size (botocore reader).
 BLOCK = 8 * 1024 * 1024

@@ -1,6 +1,6 @@
 """AWS Signature Version 4 for S3 requests, in the standard library only.
 
-Used by the lean S3 client (:mod:`operators.staging.s3http`) so that a stage with plain
+Used by the lean S3 client (:mod:`dtrain.staging.s3http`) so that a stage with plain
 credentials never imports botocore: on a 2-core machine, importing botocore and building
 an S3 client costs about 0.2 s of CPU per stage, more than listing a few hundred objects.
 The algorithm is AWS's published one (header-based signing, "AWS4-HMAC-SHA256"); tests

@@ -21,13 +21,13 @@ from __future__ import annotations
 
 import base64
 import hashlib
-import os
 import re
 import threading
 import zlib
 from dataclasses import dataclass
+from typing import Callable
 
-from operators.staging.errors import VerifyError
+from dtrain.staging.errors import VerifyError
 
 MD5_ETAG = re.compile(r"^[0-9a-f]{32}$")
 MPU_ETAG = re.compile(r"^([0-9a-f]{32})-(\d+)$")
@@ -100,33 +100,24 @@ class SegmentHasher:
         self.pending: dict[int, int] = {}
         self.lock = threading.Lock()
 
-    def add(self, start: int, end: int, data, fd: int | None) -> None:
+    def add(self, start: int, end: int, data, read_back: Callable[[int, int], bytes] | None) -> None:
+        """Hash ``data`` (bytes [start, end)) now if it is next; otherwise remember the range and
+        ``read_back(start, end)`` it from what was written once the gap before it is filled."""
         with self.lock:
             if start != self.next:
+                if read_back is None:
+                    raise VerifyError("internal: out-of-order part without a file to read it back from")
                 self.pending[start] = end  # bytes are in the file; read back when the gap fills
                 return
             self.hash.update(data)
             self.next = end
             while self.next in self.pending:
                 stop = self.pending.pop(self.next)
-                self.hash.update(_pread_all(fd, self.next, stop))
+                self.hash.update(read_back(self.next, stop))
                 self.next = stop
 
     def complete(self) -> bool:
         return self.next == self.end and not self.pending
-
-
-def _pread_all(fd: int | None, start: int, end: int) -> bytes:
-    if fd is None:
-        raise VerifyError("internal: out-of-order part without a file to read it back from")
-    chunks = []
-    while start < end:
-        data = os.pread(fd, min(end - start, 1 << 24), start)
-        if not data:
-            raise VerifyError(f"file shorter than expected while hashing at offset {start}")
-        chunks.append(data)
-        start += len(data)
-    return b"".join(chunks)
 
 
 def encode(algo: str, digest: bytes) -> str:
