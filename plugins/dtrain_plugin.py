@@ -1,18 +1,15 @@
-"""The Airflow plugin: template macros and the training operator's extra links.
+"""The dtrain Airflow plugin, for folder-based deployments (this file in $AIRFLOW_HOME/plugins).
 
-Macros, in any templated field: ``{{ macros.dtrain.scaled_lr(0.1, 256, 32) }}`` and
-``{{ macros.dtrain.global_batch_size(32, params.nodes, params.procs_per_node) }}``.
-Provider metadata comes from the package's ``apache_airflow_provider`` entry point.
+The plugin lives in the package (dtrain.plugin). An installed package registers it through
+its ``airflow.plugins`` entry point, so ``pip install`` alone is enough; this file then
+exposes nothing, because Airflow loads the plugins folder first and would skip the entry
+point's copy as "Plugin 'dtrain' already registered". Without that entry point (dtrain only
+importable, e.g. on PYTHONPATH), this file registers the plugin.
 """
 
 from __future__ import annotations
 
-from airflow.plugins_manager import AirflowPlugin
+from dtrain.plugin import registered_by_entry_point
 
-from operators.links import LINKS, MACROS
-
-
-class DTrainPlugin(AirflowPlugin):
-    name = "dtrain"
-    macros = MACROS
-    operator_extra_links = LINKS
+if not registered_by_entry_point():
+    from dtrain.plugin import DTrainPlugin  # noqa: F401

@@ -1,8 +1,21 @@
-"""Provider metadata for Airflow's provider manager (entry point ``apache_airflow_provider``)."""
+"""Provider metadata for Airflow's provider manager (entry point ``apache_airflow_provider``).
+
+The dict follows Airflow's runtime ``provider_info.schema.json`` (tests/test_provider.py
+validates it); ``airflow providers triggers`` and ``airflow providers links`` list what it
+declares. Every ``integration-name`` used below is declared under ``integrations``.
+
+The plugin (macros, operator extra links) is *not* declared here under ``plugins``: it has
+its own ``airflow.plugins`` entry point (dtrain.plugin), and declaring it twice would make
+Airflow skip the second copy as "already registered".
+
+Importing this module must stay cheap: plain data, no Airflow or torch imports.
+"""
 
 from __future__ import annotations
 
-from operators import __version__
+from dtrain import __version__
+
+INTEGRATION = "Distributed training"
 
 
 def get_provider_info() -> dict:
@@ -11,11 +24,30 @@ def get_provider_info() -> dict:
         "name": "Distributed training (dtrain)",
         "description": "Preprocess, stage to a shared filesystem and launch multi-node DDP/DeepSpeed training.",
         "versions": [__version__],
+        "integrations": [
+            {
+                "integration-name": INTEGRATION,
+                "external-doc-url": "https://docs.pytorch.org/docs/stable/distributed.html",
+                "tags": ["machine-learning", "software"],
+            }
+        ],
         "operators": [
             {
-                "integration-name": "Distributed training",
-                "python-modules": ["operators.launch.operator", "operators.staging.operator",
-                                   "operators.preprocess.operator", "operators.preflight.operator"],
+                "integration-name": INTEGRATION,
+                "python-modules": ["dtrain.launch.operator", "dtrain.staging.operator",
+                                   "dtrain.preprocess.operator", "dtrain.preflight.operator"],
             }
+        ],
+        # Modules holding triggers (the schema's "python-modules"): DistributedJobTrigger.
+        "triggers": [
+            {
+                "integration-name": INTEGRATION,
+                "python-modules": ["dtrain.launch.trigger"],
+            }
+        ],
+        "extra-links": [
+            "dtrain.links.CheckpointLink",
+            "dtrain.links.MetricsLink",
+            "dtrain.links.TensorBoardLink",
         ],
     }

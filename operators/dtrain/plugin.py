@@ -1,0 +1,49 @@
+"""The Airflow plugin: template macros and the training operator's extra links.
+
+Macros, in any templated field: ``{{ macros.dtrain.scaled_lr(0.1, 256, 32) }}`` and
+``{{ macros.dtrain.global_batch_size(32, params.nodes, params.procs_per_node) }}``.
+
+Registered by installation: the package's ``airflow.plugins`` entry point
+(``dtrain = dtrain.plugin:DTrainPlugin``) makes ``pip install airflow-dtrain`` enough.
+For folder-based deployments ``plugins/dtrain_plugin.py`` re-exports the class, but only
+when that entry point is not installed (see :func:`registered_by_entry_point`): Airflow
+loads the plugins folder before entry points and skips a second plugin of the same name
+with an "already registered" import error.
+
+Provider metadata (triggers, extra links) comes from the ``apache_airflow_provider``
+entry point (dtrain.provider).
+"""
+
+from __future__ import annotations
+
+from airflow.plugins_manager import AirflowPlugin
+
+from dtrain.links import LINKS, MACROS
+
+ENTRY_POINT_GROUP = "airflow.plugins"
+ENTRY_POINT_VALUE = "dtrain.plugin:DTrainPlugin"
+
+
+class DTrainPlugin(AirflowPlugin):
+    name = "dtrain"
+    macros = MACROS
+    operator_extra_links = LINKS
+
+
+def registered_by_entry_point() -> bool:
+    """Whether an installed distribution registers DTrainPlugin under ``airflow.plugins``.
+
+    Scans every distribution on sys.path, not ``entry_points()``'s one-per-name view,
+    because Airflow's loader does the same: a stale copy of this package's metadata found
+    first must not hide the entry point that Airflow will load.
+    """
+    from importlib.metadata import distributions
+
+    for dist in distributions():
+        try:
+            if any(ep.group == ENTRY_POINT_GROUP and ep.value.replace(" ", "") == ENTRY_POINT_VALUE
+                   for ep in dist.entry_points):
+                return True
+        except Exception:  # another distribution's broken metadata (Airflow skips it too)
+            continue
+    return False
