@@ -1,0 +1,3 @@
+"""The user's own ``operators`` package in the DAGs folder."""
+
+SOURCE = "dags"

@@ -1,0 +1,1 @@
+"""A training repository's own package that happens to be called ``operators``."""
