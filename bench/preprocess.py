@@ -1,7 +1,7 @@
 """Benchmark: preprocess once into shards versus transform on the fly while training.
 
 Trains the reference digits MLP for a fixed number of steps with a CPU-heavy transform
-(operators.preprocess.examples:digits_heavy):
+(dtrain.preprocess.examples:digits_heavy):
   (a) applied on the fly in a DataLoader with 2 worker processes,
   (b) applied once by `dtrain preprocess`'s engine, then read from memory-mapped shards,
 and prints one line with samples/s of each, the speedup and each one's data-wait fraction
@@ -22,7 +22,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-HEAVY = "operators.preprocess.examples:digits_heavy"
+HEAVY = "dtrain.preprocess.examples:digits_heavy"
 WARMUP_STEPS = 5  # DataLoader worker start-up is not the steady state either way
 
 
@@ -38,7 +38,7 @@ class OnTheFly:
     def __getitem__(self, i):
         import torch
 
-        from operators.preprocess.examples import digits_heavy
+        from dtrain.preprocess.examples import digits_heavy
 
         out = digits_heavy(self.records[i])
         return torch.from_numpy(out["x"]), torch.tensor(out["y"])
@@ -48,7 +48,7 @@ def train(loader, steps: int, batch: int) -> tuple[float, float]:
     """Run ``steps`` steps of the reference model; returns (samples/s, data-wait fraction) after warm-up."""
     import torch
 
-    from operators.training.reference.train_digits import build_model
+    from dtrain.training.reference.train_digits import build_model
 
     torch.manual_seed(0)
     model = build_model(128)
@@ -80,7 +80,7 @@ def train(loader, steps: int, batch: int) -> tuple[float, float]:
 
 
 def preprocess_timed(raw: str, out: str, workers: int) -> tuple[float, dict]:
-    from operators.preprocess.runner import preprocess
+    from dtrain.preprocess.runner import preprocess
 
     started = time.perf_counter()
     result = preprocess([raw], out, HEAVY, workers=workers, shard_size=512, log=lambda _: None)
@@ -98,8 +98,8 @@ def main() -> int:
     import torch
     from torch.utils.data import DataLoader
 
-    from operators.preprocess.examples import digits_records, write_digits_jsonl
-    from operators.training.shards import ShardDataset, ShardLoader, ShardSampler
+    from dtrain.preprocess.examples import digits_records, write_digits_jsonl
+    from dtrain.training.shards import ShardDataset, ShardLoader, ShardSampler
 
     torch.set_num_threads(1)  # as torchrun sets OMP_NUM_THREADS=1 per rank; same for both sides
     tmp = tempfile.mkdtemp(prefix="dtrain-bench-preprocess-")

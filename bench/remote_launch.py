@@ -24,8 +24,8 @@ import time
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
-from operators.launch.launcher import Launcher  # noqa: E402
-from operators.launch.spec import LaunchSpec  # noqa: E402
+from dtrain.launch.launcher import Launcher  # noqa: E402
+from dtrain.launch.spec import LaunchSpec  # noqa: E402
 from tests.remote.sshd_cluster import start_cluster  # noqa: E402
 
 SCRIPT = os.path.join(REPO, "tests", "remote", "ddp_train.py")
@@ -60,9 +60,9 @@ def main() -> int:
         times: dict[str, list[float]] = {"ssh": [], "local": []}
         for i in range(args.repeats):
             for backend in ("local", "ssh"):
-                extra = {"hostfile": hostfile, "ssh": cluster.ssh_settings()} if backend == "ssh" else {}
+                options = {"hostfile": hostfile, **cluster.ssh_settings()} if backend == "ssh" else {}
                 spec = LaunchSpec(command=command, nodes=2, procs_per_node=2, backend=backend, device="cpu",
-                                  run_dir=os.path.join(work, f"{backend}-{i}"), **extra)
+                                  run_dir=os.path.join(work, f"{backend}-{i}"), backend_options=options)
                 times[backend].append(time_to_all_ranks(spec))
     finally:
         cluster.stop()

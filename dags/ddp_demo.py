@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from airflow.sdk import DAG, Param, task
 
-from operators.launch.operator import DistributedTrainingOperator
+from dtrain.launch.operator import DistributedTrainingOperator
 
 with DAG(
     dag_id="ddp_demo",
@@ -23,7 +23,7 @@ with DAG(
 ) as dag:
     train = DistributedTrainingOperator(
         task_id="train",
-        command=["python", "-m", "operators.training.reference.train_digits", "--epochs", "{{ params.epochs }}"],
+        command=["python", "-m", "dtrain.training.reference.train_digits", "--epochs", "{{ params.epochs }}"],
         nodes="{{ params.nodes }}",
         procs_per_node="{{ params.procs_per_node }}",
     )

@@ -2,7 +2,7 @@
 
 Scheduled (``@daily`` by default), triggered from the UI with parameters, or backfilled
 over past dates. Every path a run touches is keyed by dataset version and the run's
-data-interval partition (operators/pipeline/config.py), so retries resume from their own
+data-interval partition (operators/dtrain/pipeline/config.py), so retries resume from their own
 checkpoint, backfills never overwrite each other, and each run warm-starts from the last
 model published before its date. Where data and models live comes from the environment
 (DTRAIN_RAW_URL, DTRAIN_PROCESSED_URL, DTRAIN_SHARED_FS, DTRAIN_AWS_CONN_ID, ...).
@@ -18,12 +18,12 @@ import os
 
 from airflow.sdk import DAG, Asset, Param, get_current_context, task
 
-from operators.launch.operator import DistributedTrainingOperator
-from operators.pipeline.config import load_config, partition_of
-from operators.pipeline.publish import previous_model
-from operators.preflight.operator import PreflightOperator
-from operators.preprocess.operator import PreprocessFinalizeOperator, PreprocessOperator
-from operators.staging.operator import StageToSharedFSOperator
+from dtrain.launch.operator import DistributedTrainingOperator
+from dtrain.pipeline.config import load_config, partition_of
+from dtrain.pipeline.publish import previous_model
+from dtrain.preflight.operator import PreflightOperator
+from dtrain.preprocess.operator import PreprocessFinalizeOperator, PreprocessOperator
+from dtrain.staging.operator import StageToSharedFSOperator
 
 CFG = load_config()
 # Asset identity must not depend on a worker's environment (two URIs under one name make
@@ -84,7 +84,7 @@ with DAG(
         """The raw files of this run's partition: one mapped preprocessing task each."""
         import fsspec
 
-        from operators.staging.operator import aws_storage_options
+        from dtrain.staging.operator import aws_storage_options
 
         options = aws_storage_options(CFG.aws_conn_id) if raw_url.startswith("s3://") else {}
         fs, root = fsspec.core.url_to_fs(raw_url, **options)
@@ -113,7 +113,7 @@ with DAG(
     )
 
     common = {"nodes": "{{ params.nodes }}", "procs_per_node": "{{ params.procs_per_node }}",
-              "backend": "{{ params.backend }}", "ssh_conn_id": CFG.ssh_conn_id}
+              "backend": "{{ params.backend }}", "backend_options": {"ssh": {"conn_id": CFG.ssh_conn_id}}}
 
     preflight = PreflightOperator(
         task_id="preflight", manifest_path="{{ ti.xcom_pull(task_ids='stage')['manifest_path'] }}",
@@ -122,7 +122,7 @@ with DAG(
 
     train = DistributedTrainingOperator(
         task_id="train",
-        command=["python", "-m", "operators.training.reference.train_digits",
+        command=["python", "-m", "dtrain.training.reference.train_digits",
                  "--shards", "{{ ti.xcom_pull(task_ids='stage')['destination'] }}",
                  "--epochs", "{{ params.epochs }}", "--base-lr", "{{ params.base_lr }}",
                  "--init-from", "{{ previous_model(models_root, params.dataset_version, partition(dag_run)) }}",
@@ -137,7 +137,7 @@ with DAG(
     @task
     def evaluate(result: dict) -> dict:
         """Re-evaluate the saved model on held-out data; refuse to publish below the bar."""
-        from operators.pipeline.publish import PublishError, evaluate_model
+        from dtrain.pipeline.publish import PublishError, evaluate_model
 
         params = get_current_context()["params"]
         accuracy = evaluate_model(result["metrics"]["model_path"])
@@ -150,7 +150,7 @@ with DAG(
 
     @task(outlets=[TRAINED_MODEL])
     def publish(metrics: dict) -> dict:
-        from operators.pipeline.publish import publish_model
+        from dtrain.pipeline.publish import publish_model
 
         context = get_current_context()
         version, partition = context["params"]["dataset_version"], partition_of(context["dag_run"])
@@ -178,7 +178,7 @@ with DAG(
 
     @task
     def evaluate_new_models() -> list[dict]:
-        from operators.pipeline.publish import evaluate_model
+        from dtrain.pipeline.publish import evaluate_model
 
         events = get_current_context()["triggering_asset_events"][TRAINED_MODEL]
         reports = []

@@ -9,4 +9,4 @@ bash "$ROOT/scripts/bootstrap.sh"
 source "$ROOT/scripts/airflow-env.sh"
 cd "$ROOT"
 airflow db migrate >/dev/null
-exec python -m operators.pipeline.demo "$@"
+exec python -m dtrain.pipeline.demo "$@"

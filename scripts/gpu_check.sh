@@ -5,7 +5,7 @@
 set -uo pipefail
 PY=${1:-python3}
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} DTRAIN_HOME=${DTRAIN_HOME:-$(mktemp -d)} PYTHONUNBUFFERED=1
-dtrain() { "$PY" -m operators.cli "$@"; }
+dtrain() { "$PY" -m dtrain.cli "$@"; }
 step() { echo; echo "=== $*"; }
 
 step "host"
@@ -18,14 +18,14 @@ dtrain launch --procs-per-node $((ngpu + 1)) -- "$PY" -c pass; echo "exit=$? (ex
 
 step "DDP over NCCL: 1 node x $ngpu GPU(s)"
 dtrain launch --procs-per-node "$ngpu" --run-dir "$DTRAIN_HOME/ddp" -- \
-  python -m operators.training.reference.train_digits --epochs 20 2>&1 | grep -E "rank0\]|dtrain\]|Error|error" | tail -5
+  python -m dtrain.training.reference.train_digits --epochs 20 2>&1 | grep -E "rank0\]|dtrain\]|Error|error" | tail -5
 "$PY" -c "import json,sys; r=json.load(open(sys.argv[1])); print('DDP nccl result:', r)" "$DTRAIN_HOME/ddp/metrics/result.json"
 
 for stage in 1 2; do
   step "DeepSpeed ZeRO-$stage on CUDA: 1 node x $ngpu GPU(s)"
   echo "{\"train_micro_batch_size_per_gpu\": 32, \"zero_optimization\": {\"stage\": $stage}, \"steps_per_print\": 100000}" > "$DTRAIN_HOME/ds$stage.json"
   dtrain launch --procs-per-node "$ngpu" --distribution deepspeed --deepspeed-config "$DTRAIN_HOME/ds$stage.json" \
-    --run-dir "$DTRAIN_HOME/ds$stage" -- python -m operators.training.reference.train_digits --deepspeed --epochs 20 \
+    --run-dir "$DTRAIN_HOME/ds$stage" -- python -m dtrain.training.reference.train_digits --deepspeed --epochs 20 \
     2>&1 | grep -E "rank0\] (world|test)|dtrain\]|Error|error|ZeRO|zero" | tail -6
   "$PY" -c "import json,sys; r=json.load(open(sys.argv[1])); print('DeepSpeed result:', r)" "$DTRAIN_HOME/ds$stage/metrics/result.json"
 done

@@ -48,8 +48,8 @@ class AirflowServices:
             AIRFLOW__CORE__LOAD_EXAMPLES="False", AIRFLOW__CORE__DAGS_FOLDER=dags_folder,
             AIRFLOW__DAG_PROCESSOR__DAG_BUNDLE_CONFIG_LIST=json.dumps(bundles or [bundle("dags-folder", dags_folder)]),
             AIRFLOW__CORE__PARALLELISM="4",
-            AIRFLOW__DATABASE__SQL_ALCHEMY_CONNECT_ARGS="operators.pipeline.sqlite.CONNECT_ARGS",
-            AIRFLOW__DATABASE__SQL_ALCHEMY_CONNECT_ARGS_ASYNC="operators.pipeline.sqlite.CONNECT_ARGS",
+            AIRFLOW__DATABASE__SQL_ALCHEMY_CONNECT_ARGS="dtrain.pipeline.sqlite.CONNECT_ARGS",
+            AIRFLOW__DATABASE__SQL_ALCHEMY_CONNECT_ARGS_ASYNC="dtrain.pipeline.sqlite.CONNECT_ARGS",
         )
         self.url = f"http://127.0.0.1:{self.port}/api/v2"
         self.procs: dict[str, subprocess.Popen] = {}

@@ -47,3 +47,17 @@ def alive(pids) -> list[int]:
         except psutil.NoSuchProcess:
             pass
     return out
+
+
+def rank_records(out_dir) -> dict[int, dict]:
+    """The ``rank<N>.json`` records a test script wrote (its env contract, argv, pid), by rank."""
+    import json
+    import os
+
+    records = {}
+    for name in os.listdir(out_dir):
+        if name.startswith("rank") and name.endswith(".json"):
+            with open(os.path.join(out_dir, name)) as fh:
+                record = json.load(fh)
+            records[int(record["env"]["RANK"])] = record
+    return records

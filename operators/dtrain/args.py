@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 from typing import Any, Mapping
 
-from operators.errors import SpecError
+from dtrain.errors import SpecError
 
 
 def mapping_arg(name: str, value: Any, *, not_json: str, not_mapping: str, secret: bool = False) -> Mapping[str, Any]:
@@ -29,3 +29,70 @@ def mapping_arg(name: str, value: Any, *, not_json: str, not_mapping: str, secre
     if not isinstance(value, Mapping):
         raise SpecError(name, type(value).__name__ if secret else value, not_mapping)
     return value
+
+
+def coerce_int(name: str, value: Any, *, minimum: int | None = None, maximum: int | None = None) -> int:
+    """Convert ``value`` (an int or a string of digits from a template) to int, within bounds."""
+    if isinstance(value, bool):
+        raise SpecError(name, value, "an integer is required, not a boolean")
+    if isinstance(value, str):
+        text = value.strip()
+        try:
+            value = int(text)
+        except ValueError as e:
+            raise SpecError(name, text, "an integer is required") from e
+    elif isinstance(value, float) and value.is_integer():
+        value = int(value)
+    if not isinstance(value, int):
+        raise SpecError(name, value, "an integer is required")
+    if minimum is not None and value < minimum:
+        raise SpecError(name, value, f"must be at least {minimum}")
+    if maximum is not None and value > maximum:
+        raise SpecError(name, value, f"must be at most {maximum}")
+    return value
+
+
+def coerce_float(name: str, value: Any, *, minimum: float = 0.0) -> float:
+    try:
+        number = float(value)
+    except (TypeError, ValueError) as e:
+        raise SpecError(name, value, "a number is required") from e
+    if number <= minimum:
+        raise SpecError(name, value, f"must be greater than {minimum}")
+    return number
+
+
+def coerce_argv(name: str, value: Any) -> list[str]:
+    """An argv list. A string is accepted only as a JSON array (how a rendered list may arrive).
+
+    A plain string is refused rather than split: commands never pass through a shell.
+    """
+    if isinstance(value, str):
+        text = value.strip()
+        try:
+            value = json.loads(text) if text.startswith("[") else None
+        except json.JSONDecodeError as e:
+            raise SpecError(name, text, "a list of strings (argv) is required; a JSON array string is accepted") from e
+        if value is None:
+            raise SpecError(name, text, "a list of strings (argv) is required, not a shell string")
+    if not isinstance(value, (list, tuple)) or not value:
+        raise SpecError(name, value, "a non-empty list of strings (argv) is required")
+    argv = []
+    for item in value:
+        if isinstance(item, (int, float)) and not isinstance(item, bool):
+            item = str(item)
+        if not isinstance(item, str):
+            raise SpecError(name, value, "every argv item must be a string")
+        argv.append(item)
+    return argv
+
+
+def coerce_env(name: str, value: Any) -> dict[str, str]:
+    value = mapping_arg(name, value, not_json="a mapping of strings (or a JSON object string) is required",
+                        not_mapping="a mapping of variable name to string is required")
+    env = {}
+    for key, item in value.items():
+        if not isinstance(key, str) or not key or "=" in key or "\0" in key:
+            raise SpecError(f"{name} key", key, "a variable name without '=' or NUL")
+        env[key] = str(item)
+    return env

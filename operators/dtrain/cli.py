@@ -10,12 +10,12 @@ import argparse
 import importlib
 import sys
 
-from operators.errors import DTrainError
+from dtrain.errors import DTrainError
 
 SUBCOMMAND_MODULES = (
-    "operators.launch.cli",
-    "operators.staging.cli",
-    "operators.preprocess.cli",
+    "dtrain.launch.cli",
+    "dtrain.staging.cli",
+    "dtrain.preprocess.cli",
 )
 
 

@@ -20,7 +20,7 @@ from urllib.parse import quote
 
 from airflow.sdk import BaseOperatorLink
 
-from operators.training.scaling import scaled_lr
+from dtrain.training.scaling import scaled_lr
 
 
 def global_batch_size(per_rank_batch: int, nodes: int, procs_per_node: int, grad_accum: int = 1) -> int:

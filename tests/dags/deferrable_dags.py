@@ -2,7 +2,7 @@
 deferrable mode on Slurm and over SSH.
 
 The SSH settings (key and known_hosts of the test sshd hosts) come from the environment the
-test sets before loading this file: ``ssh`` is not a templated field.
+test sets before loading this file (read at parse time, like a DAG author's constants).
 
 The operator subclass records each event it resumes with (a real subclass, not a mock):
 execute_complete only runs after the task deferred and the trigger fired.
@@ -15,7 +15,7 @@ import os
 
 from airflow.sdk import DAG, Param
 
-from operators.launch.operator import DistributedTrainingOperator
+from dtrain.launch.operator import DistributedTrainingOperator
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 DDP_REPORT = os.path.join(REPO, "tests", "slurm", "scripts", "ddp_report.py")
@@ -42,7 +42,7 @@ with DAG(dag_id="slurm_deferrable_test", schedule=None, catchup=False,
                  "--sleep", "{{ params.sleep }}"],
         env={"GLOO_SOCKET_IFNAME": "lo"},
         workdir=REPO,
-        slurm_options={"poll_interval": 0.5},
+        backend_options={"slurm": {"poll_interval": 0.5}},
     )
 
 
@@ -56,9 +56,9 @@ with DAG(dag_id="ssh_deferrable_test", schedule=None, catchup=False,
         procs_per_node=1,
         device="cpu",
         command=[DDP_REPORT, "{{ params.out_dir }}/rep", "--steps", "10"],
-        hostfile="{{ params.hostfile }}",
-        ssh={"key_file": os.environ.get("DTRAIN_TEST_SSH_KEY", ""),
-             "known_hosts_file": os.environ.get("DTRAIN_TEST_SSH_KNOWN_HOSTS", ""),
-             "strict_host_key_checking": "yes"},
+        backend_options={"ssh": {"hostfile": "{{ params.hostfile }}",
+                                 "key_file": os.environ.get("DTRAIN_TEST_SSH_KEY", ""),
+                                 "known_hosts_file": os.environ.get("DTRAIN_TEST_SSH_KNOWN_HOSTS", ""),
+                                 "strict_host_key_checking": "yes"}},
         workdir=REPO,
     )

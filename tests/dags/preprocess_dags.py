@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from airflow.sdk import DAG, Param, task
 
-from operators.preprocess.operator import PreprocessFinalizeOperator, PreprocessOperator
+from dtrain.preprocess.operator import PreprocessFinalizeOperator, PreprocessOperator
 
 with DAG(dag_id="preprocess_mapped_test", schedule=None, catchup=False,
          params={"raw": Param("/nonexistent", type="string"), "out": Param("/nonexistent", type="string")}) as dag:
@@ -17,7 +17,7 @@ with DAG(dag_id="preprocess_mapped_test", schedule=None, catchup=False,
         return [os.path.join(raw, name) for name in sorted(os.listdir(raw)) if name.endswith(".jsonl")]
 
     parts = PreprocessOperator.partial(
-        task_id="preprocess", transform="operators.preprocess.examples:digits_features",
+        task_id="preprocess", transform="dtrain.preprocess.examples:digits_features",
         output_path="{{ params.out }}", workers="2", shard_size="200",
     ).expand(input=list_partitions("{{ params.raw }}"))
     PreprocessFinalizeOperator(task_id="publish", output_path="{{ params.out }}", partitions=parts.output)

@@ -2,27 +2,18 @@
 
 from __future__ import annotations
 
-import glob
-import json
 import os
 import subprocess
 import sys
 import threading
 
-from operators.launch.env_contract import contract_from_env
-from operators.launch.launcher import Launcher
-from operators.launch.spec import LaunchSpec
+from dtrain.launch.env_contract import contract_from_env
+from dtrain.launch.launcher import Launcher
+from dtrain.launch.spec import LaunchSpec
+
+from tests.support import rank_records
 
 from .conftest import script
-
-
-def read_records(out_dir):
-    records = {}
-    for path in glob.glob(os.path.join(out_dir, "rank*.json")):
-        with open(path) as fh:
-            record = json.load(fh)
-        records[int(record["env"]["RANK"])] = record
-    return records
 
 
 def test_env_contract_two_nodes_by_two(out_dir):
@@ -30,7 +21,7 @@ def test_env_contract_two_nodes_by_two(out_dir):
     spec = LaunchSpec(command=[script("dump_env.py")], nodes=2, procs_per_node=2, env={"OUT_DIR": out_dir})
     result = Launcher(spec, sink=lines.append).run()
     assert result.exit_code == 0, "\n".join(lines[-30:])
-    records = read_records(out_dir)
+    records = rank_records(out_dir)
     assert sorted(records) == [0, 1, 2, 3]
     masters = {(r["env"]["MASTER_ADDR"], r["env"]["MASTER_PORT"]) for r in records.values()}
     assert len(masters) == 1 and all(masters.pop())
@@ -61,7 +52,7 @@ def test_concurrent_jobs_use_different_rendezvous_ports(tmp_path):
     for t in threads:
         t.join(timeout=120)
     assert [r.exit_code for r in results] == [0, 0]
-    ports = [{rec["env"]["MASTER_PORT"] for rec in read_records(str(out)).values()} for out in outs]
+    ports = [{rec["env"]["MASTER_PORT"] for rec in rank_records(str(out)).values()} for out in outs]
     assert all(len(p) == 1 for p in ports) and ports[0] != ports[1]
 
 
@@ -89,7 +80,7 @@ def test_arguments_with_shell_metacharacters_reach_the_script_verbatim(out_dir, 
         capture_output=True, text=True, timeout=120,
     )
     assert proc.returncode == 0, proc.stderr[-2000:]
-    records = read_records(out_dir)
+    records = rank_records(out_dir)
     assert len(records) == 2
     assert all(r["argv"] == hostile for r in records.values())
     assert not pwned.exists()

@@ -41,7 +41,7 @@ def test_operator_bad_param_fails_before_launch(airflow_db, out_dir):
 
 
 def test_on_kill_tears_down_every_rank(tmp_path, out_dir):
-    from operators.launch.operator import DistributedTrainingOperator
+    from dtrain.launch.operator import DistributedTrainingOperator
 
     op = DistributedTrainingOperator(task_id="t", command=[script("fail_rank.py")], nodes=2, procs_per_node=1,
                                      env={"OUT_DIR": out_dir}, run_dir=str(tmp_path / "run"))
@@ -67,10 +67,26 @@ def test_on_kill_tears_down_every_rank(tmp_path, out_dir):
 
 
 def test_operator_init_does_no_io_and_no_validation():
-    from operators.launch.operator import DistributedTrainingOperator
+    from dtrain.launch.operator import DistributedTrainingOperator
 
     # Unrendered templates and even bad values are accepted at parse time; execute validates.
     op = DistributedTrainingOperator(task_id="t", command=["/does/not/exist.py"], nodes="{{ params.n }}")
     assert op.nodes == "{{ params.n }}"
     with pytest.raises(Exception, match="nodes=.{{ params.n }}. is invalid"):
         op.build_spec({"run_id": "x"})
+
+
+@pytest.mark.parametrize("setting, expected", [(None, False), ("true", True), ("false", False)])
+def test_deferrable_default_comes_from_airflow_config(setting, expected):
+    """As the providers do: ``[operators] default_deferrable`` decides when the DAG does not."""
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k != "AIRFLOW__OPERATORS__DEFAULT_DEFERRABLE"}
+    if setting is not None:
+        env["AIRFLOW__OPERATORS__DEFAULT_DEFERRABLE"] = setting
+    code = ("from dtrain.launch.operator import DistributedTrainingOperator as Op; "
+            "print(Op(task_id='t', command=['x']).deferrable, Op(task_id='u', command=['x'], deferrable=False).deferrable)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == [str(expected), "False"]

@@ -14,7 +14,7 @@ def test_airflow_provider_manager_sees_the_provider():
 
     info = ProvidersManager().providers["airflow-dtrain"]
     assert info.data["name"] == "Distributed training (dtrain)"
-    assert "operators.launch.operator" in info.data["operators"][0]["python-modules"]
+    assert "dtrain.launch.operator" in info.data["operators"][0]["python-modules"]
 
 
 def test_dtrain_console_script_lists_launch():
@@ -23,7 +23,7 @@ def test_dtrain_console_script_lists_launch():
 
 
 def test_operator_import_pulls_no_heavy_library():
-    code = ("import sys; import operators.launch.operator, operators.launch.launcher; "
+    code = ("import sys; import dtrain.launch.operator, dtrain.launch.launcher; "
             "bad = {'torch', 'deepspeed', 's3fs', 'boto3', 'botocore', 'numpy'} & {m.split('.')[0] for m in sys.modules}; "
             "print(sorted(bad))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)

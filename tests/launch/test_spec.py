@@ -6,9 +6,9 @@ import json
 
 import pytest
 
-from operators.errors import SpecError
-from operators.launch.deepspeed_config import resolve_deepspeed_config
-from operators.launch.spec import LaunchSpec
+from dtrain.errors import SpecError
+from dtrain.launch.deepspeed_config import resolve_deepspeed_config
+from dtrain.launch.spec import LaunchSpec
 
 from .conftest import script
 

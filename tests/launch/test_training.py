@@ -10,13 +10,13 @@ import sys
 
 import pytest
 
-from operators.launch.launcher import Launcher
-from operators.launch.spec import LaunchSpec
+from dtrain.launch.launcher import Launcher
+from dtrain.launch.spec import LaunchSpec
 
 from .conftest import alive, wait_for
 
 DTRAIN = os.path.join(os.path.dirname(sys.executable), "dtrain")
-TRAIN = ["python", "-m", "operators.training.reference.train_digits"]
+TRAIN = ["python", "-m", "dtrain.training.reference.train_digits"]
 README_ACCURACY = 0.95  # README states "about 0.99"; asserting a margin below it
 
 

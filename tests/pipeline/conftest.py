@@ -8,7 +8,7 @@ import os
 
 import pytest
 
-from operators.pipeline.demo import airflow_env, moto_s3, seed_raw
+from dtrain.pipeline.demo import airflow_env, moto_s3, seed_raw
 from tests.airflow_services import BIN, REPO, AirflowServices  # noqa: F401 (BIN re-exported to the tests)
 
 DATES = ["2026-01-01", "2026-01-02", "2026-01-03", "2026-01-04", "2026-02-01"]

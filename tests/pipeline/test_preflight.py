@@ -7,9 +7,9 @@ import sys
 
 import pytest
 
-from operators.launch.spec import LaunchSpec
-from operators.preflight.checks import file_sha256, nccl_env
-from operators.preflight.runner import run_preflight
+from dtrain.launch.spec import LaunchSpec
+from dtrain.preflight.checks import file_sha256, nccl_env
+from dtrain.preflight.runner import run_preflight
 
 CMD = [sys.executable, "-c", "pass"]
 

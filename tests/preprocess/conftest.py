@@ -12,7 +12,7 @@ import pytest
 from tests.conftest import REPO
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-DIGITS = "operators.preprocess.examples:digits_features"
+DIGITS = "dtrain.preprocess.examples:digits_features"
 BIN = os.path.dirname(sys.executable)
 
 
@@ -61,7 +61,7 @@ def write_jsonl(path: str, records: list, raw_lines: dict[int, str] | None = Non
 @pytest.fixture(scope="session")
 def digits_raw(tmp_path_factory) -> str:
     """The reference split's 1437 training digits as three JSON-lines partitions."""
-    from operators.preprocess.examples import write_digits_jsonl
+    from dtrain.preprocess.examples import write_digits_jsonl
 
     root = str(tmp_path_factory.mktemp("digits-raw"))
     write_digits_jsonl(root, partitions=3)
@@ -71,7 +71,7 @@ def digits_raw(tmp_path_factory) -> str:
 @pytest.fixture(scope="session")
 def digits_shards(tmp_path_factory, digits_raw) -> str:
     """A published shard dataset of the 1437 training digits (made in-process, one worker)."""
-    from operators.preprocess.runner import preprocess
+    from dtrain.preprocess.runner import preprocess
 
     out = str(tmp_path_factory.mktemp("digits-shards"))
     paths = sorted(os.path.join(digits_raw, n) for n in os.listdir(digits_raw))

@@ -9,7 +9,7 @@ import sys
 
 from torch.utils.data import DataLoader
 
-from operators.training.shards import ShardDataset, ShardSampler
+from dtrain.training.shards import ShardDataset, ShardSampler
 
 
 def main() -> int:

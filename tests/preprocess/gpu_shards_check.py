@@ -20,17 +20,17 @@ import tempfile
 def main() -> int:
     import torch
 
-    from operators.preprocess.examples import write_digits_jsonl
-    from operators.preprocess.runner import preprocess
-    from operators.training.shards import ShardDataset, ShardLoader, ShardSampler
-    from operators.training.stall_report import format_report, summarize
+    from dtrain.preprocess.examples import write_digits_jsonl
+    from dtrain.preprocess.runner import preprocess
+    from dtrain.training.shards import ShardDataset, ShardLoader, ShardSampler
+    from dtrain.training.stall_report import format_report, summarize
 
     assert torch.cuda.is_available(), "no CUDA device"
     print("device:", torch.cuda.get_device_name(0), "torch", torch.__version__)
     tmp = tempfile.mkdtemp(prefix="gpu-shards-")
     raw = write_digits_jsonl(os.path.join(tmp, "raw"), partitions=4)
     shards = os.path.join(tmp, "shards")
-    preprocess(raw, shards, "operators.preprocess.examples:digits_features", workers=8, shard_size=128)
+    preprocess(raw, shards, "dtrain.preprocess.examples:digits_features", workers=8, shard_size=128)
 
     dataset = ShardDataset(shards, verify=True, cache_bytes=0)
     sampler = ShardSampler(len(dataset), num_replicas=1, rank=0)
@@ -41,12 +41,12 @@ def main() -> int:
     print(f"pinned ShardLoader -> cuda: {len(gpu)} batches equal to the CPU read")
 
     run_dir = os.path.join(tmp, "run")
-    from operators.launch.launcher import Launcher
-    from operators.launch.spec import LaunchSpec, visible_gpu_count
+    from dtrain.launch.launcher import Launcher
+    from dtrain.launch.spec import LaunchSpec, visible_gpu_count
 
     # gpus_per_node stated: the spec's own detection reads /proc/driver/nvidia/gpus, absent in some sandboxes.
     print("visible_gpu_count() from /proc:", visible_gpu_count(), "torch:", torch.cuda.device_count())
-    spec = LaunchSpec(command=[sys.executable, "-m", "operators.training.reference.train_digits", "--shards", shards,
+    spec = LaunchSpec(command=[sys.executable, "-m", "dtrain.training.reference.train_digits", "--shards", shards,
                                "--epochs", "8"], nodes=1, procs_per_node=1, device="gpu",
                       gpus_per_node=torch.cuda.device_count(), run_dir=run_dir)
     launched = Launcher(spec).run()

@@ -7,7 +7,7 @@ import time
 
 import numpy as np
 
-from operators.preprocess.examples import digits_features
+from dtrain.preprocess.examples import digits_features
 
 
 def digits_slow(record):

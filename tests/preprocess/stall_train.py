@@ -43,9 +43,9 @@ def main() -> int:
     import torch.distributed as dist
     from torch.utils.data import DataLoader
 
-    from operators.training.dist import init_distributed, shutdown
-    from operators.training.metrics import MetricsWriter
-    from operators.training.shards import ShardDataset, ShardSampler
+    from dtrain.training.dist import init_distributed, shutdown
+    from dtrain.training.metrics import MetricsWriter
+    from dtrain.training.shards import ShardDataset, ShardSampler
 
     ctx = init_distributed()
     dataset = ShardDataset(args.shards)

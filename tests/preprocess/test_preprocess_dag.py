@@ -31,6 +31,6 @@ def test_three_mapped_partitions_then_finalize(airflow_db, tmp_path, digits_raw)
     assert manifest["num_samples"] == 1437
     assert [p["name"] for p in manifest["source"]["partitions"]] == [s["name"] for s in summaries]
     assert len(manifest["shards"]) == 9 and {s["partition"] for s in manifest["shards"]} == {s["name"] for s in summaries}
-    from operators.training.shards import ShardDataset
+    from dtrain.training.shards import ShardDataset
 
     assert len(ShardDataset(out, verify=True)) == 1437

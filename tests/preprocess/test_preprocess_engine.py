@@ -9,9 +9,9 @@ import os
 import numpy as np
 import pytest
 
-from operators.errors import SpecError
-from operators.preprocess.errors import PreprocessError, TooManyBadRecords
-from operators.preprocess.runner import finalize_dataset, preprocess, process_partition
+from dtrain.errors import SpecError
+from dtrain.preprocess.errors import PreprocessError, TooManyBadRecords
+from dtrain.preprocess.runner import finalize_dataset, preprocess, process_partition
 
 from .conftest import DIGITS, dtrain, read_tree, write_jsonl
 
@@ -23,8 +23,8 @@ def partitions(raw: str) -> list[str]:
 
 
 def test_two_cli_runs_give_byte_identical_shards(tmp_path, digits_raw):
-    from operators.training.reference.train_digits import load_digits_split
-    from operators.training.shards import ShardDataset
+    from dtrain.training.reference.train_digits import load_digits_split
+    from dtrain.training.shards import ShardDataset
 
     outs = [str(tmp_path / f"out{i}") for i in range(2)]
     for out in outs:
@@ -65,7 +65,7 @@ def test_rerun_is_idempotent_and_keeps_every_file(tmp_path, digits_raw):
 
 
 def bad_digits_file(path: str, repeat: int = 2) -> tuple[str, int]:
-    from operators.preprocess.examples import digits_records
+    from dtrain.preprocess.examples import digits_records
 
     records = digits_records(repeat=repeat)
     records[29]["label"] = None  # dropped by the transform: not a bad record
@@ -120,7 +120,7 @@ def test_csv_parquet_npy_and_gzip_inputs(tmp_path):
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from operators.training.shards import ShardDataset
+    from dtrain.training.shards import ShardDataset
 
     (tmp_path / "csv").mkdir()
     (tmp_path / "csv" / "a.csv").write_text("value,label\n1.5,1\n\n2.5,2\nnot-a-number,3\n4,5,6\n")
@@ -132,7 +132,7 @@ def test_csv_parquet_npy_and_gzip_inputs(tmp_path):
     assert [b["line"] for b in bad] == [5, 6] and "header has 2" in bad[1]["reason"]
     assert ShardDataset(out).get_batch([0, 1])[0].tolist() == [1.5, 2.5]
 
-    from operators.preprocess.examples import digits_records
+    from dtrain.preprocess.examples import digits_records
 
     records = digits_records()[:300]
     pq.write_table(pa.Table.from_pylist(records), str(tmp_path / "d.parquet"), row_group_size=64)
@@ -158,7 +158,7 @@ def test_csv_parquet_npy_and_gzip_inputs(tmp_path):
 def moto_s3(monkeypatch):
     from moto.server import ThreadedMotoServer
 
-    from operators.launch.job import free_port
+    from dtrain.launch.job import free_port
 
     port = free_port()
     server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
@@ -178,7 +178,7 @@ def moto_s3(monkeypatch):
 def test_s3_input_and_output_through_moto(tmp_path, moto_s3, digits_raw):
     import fsspec
 
-    from operators.training.shards import ShardDataset
+    from dtrain.training.shards import ShardDataset
 
     fs = fsspec.filesystem("s3", skip_instance_cache=True)
     for path in partitions(digits_raw)[:2]:
@@ -195,7 +195,7 @@ def test_s3_input_and_output_through_moto(tmp_path, moto_s3, digits_raw):
 @pytest.mark.parametrize("kwargs, field", [
     ({"workers": 0}, "workers"), ({"max_bad_fraction": 2}, "max_bad_fraction"),
     ({"shard_size": 0}, "shard_size"), ({"transform": "no.such.module:fn"}, "transform"),
-    ({"transform": "operators.preprocess.examples:NOPE"}, "transform"), ({"inputs": ["/no/such/dir"]}, "input"),
+    ({"transform": "dtrain.preprocess.examples:NOPE"}, "transform"), ({"inputs": ["/no/such/dir"]}, "input"),
 ])
 def test_bad_arguments_fail_before_any_work(tmp_path, digits_raw, kwargs, field):
     out = tmp_path / "out"
@@ -209,7 +209,7 @@ def test_bad_arguments_fail_before_any_work(tmp_path, digits_raw, kwargs, field)
 def test_reader_refuses_unpublished_truncated_or_corrupt_shards(tmp_path, digits_shards):
     import shutil
 
-    from operators.training.shards import ShardDataset
+    from dtrain.training.shards import ShardDataset
 
     with pytest.raises(PreprocessError, match="manifest.json is missing"):
         ShardDataset(str(tmp_path))
@@ -243,7 +243,7 @@ def test_workers_do_not_rerun_the_callers_main(tmp_path, digits_raw):
         "import sys\n"
         "if __name__ != '__main__':\n"
         "    raise SystemExit('caller re-imported in a worker')\n"
-        "from operators.preprocess.runner import preprocess\n"
+        "from dtrain.preprocess.runner import preprocess\n"
         f"r = preprocess([{partitions(digits_raw)[0]!r}], sys.argv[1], {DIGITS!r}, workers=2, shard_size=100)\n"
         "print('samples', r['num_samples'])\n")
     result = subprocess.run([sys.executable, str(script), str(tmp_path / "out")], capture_output=True, text=True,
@@ -268,7 +268,7 @@ def test_operator_on_kill_stops_its_workers(tmp_path, digits_raw, monkeypatch):
 
     import psutil
 
-    from operators.preprocess.operator import PreprocessOperator
+    from dtrain.preprocess.operator import PreprocessOperator
 
     monkeypatch.setenv("PREP_TEST_SLEEP_S", "0.02")  # inherited by the spawned workers
     op = PreprocessOperator(task_id="p", transform="tests.preprocess.prep_transforms:digits_slow",

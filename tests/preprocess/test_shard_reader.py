@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 import torch
 
-from operators.preprocess.runner import preprocess
-from operators.training.shards import ShardDataset, ShardSampler
+from dtrain.preprocess.runner import preprocess
+from dtrain.training.shards import ShardDataset, ShardSampler
 
 from .conftest import HERE, launch
 
@@ -86,7 +86,7 @@ def test_four_launched_ranks_split_the_shards(tmp_path, indexed_shards):
 
 
 def test_cached_and_memory_mapped_reads_agree_and_shard_loader_batches(digits_shards):
-    from operators.training.shards import ShardLoader
+    from dtrain.training.shards import ShardLoader
 
     cached, mapped = ShardDataset(digits_shards), ShardDataset(digits_shards, cache_bytes=0)
     assert cached.cached and not mapped.cached

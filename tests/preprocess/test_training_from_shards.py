@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import os
 
-from operators.training.stall_report import format_report, summarize
+from dtrain.training.stall_report import format_report, summarize
 
 from .conftest import HERE, launch
 
@@ -15,7 +15,7 @@ STALL = os.path.join(HERE, "stall_train.py")
 
 def test_reference_script_trains_from_shards_on_two_ranks(tmp_path, digits_shards):
     run = str(tmp_path / "run")
-    launch(2, run, "-m", "operators.training.reference.train_digits", "--shards", digits_shards, "--epochs", "8")
+    launch(2, run, "-m", "dtrain.training.reference.train_digits", "--shards", digits_shards, "--epochs", "8")
     result = json.load(open(os.path.join(run, "metrics", "result.json"), encoding="utf-8"))
     assert result["world_size"] == 2 and result["test_accuracy"] >= 0.90, result
     assert result["steps"] == 8 * (1437 // 2 // 32)  # the shard sampler's equal per-rank share, whole batches

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import pytest
 
-from operators.errors import SpecError
-from operators.launch.hostfile import (HostEntry, SSHSettings, coerce_hosts, from_airflow_connection,
+from dtrain.errors import SpecError
+from dtrain.launch.backends.ssh.hostfile import (HostEntry, SSHSettings, coerce_hosts, from_airflow_connection,
                                        parse_hostfile_text, read_hostfile)
-from operators.launch.spec import LaunchSpec
+from dtrain.launch.spec import LaunchSpec
 
 
 def test_deepspeed_lines_and_the_user_port_extension():
@@ -71,27 +71,34 @@ def test_inline_hosts_accept_a_list_or_a_comma_string():
 def test_spec_selects_the_first_nodes_hosts_and_checks_slots(tmp_path):
     path = tmp_path / "hosts"
     path.write_text("a slots=2\nb slots=1\nc slots=4\n")
-    spec = LaunchSpec(command=["train.py"], backend="ssh", hostfile=str(path), nodes=1, procs_per_node=2)
-    assert [h.host for h in spec.resolved_hosts] == ["a"]
+    spec = LaunchSpec(command=["train.py"], backend="ssh", backend_options={"hostfile": str(path)}, nodes=1,
+                      procs_per_node=2)
+    assert [h.host for h in spec.resolved] == ["a"]
     with pytest.raises(SpecError) as err:
-        LaunchSpec(command=["train.py"], backend="ssh", hostfile=str(path), nodes=2, procs_per_node=2)
+        LaunchSpec(command=["train.py"], backend="ssh", backend_options={"hostfile": str(path)}, nodes=2,
+                   procs_per_node=2)
     assert err.value.field == "procs_per_node" and f"{path} line 2" in err.value.allowed
     with pytest.raises(SpecError) as err:
-        LaunchSpec(command=["train.py"], backend="ssh", hosts=["a slots=2"], nodes=2)
+        LaunchSpec(command=["train.py"], backend="ssh", backend_options={"hosts": ["a slots=2"]}, nodes=2)
     assert err.value.field == "nodes" and "at most the 1 host(s)" in err.value.allowed
 
 
 @pytest.mark.parametrize("kwargs, field", [
     ({"backend": "ssh"}, "hostfile"),
-    ({"backend": "local", "hosts": ["a"]}, "hosts"),
-    ({"backend": "local", "ssh": {"user": "bob"}}, "ssh"),
-    ({"backend": "ssh", "hosts": ["a"], "hostfile": "/x"}, "hosts"),
-    ({"backend": "ssh", "hosts": ["a"], "ssh": {"user": "-oProxyCommand=x"}}, "ssh.user"),
-    ({"backend": "ssh", "hosts": ["a"], "ssh": {"port": "70000"}}, "ssh.port"),
-    ({"backend": "ssh", "hosts": ["a"], "ssh": {"key_file": "/nonexistent/key"}}, "ssh.key_file"),
-    ({"backend": "ssh", "hosts": ["a"], "ssh": {"strict_host_key_checking": "maybe"}}, "ssh.strict_host_key_checking"),
-    ({"backend": "ssh", "hosts": ["a"], "ssh": {"python": "python3"}}, "ssh.python"),
-    ({"backend": "ssh", "hosts": ["a"], "ssh": {"password": "x"}}, "ssh"),
+    ({"backend": "local", "backend_options": {"hosts": ["a"]}}, "backend_options['local']"),
+    ({"backend": "local", "backend_options": {"user": "bob"}}, "backend_options['local']"),
+    ({"backend": "nosuch"}, "backend"),
+    ({"backend": "ssh", "backend_options": {"hosts": ["a"], "hostfile": "/x"}}, "hosts"),
+    ({"backend": "ssh", "backend_options": {"hosts": ["a"], "user": "-oProxyCommand=x"}}, "ssh.user"),
+    ({"backend": "ssh", "backend_options": {"hosts": ["a"], "port": "70000"}}, "ssh.port"),
+    ({"backend": "ssh", "backend_options": {"hosts": ["a"], "key_file": "/nonexistent/key"}}, "ssh.key_file"),
+    ({"backend": "ssh", "backend_options": {"hosts": ["a"], "strict_host_key_checking": "maybe"}},
+     "ssh.strict_host_key_checking"),
+    ({"backend": "ssh", "backend_options": {"hosts": ["a"], "python": "python3"}}, "ssh.python"),
+    ({"backend": "ssh", "backend_options": {"hosts": ["a"], "password": "x"}}, "backend_options['ssh']"),
+    ({"backend": "ssh", "backend_options": {"hosts": ["a"], "conn_id": "c"}}, "backend_options['ssh'].conn_id"),
+    ({"backend": "slurm", "backend_options": {"partition": "a b"}}, "partition"),
+    ({"backend": "slurm", "backend_options": {"qos": "high"}}, "slurm_options"),
     ({"mpi_options": ["--oversubscribe"]}, "mpi_options"),
     ({"distribution": "mpi", "nodes": 2}, "nodes"),
     ({"parameter_servers": 1}, "parameter_servers"),

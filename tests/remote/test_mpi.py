@@ -9,8 +9,8 @@ import time
 import psutil
 import pytest
 
-from operators.launch.launcher import Launcher
-from operators.launch.spec import LaunchSpec
+from dtrain.launch.launcher import Launcher
+from dtrain.launch.spec import LaunchSpec
 from tests.remote.conftest import (job_processes, needs_mpirun, needs_sshd, reports, still_alive, train_command,
                                    wait_for)
 
@@ -28,7 +28,8 @@ def orteds_since(t0: float) -> list[int]:
 
 def mpi_spec(cluster, tmp_path, command, **kw) -> LaunchSpec:
     return LaunchSpec(command=command, nodes=2, procs_per_node=2, backend="ssh", distribution="mpi", device="cpu",
-                      hostfile=cluster.hostfile(2), ssh=cluster.ssh_settings(), run_dir=str(tmp_path / "run"),
+                      backend_options={"hostfile": cluster.hostfile(2), **cluster.ssh_settings()},
+                      run_dir=str(tmp_path / "run"),
                       mpi_options=["--oversubscribe", "-x DTRAIN_TEST_MPI_OPTION=passed-through"], **kw)
 
 

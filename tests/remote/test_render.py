@@ -8,13 +8,14 @@ import shlex
 
 import pytest
 
-from operators.errors import SpecError
-from operators.launch.backends.mpi_backend import mpi_hostfile_text, ssh_config_text
-from operators.launch.backends.ssh import remote_agent_command, ssh_argv, static_agent_argv
-from operators.launch.hostfile import HostEntry, SSHSettings
-from operators.launch.mpi import coerce_mpi_options, mpirun_argv, mpirun_env
-from operators.launch.spec import LaunchSpec
-from operators.launch.tf_config import cluster_spec, tf_config_env, tf_config_for_rank
+from dtrain.errors import SpecError
+from dtrain.launch.backends.mpi.backend import mpi_hostfile_text
+from dtrain.launch.backends.mpi.render import coerce_mpi_options, mpirun_argv, mpirun_env
+from dtrain.launch.backends.ssh.backend import remote_agent_command, ssh_argv, ssh_config_text
+from dtrain.launch.backends.ssh.hostfile import HostEntry, SSHSettings
+from dtrain.launch.spec import LaunchSpec
+from dtrain.launch.tf_config import cluster_spec, tf_config_env, tf_config_for_rank
+from dtrain.launch.torchrun import Static, agent_argv
 
 PY = "/opt/venv/bin/python"
 
@@ -34,12 +35,12 @@ def test_ssh_argv_per_host_user_and_port_win_over_the_settings():
 
 def test_static_agent_argv_fixes_the_node_rank():
     spec = LaunchSpec(command=["train.py", "--lr", "0.1"], nodes=2, procs_per_node=4, backend="ssh",
-                      hosts=["a slots=4", "b slots=4"], rdzv_timeout=90)
-    argv = static_agent_argv(spec, python=PY, node_index=1, rdzv_host="a", rdzv_port=29400, job_id="job1")
+                      backend_options={"hosts": ["a slots=4", "b slots=4"]}, rdzv_timeout=90)
+    argv = agent_argv(spec, python=PY, job_id="job1", rdzv=Static(endpoint=("a", 29400), node_rank=1))
     assert argv == [
         PY, "-m", "torch.distributed.run", "--nnodes=2", "--nproc-per-node=4", "--rdzv-backend=static",
         "--rdzv-endpoint=a:29400", "--rdzv-id=job1", "--rdzv-conf=timeout=90", "--node-rank=1",
-        "--max-restarts=0", "--no-python", PY, "-m", "operators.launch.rank_entry", "train.py", "--lr", "0.1",
+        "--max-restarts=0", "--no-python", PY, "-m", "dtrain.launch.rank_entry", "train.py", "--lr", "0.1",
     ]
 
 
@@ -47,7 +48,7 @@ def test_remote_command_is_one_quoted_string_that_splits_back_verbatim():
     hostile = ["$(touch /tmp/pwned); x", "`id`", "a b", "'", '"', "\\", "*", "\n"]
     command = remote_agent_command(PY, job_id="j", node_index=0, pgid_file="/runs/j/remote/node0.pgid",
                                    workdir="/work dir", grace=5.0, agent=["torchrun", *hostile])
-    assert shlex.split(command) == [PY, "-m", "operators.launch.remote_agent", "--job-id", "j", "--node", "0",
+    assert shlex.split(command) == [PY, "-m", "dtrain.launch.backends.ssh.remote_agent", "--job-id", "j", "--node", "0",
                                     "--pgid-file", "/runs/j/remote/node0.pgid", "--workdir", "/work dir",
                                     "--grace", "5", "--", "torchrun", *hostile]
 
@@ -62,14 +63,14 @@ def test_mpirun_argv_over_ssh_hosts():
         "--mca", "plm_rsh_agent", "ssh -F /run/mpi/ssh_config", "--wdir", "/work",
         "-x", "DTRAIN_RUN_DIR", "-x", "MASTER_ADDR", "-x", "MASTER_PORT",
         "-x", "NCCL_DEBUG=VERSION", "--oversubscribe",
-        PY, "-m", "operators.launch.rank_entry", "train.py", "--epochs", "3",
+        PY, "-m", "dtrain.launch.rank_entry", "train.py", "--epochs", "3",
     ]
 
 
 def test_mpirun_argv_on_this_host():
     assert mpirun_argv(nodes=1, procs_per_node=2, python=PY, command=["t.py"], export=[]) == [
         "mpirun", "--host", "localhost:2", "-np", "2", "--map-by", "ppr:2:node", "--bind-to", "none",
-        PY, "-m", "operators.launch.rank_entry", "t.py",
+        PY, "-m", "dtrain.launch.rank_entry", "t.py",
     ]
 
 
@@ -117,7 +118,7 @@ def test_generated_ssh_config_and_mpi_hostfile():
         "  ConnectTimeout 10\n  LogLevel ERROR\n  User alice\n  IdentityFile /k/id\n"
         "  IdentitiesOnly yes\n  UserKnownHostsFile /k/known\n"
     )
-    assert mpi_hostfile_text(hosts, 2) == "dtrain-node0 slots=2\ndtrain-node1 slots=2\n"
+    assert mpi_hostfile_text(len(hosts), 2) == "dtrain-node0 slots=2\ndtrain-node1 slots=2\n"
 
 
 def test_tf_config_workers_only():

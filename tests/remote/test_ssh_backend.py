@@ -14,8 +14,8 @@ import uuid
 
 import pytest
 
-from operators.launch.launcher import Launcher
-from operators.launch.spec import LaunchSpec
+from dtrain.launch.launcher import Launcher
+from dtrain.launch.spec import LaunchSpec
 from tests.remote.conftest import job_processes, needs_sshd, reports, still_alive, train_command, wait_for
 
 pytestmark = [needs_sshd, pytest.mark.timeout(240)]
@@ -26,7 +26,8 @@ HOSTILE = [f"$(touch {MARKER}); x", f"`touch {MARKER}`", f"; touch {MARKER} #", 
 
 def ssh_spec(cluster, tmp_path, command, **kw) -> LaunchSpec:
     return LaunchSpec(command=command, nodes=2, procs_per_node=2, backend="ssh", device="cpu",
-                      hostfile=cluster.hostfile(2), ssh=cluster.ssh_settings(), run_dir=str(tmp_path / "run"), **kw)
+                      backend_options={"hostfile": cluster.hostfile(2), **cluster.ssh_settings()},
+                      run_dir=str(tmp_path / "run"), **kw)
 
 
 @pytest.fixture(scope="module")
@@ -103,7 +104,7 @@ def test_failing_rank_tears_down_every_host_and_propagates_its_exit_code(ssh_clu
     assert result.failed_node == 1
     assert "rank 3 fails on purpose" in result.tail
     names = "\n".join(cmdlines)
-    assert "operators.launch.remote_agent" in names and "torch.distributed.run" in names
+    assert "dtrain.launch.backends.ssh.remote_agent" in names and "torch.distributed.run" in names
     assert len(seen) >= 2 + 2 + 2 + 4  # ssh clients, remote agents, torchrun agents, ranks (+ wrappers)
     assert still_alive(list(seen.values())) == []
     assert still_alive(job_processes(result.job_id)) == []
@@ -196,8 +197,9 @@ def test_unreachable_host_fails_with_ssh_status_and_stops_the_others(ssh_cluster
         closed = s.getsockname()[1]
     lines: list[str] = []
     spec = LaunchSpec(command=train_command("--steps", "1", "--hang"), nodes=2, procs_per_node=1, backend="ssh",
-                      device="cpu", hosts=[f"root@{ssh_cluster.hosts[0].line} slots=1", f"root@127.0.0.1:{closed}"],
-                      ssh=ssh_cluster.ssh_settings(), run_dir=str(tmp_path / "run"))
+                      device="cpu", run_dir=str(tmp_path / "run"),
+                      backend_options={"hosts": [f"root@{ssh_cluster.hosts[0].line} slots=1", f"root@127.0.0.1:{closed}"],
+                                       **ssh_cluster.ssh_settings()})
     result = Launcher(spec, sink=lines.append).run()
     assert result.exit_code == 255 and result.failed_node == 1, "\n".join(lines[-20:])
     assert any("Connection refused" in line for line in result.tail), result.tail

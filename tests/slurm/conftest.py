@@ -60,7 +60,7 @@ def queue(cluster) -> list[str]:
 
 def cpu_spec(command, nodes=2, procs_per_node=2, **kwargs):
     """A LaunchSpec for the test cluster: CPU, gloo over loopback (both nodes share this host)."""
-    from operators.launch.spec import LaunchSpec
+    from dtrain.launch.spec import LaunchSpec
 
     env = {"GLOO_SOCKET_IFNAME": "lo", **kwargs.pop("env", {})}
     return LaunchSpec(command=command, nodes=nodes, procs_per_node=procs_per_node, backend="slurm", device="cpu",

@@ -8,8 +8,7 @@ import subprocess
 import sys
 import threading
 
-from operators.launch.backends.slurm import SlurmBackend, SlurmOptions
-from operators.launch.launcher import Launcher
+from dtrain.launch.launcher import Launcher
 
 from .conftest import DDP_REPORT, REPO, alive, cpu_spec, queue, wait_for
 
@@ -24,9 +23,9 @@ def test_ddp_two_nodes_by_two_trains_and_node_rank_is_slurm_nodeid(slurm, tmp_pa
     pwned = tmp_path / "pwned"
     hostile = [a.format(p=pwned) for a in HOSTILE_ARGS]
     spec = cpu_spec(["python", DDP_REPORT, str(tmp_path / "rep"), *hostile], run_dir=str(tmp_path / "run"),
-                    env={"HOSTILE": hostile[0]})
+                    env={"HOSTILE": hostile[0]}, backend_options={"poll_interval": 0.3})
     lines: list[str] = []
-    result = Launcher(spec, sink=lines.append, backend=SlurmBackend(lines.append, SlurmOptions(poll_interval=0.3))).run()
+    result = Launcher(spec, sink=lines.append).run()
     assert result.exit_code == 0, "\n".join(lines)
     ranks = reports(tmp_path / "rep")
     assert sorted(int(r["RANK"]) for r in ranks) == [0, 1, 2, 3]
@@ -65,7 +64,8 @@ def test_cli_dry_run_prints_script_and_submits_nothing(slurm, tmp_path):
          "--", "python", "train.py", "$(id)"],
         capture_output=True, text=True, timeout=60, cwd=REPO)
     assert proc.returncode == 0, proc.stderr
-    assert proc.stdout == (run_dir / "slurm-job.sh").read_text()
+    assert proc.stdout.startswith("#!/bin/bash\n") and f"#SBATCH --output={run_dir}/slurm-%j.out" in proc.stdout
+    assert not run_dir.exists()  # a dry run writes nothing
     for line in ("#SBATCH --nodes=2", "#SBATCH --partition=debug", "#SBATCH --time=5", "#SBATCH --account=ml"):
         assert line + "\n" in proc.stdout
     assert "train.py '$(id)'" in proc.stdout
@@ -73,10 +73,10 @@ def test_cli_dry_run_prints_script_and_submits_nothing(slurm, tmp_path):
 
 
 def test_terminate_scancels_and_frees_every_process(slurm, tmp_path):
-    spec = cpu_spec(["python", DDP_REPORT, str(tmp_path / "rep"), "--sleep", "120"], run_dir=str(tmp_path / "run"))
+    spec = cpu_spec(["python", DDP_REPORT, str(tmp_path / "rep"), "--sleep", "120"], run_dir=str(tmp_path / "run"),
+                    backend_options={"poll_interval": 0.3})
     lines: list[str] = []
-    backend = SlurmBackend(lines.append, SlurmOptions(poll_interval=0.3))
-    launcher = Launcher(spec, sink=lines.append, backend=backend)
+    launcher = Launcher(spec, sink=lines.append)
     results = []
     thread = threading.Thread(target=lambda: results.append(launcher.run()))
     thread.start()
@@ -84,7 +84,8 @@ def test_terminate_scancels_and_frees_every_process(slurm, tmp_path):
     job_pids = slurm.job_pids()
     rank_pids = {int(line.rsplit("pid=", 1)[1]) for line in lines if "sleeping" in line}
     assert rank_pids <= job_pids and len(job_pids) > len(rank_pids)  # plus torchrun agents, srun, slurmstepd
-    assert queue(slurm) == [backend.slurm_job_id]
+    slurm_job_id = queue(slurm)[0]
+    assert queue(slurm) == [slurm_job_id]
     launcher.terminate()
     thread.join(timeout=60)
     assert not thread.is_alive()
@@ -92,12 +93,12 @@ def test_terminate_scancels_and_frees_every_process(slurm, tmp_path):
     assert queue(slurm) == []
     assert alive(job_pids) == []
     assert slurm.job_pids() == set()
-    state = slurm.run(["scontrol", "show", "job", "-o", backend.slurm_job_id]).stdout
+    state = slurm.run(["scontrol", "show", "job", "-o", slurm_job_id]).stdout
     assert "JobState=CANCELLED" in state
 
 
 def test_query_of_a_job_slurm_never_knew_is_done_and_failed(slurm, tmp_path):
-    from operators.launch.backends.slurm import query
+    from dtrain.launch.backends.slurm.backend import query
 
     status = query("999999", str(tmp_path))
     assert status.done and status.exit_code == 1 and status.state == "UNKNOWN"
@@ -109,9 +110,9 @@ def test_unreachable_controller_is_an_error_not_a_verdict(slurm, tmp_path, monke
     """A slurmctld that does not answer must not turn a running job into a failed one."""
     import pytest
 
-    from operators.errors import DTrainError
-    from operators.launch.backends.slurm import query
-    from operators.launch.job import free_port
+    from dtrain.errors import DTrainError
+    from dtrain.launch.backends.slurm.backend import query
+    from dtrain.launch.job import free_port
 
     conf = tmp_path / "slurm.conf"
     text = open(slurm.conf).read()

@@ -10,8 +10,9 @@ import os
 
 import pytest
 
-from operators.launch.backends.slurm import SlurmBackend, SlurmOptions
-from operators.launch.job import prepare_job
+from dtrain.launch.backends import JobHandle
+from dtrain.launch.backends.slurm import SlurmBackend
+from dtrain.launch.job import prepare_job
 
 from .conftest import DDP_REPORT, cpu_spec, queue, wait_for
 
@@ -35,23 +36,24 @@ def test_deferred_task_succeeds_and_returns_result(airflow_db, slurm, tmp_path):
     assert ti.state == "success"
     [event] = events(tmp_path)  # execute_complete ran once: the task deferred and the trigger fired
     assert event["status"] == "success" and event["state"] == "COMPLETED" and event["exit_code"] == 0
-    assert str(ti.xcom_pull(task_ids="train", key="slurm_job_id")) == event["job_id"]
+    job_id = event["handle"]["backend_job_id"]
+    assert str(ti.xcom_pull(task_ids="train", key="slurm_job_id")) == job_id
     result = ti.xcom_pull(task_ids="train")
-    assert result["exit_code"] == 0 and result["world_size"] == 2 and str(result["slurm_job_id"]) == event["job_id"]
+    assert result["exit_code"] == 0 and result["world_size"] == 2 and str(result["slurm_job_id"]) == job_id
     assert sorted(os.listdir(tmp_path / "rep")) == ["rank0.json", "rank1.json"]  # the job really trained
     assert queue(slurm) == []
 
 
 def test_deferred_task_failure_raises_with_failing_rank_tail(airflow_db, slurm, tmp_path):
-    from operators.errors import LaunchError
-    from operators.launch.backends.slurm import log_path
-    from operators.launch.deferrable import resume_job
+    from dtrain.errors import LaunchError
+    from dtrain.launch.backends.slurm.render import log_path
+    from dtrain.launch.deferrable import resume_job
 
     ti = run_dag(tmp_path, fail_rank=1)
     assert ti.state == "failed"
     [event] = events(tmp_path)
     assert event["status"] == "failed" and event["state"] == "FAILED" and event["exit_code"] != 0
-    log_lines = open(log_path(event["run_dir"], event["job_id"])).read().splitlines()
+    log_lines = open(log_path(event["handle"]["run_dir"], event["handle"]["backend_job_id"])).read().splitlines()
     assert event["tail"] == log_lines[-len(event["tail"]):] and event["tail"]  # the job log's tail
     # What execute_complete raised for that event: the failing rank, its exit code, its last lines.
     with pytest.raises(LaunchError) as info:
@@ -62,12 +64,12 @@ def test_deferred_task_failure_raises_with_failing_rank_tail(airflow_db, slurm, 
 
 def test_job_failing_before_any_rank_raises_with_job_log_tail(slurm, tmp_path):
     """No rank exit record (the interpreter does not exist on the nodes): the job log says why."""
-    from operators.errors import LaunchError
-    from operators.launch.deferrable import resume_job
-    from operators.launch.trigger import DistributedJobTrigger
+    from dtrain.errors import LaunchError
+    from dtrain.launch.deferrable import resume_job
+    from dtrain.launch.trigger import DistributedJobTrigger
 
-    job, job_id = submit_sleeper(tmp_path, 1, python="/nonexistent/python3")
-    trigger = DistributedJobTrigger(job_id=job_id, run_dir=job.run_dir, poll_interval=0.3)
+    job, handle = submit_sleeper(tmp_path, 1, python="/nonexistent/python3")
+    trigger = DistributedJobTrigger(handle=handle.to_dict(), poll_interval=0.3)
 
     async def wait_event():
         async for event in trigger.run():
@@ -82,38 +84,48 @@ def test_job_failing_before_any_rank_raises_with_job_log_tail(slurm, tmp_path):
 
 
 def test_event_not_from_this_submission_is_refused(tmp_path):
-    from operators.errors import DTrainError
-    from operators.launch.deferrable import resume_job
+    from dtrain.errors import DTrainError
+    from dtrain.launch.deferrable import resume_job
 
-    forged = {"status": "success", "backend": "slurm", "job_id": "999", "run_dir": str(tmp_path), "tail": []}
+    handle = JobHandle("slurm", "dtrain-x", "999", str(tmp_path), 2, 0.0)
+    forged = {"status": "success", "handle": handle.to_dict(), "tail": []}
     with pytest.raises(DTrainError, match="no submission record"):
         resume_job(None, forged)
     with pytest.raises(DTrainError, match="unexpected trigger event"):
-        resume_job(None, {"status": "maybe", "backend": "slurm", "job_id": "1", "run_dir": str(tmp_path)})
+        resume_job(None, {"status": "maybe", "handle": handle.to_dict()})
+    with pytest.raises(DTrainError, match="not a job handle"):
+        resume_job(None, {"status": "success", "handle": {"backend": "slurm", "job_id": "1"}})
+    # A record that exists but differs (another run directory's job) is refused too.
+    from dtrain.launch.deferrable import write_submission
+
+    write_submission(JobHandle("slurm", "dtrain-x", "999", str(tmp_path), 4, 0.0))
+    with pytest.raises(DTrainError, match="does not match its submission record"):
+        resume_job(None, forged)
     with pytest.raises(DTrainError, match="not a mapping"):
         resume_job(None, "success")
 
 
 def submit_sleeper(tmp_path, seconds, **options):
     spec = cpu_spec(["python", DDP_REPORT, str(tmp_path / "rep"), "--sleep", str(seconds)], nodes=2, procs_per_node=1,
-                    run_dir=str(tmp_path / "run"))
+                    run_dir=str(tmp_path / "run"), backend_options=options)
     job = prepare_job(spec)
-    from operators.launch.deferrable import _write_submission
+    from dtrain.launch.deferrable import write_submission
 
-    backend = SlurmBackend(lambda line: None, SlurmOptions(**options))
-    job_id = backend.submit(job)
-    _write_submission(job, job_id)
-    return job, job_id
+    handle = SlurmBackend(lambda line: None).submit(job, detached=True)
+    write_submission(handle)
+    return job, handle
 
 
 def test_trigger_serializes_primitives_and_reattaches_after_restart(slurm, tmp_path):
-    from operators.launch.trigger import DistributedJobTrigger
+    from dtrain.launch.trigger import DistributedJobTrigger
 
-    job, job_id = submit_sleeper(tmp_path, 1)
-    first = DistributedJobTrigger(job_id=job_id, run_dir=job.run_dir, poll_interval=0.3)
+    job, handle = submit_sleeper(tmp_path, 1)
+    job_id = handle.backend_job_id
+    first = DistributedJobTrigger(handle=handle.to_dict(), poll_interval=0.3)
     classpath, kwargs = first.serialize()
     assert json.loads(json.dumps(kwargs)) == kwargs  # primitives only
-    assert kwargs == {"job_id": job_id, "run_dir": job.run_dir, "backend": "slurm", "poll_interval": 0.3}
+    assert kwargs == {"handle": handle.to_dict(), "poll_interval": 0.3}
+    assert kwargs["handle"]["backend"] == "slurm" and kwargs["handle"]["run_dir"] == job.run_dir
 
     async def first_life():
         # The triggerer runs it for a while, then restarts: the task is cancelled mid-poll.
@@ -135,16 +147,17 @@ def test_trigger_serializes_primitives_and_reattaches_after_restart(slurm, tmp_p
             return event
 
     event = asyncio.run(asyncio.wait_for(second_life(), 90))
-    assert event.payload["job_id"] == job_id and event.payload["status"] == "success"
+    assert event.payload["handle"]["backend_job_id"] == job_id and event.payload["status"] == "success"
     assert any("sleeping" in line for line in event.payload["tail"])
 
 
 def test_trigger_on_kill_cancels_the_job(slurm, tmp_path):
-    from operators.launch.trigger import DistributedJobTrigger
+    from dtrain.launch.trigger import DistributedJobTrigger
 
-    job, job_id = submit_sleeper(tmp_path, 120)
+    job, handle = submit_sleeper(tmp_path, 120)
+    job_id = handle.backend_job_id
     wait_for(lambda: "RUNNING" in slurm.run(["squeue", "-h", "-j", job_id, "-o", "%T"]).stdout, 30, what="running")
-    trigger = DistributedJobTrigger(job_id=job_id, run_dir=job.run_dir, poll_interval=0.3)
+    trigger = DistributedJobTrigger(handle=handle.to_dict(), poll_interval=0.3)
     asyncio.run(trigger.on_kill())
 
     async def wait_event():
@@ -158,15 +171,16 @@ def test_trigger_on_kill_cancels_the_job(slurm, tmp_path):
 
 def test_trigger_gives_up_with_an_error_event_when_slurm_cannot_be_asked(slurm, tmp_path, monkeypatch):
     """A controller that does not answer is retried, then reported as an error (not as a failed job)."""
-    from operators.launch.job import free_port
-    from operators.launch.trigger import MAX_POLL_ERRORS, DistributedJobTrigger
+    from dtrain.launch.job import free_port
+    from dtrain.launch.trigger import MAX_POLL_ERRORS, DistributedJobTrigger
 
     text = open(slurm.conf).read()
     port = [line for line in text.splitlines() if line.startswith("SlurmctldPort=")][0]
     conf = tmp_path / "slurm.conf"
     conf.write_text(text.replace(port, f"SlurmctldPort={free_port()}").replace("MessageTimeout=10", "MessageTimeout=1"))
     monkeypatch.setenv("SLURM_CONF", str(conf))
-    trigger = DistributedJobTrigger(job_id="1", run_dir=str(tmp_path), poll_interval=0.05)
+    trigger = DistributedJobTrigger(handle=JobHandle("slurm", "j", "1", str(tmp_path), 2, 0.0).to_dict(),
+                                    poll_interval=0.05)
 
     async def wait_event():
         async for event in trigger.run():

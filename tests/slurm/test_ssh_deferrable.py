@@ -14,15 +14,15 @@ import os
 import psutil
 import pytest
 
-from operators.launch.spec import LaunchSpec
+from dtrain.launch.spec import LaunchSpec
 
 from .conftest import DDP_REPORT, REPO, wait_for
 
 
 def ssh_spec(cluster, tmp_path, *args, procs=2):
     return LaunchSpec(command=["python", DDP_REPORT, str(tmp_path / "rep"), *args], nodes=2, procs_per_node=procs,
-                      backend="ssh", hosts=[f"root@{h.line} slots={procs}" for h in cluster.hosts],
-                      ssh=cluster.ssh_settings(), device="cpu", workdir=REPO, run_dir=str(tmp_path / "run"))
+                      backend="ssh", backend_options={"hosts": [f"root@{h.line} slots={procs}" for h in cluster.hosts],
+                                                      **cluster.ssh_settings()}, device="cpu", workdir=REPO, run_dir=str(tmp_path / "run"))
 
 
 def job_pids(job_id: str) -> set[int]:
@@ -43,8 +43,8 @@ def defer(spec):
     """Run the operator's execute up to its deferral; return the operator and the trigger."""
     from airflow.sdk.exceptions import TaskDeferred
 
-    from operators.launch.deferrable import defer_job
-    from operators.launch.operator import DistributedTrainingOperator
+    from dtrain.launch.deferrable import defer_job
+    from dtrain.launch.operator import DistributedTrainingOperator
 
     op = DistributedTrainingOperator(task_id="train", command=spec.command, backend="ssh", deferrable=True)
     with pytest.raises(TaskDeferred) as info:
@@ -79,17 +79,18 @@ def test_ssh_deferred_task_in_airflow_dag_test(airflow_db, ssh_cluster, tmp_path
     ti = next(t for t in dag_run.get_task_instances() if t.task_id == "train")
     assert ti.state == "success"
     [event] = [json.loads(line) for line in (tmp_path / "events.jsonl").read_text().splitlines()]
-    assert event["status"] == "success" and event["backend"] == "ssh"  # it deferred, the trigger fired
+    assert event["status"] == "success" and event["handle"]["backend"] == "ssh"  # it deferred, the trigger fired
+    job_id = event["handle"]["backend_job_id"]
     result = ti.xcom_pull(task_ids="train")
-    assert result["world_size"] == 2 and result["ssh_job_id"] == event["job_id"]
+    assert result["world_size"] == 2 and result["ssh_job_id"] == job_id
     reps = [json.load(open(tmp_path / "rep" / name)) for name in sorted(os.listdir(tmp_path / "rep"))]
     assert [(r["RANK"], r["NODE_RANK"]) for r in reps] == [("0", "0"), ("1", "1")]  # node rank in host order
     assert len({(r["weight"], r["bias"]) for r in reps}) == 1  # all-reduced across the two hosts
-    wait_for(lambda: not job_pids(event["job_id"]), 10, what="the detached nodes to exit")
+    wait_for(lambda: not job_pids(job_id), 10, what="the detached nodes to exit")
 
 
 def test_ssh_deferred_failure_stops_the_other_host_and_raises_with_tail(ssh_cluster, tmp_path):
-    from operators.errors import LaunchError
+    from dtrain.errors import LaunchError
 
     spec = ssh_spec(ssh_cluster, tmp_path, "--fail-rank", "1", procs=1)
     op, trigger = defer(spec)

@@ -62,7 +62,7 @@ def test_deferred_task_survives_a_triggerer_crash(slurm, tmp_path):
         run = services.wait_run(DAG, "crash-1", timeout=300)
         assert run["state"] == "success", services.failure_report(DAG, "crash-1")
         events = [json.loads(line) for line in (out / "events.jsonl").read_text().splitlines()]
-        assert len(events) == 1 and events[0]["job_id"] == job_id and events[0]["status"] == "success"
+        assert len(events) == 1 and events[0]["handle"]["backend_job_id"] == job_id and events[0]["status"] == "success"
         assert services.task_instance(DAG, "crash-1", "train")["try_number"] == 1  # resumed, not retried
         assert sorted(os.listdir(out / "rep")) == ["rank0.json", "rank1.json"]  # the job trained to the end
     finally:

@@ -11,7 +11,7 @@ import json
 import os
 from typing import Any, Mapping
 
-from operators.errors import SpecError
+from dtrain.errors import SpecError
 
 TBS, MICRO, GAS = "train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps"
 

@@ -1,16 +1,17 @@
 """Deferrable mode, operator side: submit the job, free the worker slot, resume on the event.
 
-The operator calls three functions:
+Generic over backends: any backend whose ``supports_detached`` is true (its jobs outlive the
+submitting process) can be deferred. The operator calls three functions:
 
-* :func:`defer_job` (from ``execute``): prepares and submits the job (``sbatch`` for
-  ``slurm``; one detached agent per host for ``ssh``), records the submission in the run
-  directory, checks whether the job already ended (a short job, or a retry finding it
-  done) and only then defers to :class:`~operators.launch.trigger.DistributedJobTrigger`.
+* :func:`defer_job` (from ``execute``): prepares the job, ``submit(detached=True)``, records
+  the handle in the run directory, checks whether the job already ended (a short job, or a
+  retry finding it done) and only then defers to
+  :class:`~dtrain.launch.trigger.DistributedJobTrigger`.
 * :func:`resume_job` (from ``execute_complete``): validates the trigger event against the
-  submission record, and raises :class:`LaunchError` with the failing rank's (or the
-  job's) last lines on failure; on success returns the same XCom dict as a blocking run.
-  For ``ssh`` a failure first stops the nodes still running (the trigger only polls).
-* :func:`kill_job` (from ``on_kill``): ``scancel`` the job, or stop every host's node.
+  submission record, cancels what may still run after a failure (the trigger only polls),
+  and raises :class:`LaunchError` with the failing rank's (or the job's) last lines; on
+  success returns the same XCom dict as a blocking run.
+* :func:`kill_job` (from ``on_kill``): cancel the submitted job on every host.
 
 Airflow itself is imported only by the trigger module; everything here runs in the task.
 """
@@ -23,75 +24,55 @@ import re
 import time
 from typing import Any, Mapping
 
-from operators.errors import DTrainError, LaunchError, SpecError
-from operators.launch.backends import slurm
-from operators.launch.job import Job, prepare_job
-from operators.launch.spec import LaunchSpec
+from dtrain.errors import DTrainError, LaunchError, SpecError
+from dtrain.launch.backends import JobHandle, backend_for, detachable_backend_names, get_backend_class
+from dtrain.launch.job import prepare_job
+from dtrain.launch.spec import LaunchSpec
 
-DEFERRABLE_BACKENDS = ("slurm", "ssh")
-SUBMISSION_KEY = "_dtrain_submission"  # attribute on the operator: what on_kill cancels
-_JOB_ID = {"slurm": re.compile(r"^\d+$"), "ssh": re.compile(r"^[A-Za-z0-9_.+-]{1,128}$")}
-
-
-def submission_path(run_dir: str, job_id: str, backend: str = "slurm") -> str:
-    return os.path.join(run_dir, f"{backend}-{job_id}.submission.json")
+SUBMISSION_KEY = "_dtrain_submission"  # attribute on the operator: the handle on_kill cancels
+EVENT_STATUSES = ("success", "failed", "error")
+DEFAULT_POLL_INTERVAL = 10.0
+# Backend job ids appear in file names: a conservative alphabet, whatever the backend.
+_JOB_ID = re.compile(r"^[A-Za-z0-9_.+-]{1,128}$")
 
 
-def _write_submission(job: Job, job_id: str, backend: str = "slurm", **extra: Any) -> dict[str, Any]:
-    record = {"backend": backend, "slurm_job_id" if backend == "slurm" else "backend_job_id": job_id,
-              "job_id": job.job_id, "run_dir": job.run_dir, "world_size": job.spec.world_size,
-              "submitted_at": time.time(), **extra}
-    path = submission_path(job.run_dir, job_id, backend)
+def submission_path(handle: JobHandle) -> str:
+    if not _JOB_ID.match(handle.backend_job_id) or not _JOB_ID.match(handle.backend):
+        raise DTrainError(f"unexpected job handle: backend={handle.backend!r} job id={handle.backend_job_id!r}")
+    return os.path.join(handle.run_dir, f"{handle.backend}-{handle.backend_job_id}.submission.json")
+
+
+def write_submission(handle: JobHandle) -> None:
+    """The handle, in the run directory (temp file + rename): what an event must match."""
+    path = submission_path(handle)
     tmp = f"{path}.{os.getpid()}.tmp"
     with open(tmp, "w", encoding="utf-8") as fh:
-        json.dump(record, fh)
+        json.dump(handle.to_dict(), fh)
     os.replace(tmp, path)
-    return record
 
 
-def _backend_job_id(record: Mapping[str, Any]) -> str:
-    return str(record["slurm_job_id"] if record["backend"] == "slurm" else record["backend_job_id"])
-
-
-def defer_job(operator, spec: LaunchSpec, options: Any = None, context: Mapping | None = None,
-              sink=None) -> dict[str, Any]:
+def defer_job(operator, spec: LaunchSpec, context: Mapping | None = None, sink=None) -> dict[str, Any]:
     """Submit ``spec`` and defer ``operator`` until the job ends (raises Airflow's TaskDeferred).
 
-    ``options`` are the Slurm options (ignored for ssh, whose hosts and settings are in the
-    spec). Returns the result directly, without deferring, when the job has already ended.
+    Returns the result directly, without deferring, when the job has already ended.
     """
-    if spec.backend not in DEFERRABLE_BACKENDS:
-        raise SpecError("deferrable", True, f"supported with backend in {DEFERRABLE_BACKENDS}, not {spec.backend!r}")
-    if spec.backend == "ssh" and spec.distribution == "mpi":
-        raise SpecError("deferrable", True, "not with distribution='mpi' (mpirun must stay attached to its ranks)")
-    opts = slurm.coerce_options(options) if spec.backend == "slurm" else None  # validated before submitting
-    sink = sink or operator.log.info
+    backend_cls = backend_for(spec)
+    if not backend_cls.supports_detached:
+        raise SpecError("deferrable", True, f"a backend whose jobs outlive the worker ({', '.join(detachable_backend_names())}); "
+                                            f"backend={spec.backend!r} with distribution={spec.distribution!r} "
+                                            f"runs on {backend_cls.name!r}, which cannot")
+    backend = backend_cls(sink=sink or operator.log.info)
     job = prepare_job(spec)
-    trigger_kwargs: dict[str, Any]
-    if spec.backend == "slurm":
-        backend_job_id = slurm.SlurmBackend(sink=sink, options=opts).submit(job)
-        record = _write_submission(job, backend_job_id)
-        poll_interval = opts.poll_interval
-        trigger_kwargs = {}
-    else:
-        from operators.launch import ssh_deferred
-
-        target = ssh_deferred.target_of(job)
-        backend_job_id = job.job_id
-        # Recorded before starting, so on_kill can stop hosts that a half-failed start reached.
-        record = _write_submission(job, backend_job_id, "ssh", hosts=list(target.hosts), ssh=target.ssh)
-        setattr(operator, SUBMISSION_KEY, record)
-        ssh_deferred.start_job(job, sink)
-        poll_interval = 2.0
-        trigger_kwargs = {"hosts": list(target.hosts), "ssh": target.ssh}
-    setattr(operator, SUBMISSION_KEY, record)
+    handle = backend.submit(job, detached=True)
+    write_submission(handle)
+    setattr(operator, SUBMISSION_KEY, handle.to_dict())
     ti = (context or {}).get("ti")
     if ti is not None:
-        ti.xcom_push(key=f"{spec.backend}_job_id", value=backend_job_id)
-    from operators.launch.trigger import DistributedJobTrigger
+        ti.xcom_push(key=f"{handle.backend}_job_id", value=handle.backend_job_id)
+    from dtrain.launch.trigger import DistributedJobTrigger
 
-    trigger = DistributedJobTrigger(job_id=backend_job_id, run_dir=job.run_dir, backend=spec.backend,
-                                    poll_interval=poll_interval, **trigger_kwargs)
+    trigger = DistributedJobTrigger(handle=handle.to_dict(),
+                                    poll_interval=float(handle.data.get("poll_interval", DEFAULT_POLL_INTERVAL)))
     event = trigger.poll_once()
     if event is not None:  # never defer for a job that is already over
         return resume_job(operator, event)
@@ -99,52 +80,47 @@ def defer_job(operator, spec: LaunchSpec, options: Any = None, context: Mapping 
     raise AssertionError("unreachable: defer() raises TaskDeferred")  # pragma: no cover
 
 
-def _validated(event: Any) -> dict[str, Any]:
+def _validated(event: Any) -> tuple[dict[str, Any], JobHandle]:
     """The event, checked: the right shape, and a job this run directory really submitted."""
     if not isinstance(event, Mapping):
         raise DTrainError(f"unexpected trigger event (not a mapping): {event!r}")
-    status, backend = event.get("status"), event.get("backend")
-    job_id, run_dir = str(event.get("job_id", "")), event.get("run_dir")
-    if status not in ("success", "failed", "error") or backend not in DEFERRABLE_BACKENDS:
-        raise DTrainError(f"unexpected trigger event: status={status!r} backend={backend!r}")
-    if not _JOB_ID[backend].match(job_id) or not isinstance(run_dir, str):
-        raise DTrainError(f"unexpected trigger event: job_id={job_id!r} run_dir={run_dir!r}")
+    if event.get("status") not in EVENT_STATUSES:
+        raise DTrainError(f"unexpected trigger event: status={event.get('status')!r}")
+    handle = JobHandle.from_dict(event.get("handle"))
+    get_backend_class(handle.backend)  # a registered backend
     try:
-        with open(submission_path(run_dir, job_id, backend), encoding="utf-8") as fh:
+        with open(submission_path(handle), encoding="utf-8") as fh:
             record = json.load(fh)
     except (OSError, ValueError) as e:
-        raise DTrainError(f"trigger event names {backend} job {job_id} in {run_dir}, which has no submission record") from e
-    if record.get("backend") != backend or _backend_job_id(record) != job_id or record.get("run_dir") != run_dir:
-        raise DTrainError(f"trigger event for {backend} job {job_id} does not match its submission record {record}")
-    tail = event.get("tail") or []
-    return {**dict(event), "job_id": job_id, "tail": [str(line) for line in tail], "record": record}
-
-
-def _stop_ssh_nodes(record: Mapping[str, Any]) -> None:
-    from operators.launch import ssh_deferred
-
-    target = ssh_deferred.Target(hosts=tuple(record["hosts"]), ssh=dict(record["ssh"]))
-    ssh_deferred.stop_job(target, record["run_dir"])
+        raise DTrainError(f"trigger event names {handle.backend} job {handle.backend_job_id} in {handle.run_dir}, "
+                          "which has no submission record") from e
+    if record != handle.to_dict():
+        raise DTrainError(f"trigger event for {handle.backend} job {handle.backend_job_id} does not match its "
+                          f"submission record {record}")
+    return {**dict(event), "tail": [str(line) for line in event.get("tail") or []]}, handle
 
 
 def resume_job(operator, event: Any) -> dict[str, Any]:
     """Turn the trigger's event into the task's result, or raise with the job's last lines."""
-    from operators.launch.launcher import LaunchResult, first_failure, read_metrics
+    from dtrain.launch.launcher import LaunchResult, first_failure, read_metrics
 
-    event = _validated(event)
-    record, run_dir, backend = event["record"], event["run_dir"], event["backend"]
+    event, handle = _validated(event)
     if operator is not None:
-        setattr(operator, SUBMISSION_KEY, record)  # on_kill during execute_complete still knows the job
-    if backend == "ssh" and event["status"] != "success":
-        _stop_ssh_nodes(record)  # the other hosts' nodes may still wait on the failed one
+        setattr(operator, SUBMISSION_KEY, handle.to_dict())  # on_kill during execute_complete still knows the job
+    backend = get_backend_class(handle.backend)(sink=getattr(getattr(operator, "log", None), "info", print))
+    if event["status"] != "success":
+        backend.cancel(handle)  # the other nodes may still wait on the failed one
+    run_dir = handle.run_dir
     metrics_dir = os.path.join(run_dir, "metrics")
     result = LaunchResult(
-        job_id=record["job_id"], run_dir=run_dir, world_size=int(record["world_size"]),
+        job_id=handle.job_id, run_dir=run_dir, world_size=handle.world_size,
         exit_code=0 if event["status"] == "success" else (event.get("exit_code") or 1),
-        duration_s=round(time.time() - float(record["submitted_at"]), 3),
+        duration_s=round(time.time() - handle.submitted_at, 3),
         checkpoint_dir=os.path.join(run_dir, "checkpoints"), metrics_dir=metrics_dir, metrics=read_metrics(metrics_dir),
     )
-    where = f"{backend} job {event['job_id']}" + (f" ({record['job_id']})" if backend == "slurm" else "")
+    where = f"{handle.backend} job {handle.backend_job_id}"
+    if handle.backend_job_id != handle.job_id:
+        where += f" ({handle.job_id})"
     if event["status"] == "error":
         raise LaunchError(f"lost track of {where}: {event.get('reason')}", 1, tail=event["tail"])
     if event["status"] == "failed":
@@ -162,16 +138,13 @@ def resume_job(operator, event: Any) -> dict[str, Any]:
     if log is not None:
         log.info("%s succeeded: world_size=%s in %.1fs, metrics=%s", where, result.world_size, result.duration_s,
                  result.metrics)
-    return result.to_xcom() | {f"{backend}_job_id": event["job_id"]}
+    return result.to_xcom() | {f"{handle.backend}_job_id": handle.backend_job_id}
 
 
 def kill_job(operator) -> None:
-    """on_kill: cancel the submitted job (or stop every host's node), if this task submitted one."""
+    """on_kill: cancel the submitted job on every host, if this task submitted one."""
     record = getattr(operator, SUBMISSION_KEY, None)
     if not record:
         return
-    if record["backend"] == "ssh":
-        _stop_ssh_nodes(record)
-        return
-    slurm.cancel(record["slurm_job_id"])
-    slurm.wait_until_done(record["slurm_job_id"], record["run_dir"], timeout=30)
+    handle = JobHandle.from_dict(record)
+    get_backend_class(handle.backend)(sink=operator.log.info).cancel(handle)

@@ -4,22 +4,15 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import uuid
 from dataclasses import dataclass, field
 
-from operators.launch.spec import LaunchSpec
+from dtrain.launch.net import free_port  # noqa: F401 (re-exported: where callers look for it)
+from dtrain.launch.spec import LaunchSpec
 
 
 def dtrain_home() -> str:
     return os.environ.get("DTRAIN_HOME") or os.path.join(os.path.expanduser("~"), ".dtrain")
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    """A port the OS reports free right now; chosen per job so concurrent jobs never collide."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
 
 
 @dataclass
@@ -42,20 +35,22 @@ class Job:
         return os.path.join(self.run_dir, "exits")
 
 
-def prepare_job(spec: LaunchSpec) -> Job:
+def prepare_job(spec: LaunchSpec, *, create: bool = True) -> Job:
     """Create the run directory and the env every rank gets on top of the contract.
 
     The run directory survives the job: a relaunch with the same ``run_dir`` resumes
-    from its checkpoints (the training helper looks there).
+    from its checkpoints (the training helper looks there). ``create=False`` (a dry run)
+    computes the same job and writes nothing.
     """
     job_id = spec.job_id or f"dtrain-{uuid.uuid4().hex[:12]}"
     run_dir = os.path.abspath(spec.run_dir or os.path.join(dtrain_home(), "runs", job_id))
     job = Job(spec=spec, job_id=job_id, run_dir=run_dir)
-    for path in (job.run_dir, job.checkpoint_dir, job.metrics_dir, job.exits_dir):
-        os.makedirs(path, exist_ok=True)
-    # Exit records of an earlier attempt would be mistaken for this attempt's failures.
-    for name in os.listdir(job.exits_dir):
-        os.unlink(os.path.join(job.exits_dir, name))
+    if create:
+        for path in (job.run_dir, job.checkpoint_dir, job.metrics_dir, job.exits_dir):
+            os.makedirs(path, exist_ok=True)
+        # Exit records of an earlier attempt would be mistaken for this attempt's failures.
+        for name in os.listdir(job.exits_dir):
+            os.unlink(os.path.join(job.exits_dir, name))
     env = {
         "DTRAIN_JOB_ID": job_id,
         "DTRAIN_RUN_DIR": run_dir,
@@ -67,10 +62,11 @@ def prepare_job(spec: LaunchSpec) -> Job:
     }
     if spec.resolved_deepspeed_config is not None:
         path = os.path.join(run_dir, "deepspeed_config.json")
-        tmp = path + ".tmp"
-        with open(tmp, "w", encoding="utf-8") as fh:
-            json.dump(spec.resolved_deepspeed_config, fh, indent=2, sort_keys=True)
-        os.replace(tmp, path)
+        if create:
+            tmp = path + ".tmp"
+            with open(tmp, "w", encoding="utf-8") as fh:
+                json.dump(spec.resolved_deepspeed_config, fh, indent=2, sort_keys=True)
+            os.replace(tmp, path)
         env["DTRAIN_DEEPSPEED_CONFIG"] = path
         if not spec.uses_gpu():
             env["DS_ACCELERATOR"] = "cpu"

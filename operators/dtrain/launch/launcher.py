@@ -10,11 +10,11 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from operators.errors import LaunchError
-from operators.launch.backends.base import Backend, get_backend_class
-from operators.launch.job import Job, prepare_job
-from operators.launch.processes import LineSink, print_sink
-from operators.launch.spec import LaunchSpec
+from dtrain.errors import LaunchError
+from dtrain.launch.backends import Backend, BackendOutcome, backend_for
+from dtrain.launch.job import Job, prepare_job
+from dtrain.launch.processes import LineSink, print_sink
+from dtrain.launch.spec import LaunchSpec
 
 STOPPED_EXIT_CODE = 143  # 128 + SIGTERM, as a shell reports a job stopped by SIGTERM
 
@@ -83,9 +83,8 @@ class Launcher:
     def __init__(self, spec: LaunchSpec, sink: LineSink = print_sink, backend: Backend | None = None):
         self.spec = spec
         self.sink = sink
-        # distribution=mpi: mpirun starts every rank itself (on this host or the ssh hosts), no torchrun.
-        name = "mpi" if spec.distribution == "mpi" and spec.backend in ("local", "ssh") else spec.backend
-        self.backend = backend or get_backend_class(name)(sink=sink)
+        # The registry picks the class (a backend may hand the job on, e.g. distribution=mpi to mpirun).
+        self.backend = backend or backend_for(spec)(sink=sink)
         self.job: Job | None = None
         self._terminated = threading.Event()
 
@@ -94,7 +93,11 @@ class Launcher:
         self.sink(f"[dtrain] job {job.job_id}: {self.spec.nodes} node(s) x {self.spec.procs_per_node} proc(s), "
                   f"distribution={self.spec.distribution}, backend={self.spec.backend}, run_dir={job.run_dir}")
         started = time.monotonic()
-        outcome = self.backend.run(job)
+        try:
+            outcome = self.backend.run(job)
+        except LaunchError as e:  # the job could not start (a host unreachable, sbatch refused)
+            self.sink(f"[dtrain] {e}")
+            outcome = BackendOutcome(exit_code=e.exit_code or 1, tail=e.tail or [str(e).splitlines()[0]])
         duration = time.monotonic() - started
         result = LaunchResult(
             job_id=job.job_id, run_dir=job.run_dir, world_size=self.spec.world_size,
@@ -121,7 +124,7 @@ class Launcher:
     def _report_stalls(self, result: LaunchResult) -> None:
         """Per-rank step time, data-wait fraction and samples/s, with the CPUBottleneck and
         LoadBalancing verdicts, from the metrics the training helper wrote (if any)."""
-        from operators.training.stall_report import format_report, summarize
+        from dtrain.training.stall_report import format_report, summarize
 
         try:
             result.stall = summarize(result.metrics_dir)

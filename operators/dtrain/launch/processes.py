@@ -86,21 +86,28 @@ class NodeSupervisor:
             node.tail.append(line)
             self.sink(line if line.startswith("[node") else f"[node{node.index}] {line}")
 
+    def check(self, expected: int) -> tuple[bool, int, NodeProcess | None]:
+        """Without blocking: (done, exit code, failed node). Done when one node failed (its code and
+        node) or all ``expected`` nodes exited 0 (0, None)."""
+        with self._lock:
+            nodes = list(self.nodes)
+        codes = [n.proc.poll() for n in nodes]
+        for node, code in zip(nodes, codes):
+            if code not in (None, 0):
+                return True, code, node
+        if len(nodes) == expected and all(c == 0 for c in codes):
+            self._drain()
+            return True, 0, None
+        return False, 0, None
+
     def wait(self, expected: int) -> tuple[int, NodeProcess | None]:
         """Block until every node exits 0 (returns 0, None), one fails (its code and node), or stop()."""
-        while True:
-            if self._stop.is_set():
-                return -1, None
-            with self._lock:
-                nodes = list(self.nodes)
-            codes = [n.proc.poll() for n in nodes]
-            for node, code in zip(nodes, codes):
-                if code not in (None, 0):
-                    return code, node
-            if len(nodes) == expected and all(c == 0 for c in codes):
-                self._drain()
-                return 0, None
+        while not self._stop.is_set():
+            done, code, node = self.check(expected)
+            if done:
+                return code, node
             time.sleep(self.poll_interval)
+        return -1, None
 
     def stop(self, reason: str = "stop requested") -> None:
         """Ask wait() to return; the caller then calls teardown(). Safe from signal handlers."""

@@ -1,4 +1,4 @@
-"""Per-rank entry point: ``python -m operators.launch.rank_entry CMD ARGS...``.
+"""Per-rank entry point: ``python -m dtrain.launch.rank_entry CMD ARGS...``.
 
 torchrun (or mpirun) starts this in place of the user's command, on every rank. It
 
@@ -24,7 +24,7 @@ import sys
 import threading
 import time
 
-from operators.launch.env_contract import contract_from_env
+from dtrain.launch.env_contract import contract_from_env
 
 TAIL_LINES = 40
 PR_SET_PDEATHSIG = 1
@@ -123,13 +123,13 @@ def main(argv: list[str] | None = None) -> int:
     if command and command[0] == "--":
         command = command[1:]
     if not command:
-        print("usage: python -m operators.launch.rank_entry CMD [ARGS...]", file=sys.stderr)
+        print("usage: python -m dtrain.launch.rank_entry CMD [ARGS...]", file=sys.stderr)
         return 2
     environ = dict(os.environ)
     environ.update(contract_from_env(environ, mpi_per_node_launch=environ.get("DTRAIN_MPI_PER_NODE") == "1"))
     environ.setdefault("PYTHONUNBUFFERED", "1")
     if environ.get("DTRAIN_DISTRIBUTION") == "tensorflow":
-        from operators.launch.tf_config import tf_config_env  # TF scripts read TF_CONFIG unchanged
+        from dtrain.launch.tf_config import tf_config_env  # TF scripts read TF_CONFIG unchanged
 
         environ.update(tf_config_env(environ))
     rank = RankProcess(command, environ)

@@ -9,87 +9,19 @@ Airflow templates, UI Params); they are converted here.
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
 
-from operators.args import mapping_arg
-from operators.errors import SpecError
-from operators.launch.deepspeed_config import resolve_deepspeed_config
+from dtrain.args import coerce_argv, coerce_env, coerce_float, coerce_int, mapping_arg
+from dtrain.errors import SpecError
+from dtrain.launch.backends import backend_for, get_backend_class
+from dtrain.launch.deepspeed_config import resolve_deepspeed_config
 
 DISTRIBUTIONS = ("pytorch", "deepspeed", "mpi", "tensorflow")
-BACKENDS = ("local", "ssh", "slurm")
 DEVICES = ("auto", "cpu", "gpu")
 PYTHON_NAMES = ("python", "python3")
-
-
-def coerce_int(name: str, value: Any, *, minimum: int | None = None, maximum: int | None = None) -> int:
-    """Convert ``value`` (an int or a string of digits from a template) to int, within bounds."""
-    if isinstance(value, bool):
-        raise SpecError(name, value, "an integer is required, not a boolean")
-    if isinstance(value, str):
-        text = value.strip()
-        try:
-            value = int(text)
-        except ValueError as e:
-            raise SpecError(name, text, "an integer is required") from e
-    elif isinstance(value, float) and value.is_integer():
-        value = int(value)
-    if not isinstance(value, int):
-        raise SpecError(name, value, "an integer is required")
-    if minimum is not None and value < minimum:
-        raise SpecError(name, value, f"must be at least {minimum}")
-    if maximum is not None and value > maximum:
-        raise SpecError(name, value, f"must be at most {maximum}")
-    return value
-
-
-def coerce_float(name: str, value: Any, *, minimum: float = 0.0) -> float:
-    try:
-        number = float(value)
-    except (TypeError, ValueError) as e:
-        raise SpecError(name, value, "a number is required") from e
-    if number <= minimum:
-        raise SpecError(name, value, f"must be greater than {minimum}")
-    return number
-
-
-def coerce_argv(name: str, value: Any) -> list[str]:
-    """An argv list. A string is accepted only as a JSON array (how a rendered list may arrive).
-
-    A plain string is refused rather than split: commands never pass through a shell.
-    """
-    if isinstance(value, str):
-        text = value.strip()
-        try:
-            value = json.loads(text) if text.startswith("[") else None
-        except json.JSONDecodeError as e:
-            raise SpecError(name, text, "a list of strings (argv) is required; a JSON array string is accepted") from e
-        if value is None:
-            raise SpecError(name, text, "a list of strings (argv) is required, not a shell string")
-    if not isinstance(value, (list, tuple)) or not value:
-        raise SpecError(name, value, "a non-empty list of strings (argv) is required")
-    argv = []
-    for item in value:
-        if isinstance(item, (int, float)) and not isinstance(item, bool):
-            item = str(item)
-        if not isinstance(item, str):
-            raise SpecError(name, value, "every argv item must be a string")
-        argv.append(item)
-    return argv
-
-
-def coerce_env(name: str, value: Any) -> dict[str, str]:
-    value = mapping_arg(name, value, not_json="a mapping of strings (or a JSON object string) is required",
-                        not_mapping="a mapping of variable name to string is required")
-    env = {}
-    for key, item in value.items():
-        if not isinstance(key, str) or not key or "=" in key or "\0" in key:
-            raise SpecError(f"{name} key", key, "a variable name without '=' or NUL")
-        env[key] = str(item)
-    return env
 
 
 def visible_gpu_count() -> int:
@@ -128,7 +60,11 @@ class LaunchSpec:
         nodes: number of nodes (simulated nodes for the local backend).
         procs_per_node: worker processes per node (GPUs per node on GPU hosts).
         distribution: ``pytorch`` (DDP via torchrun), ``deepspeed``, ``mpi`` or ``tensorflow``.
-        backend: ``local`` (nodes simulated on this host), ``ssh`` or ``slurm``.
+        backend: a registered backend: ``local`` (nodes simulated on this host), ``ssh``,
+            ``slurm``, ``mpi``, or one installed through the ``dtrain.backends`` entry points.
+        backend_options: the backend's own options (validated by the backend), e.g. for
+            ``ssh`` ``{"hostfile": "hosts.txt", "user": "alice"}``, for ``slurm``
+            ``{"partition": "gpu", "time_limit": "4:00:00"}``; see each backend's ``option_names``.
         env: extra environment for every rank.
         rdzv_port: rendezvous port; 0 picks a free port per job so concurrent jobs never collide.
         rdzv_timeout: seconds every node has to join the rendezvous.
@@ -142,12 +78,6 @@ class LaunchSpec:
             directory under ``$DTRAIN_HOME`` (``~/.dtrain``)/runs.
         job_id: rendezvous id and run name; default generated.
         workdir: working directory of every rank; default the current directory.
-        hostfile: backend ``ssh``: path of a hostfile (DeepSpeed's ``host slots=N`` lines, optionally
-            ``user@host:port``; see operators/launch/hostfile.py). The first ``nodes`` hosts run
-            the job, node rank in line order; each needs ``slots >= procs_per_node``.
-        hosts: backend ``ssh``: the same lines given inline (a list, or one string of lines or commas).
-        ssh: backend ``ssh``: SSH settings (user, port, key_file, known_hosts_file,
-            strict_host_key_checking, connect_timeout, python); see ``SSHSettings``.
         mpi_options: distribution ``mpi``: extra mpirun options, e.g. ``["-x NCCL_DEBUG=VERSION"]``,
             checked against an allow-list (nothing that makes mpirun run another program).
         parameter_servers: distribution ``tensorflow``: how many of the ranks are ``ps`` tasks
@@ -169,13 +99,12 @@ class LaunchSpec:
     run_dir: str | None = None
     job_id: str | None = None
     workdir: str | None = None
-    hostfile: str | None = None
-    hosts: Sequence[str] | str | None = None
-    ssh: Mapping[str, Any] | None = None
     mpi_options: Sequence[str] | str | None = None
     parameter_servers: int = 0
+    backend_options: Mapping[str, Any] = field(default_factory=dict)
     resolved_deepspeed_config: dict[str, Any] | None = field(default=None, init=False, repr=False)
-    resolved_hosts: list[Any] = field(default_factory=list, init=False, repr=False)
+    #: what the backend's validate() parsed from its options (e.g. the ssh host entries)
+    resolved: Any = field(default=None, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         self.command = coerce_argv("command", self.command)
@@ -185,8 +114,10 @@ class LaunchSpec:
         if self.distribution not in DISTRIBUTIONS:
             raise SpecError("distribution", self.distribution, f"one of {', '.join(DISTRIBUTIONS)}")
         self.backend = str(self.backend).strip().lower()
-        if self.backend not in BACKENDS:
-            raise SpecError("backend", self.backend, f"one of {', '.join(BACKENDS)}")
+        backend_cls = get_backend_class(self.backend)  # SpecError naming the installed ones
+        self.backend_options = dict(mapping_arg("backend_options", self.backend_options,
+                                                not_json="a mapping (or a JSON object string)",
+                                                not_mapping="a mapping of the backend's options"))
         self.env = coerce_env("env", self.env)
         self.rdzv_port = coerce_int("rdzv_port", self.rdzv_port, minimum=0, maximum=65535)
         self.rdzv_timeout = coerce_float("rdzv_timeout", self.rdzv_timeout)
@@ -198,11 +129,13 @@ class LaunchSpec:
             self.gpus_per_node = coerce_int("gpus_per_node", self.gpus_per_node, minimum=0)
         if self.workdir is not None and not os.path.isdir(self.workdir):
             raise SpecError("workdir", self.workdir, "an existing directory")
-        self._check_command()
-        self._check_gpus()
-        from operators.launch.hostfile import check_remote_fields  # hosts, ssh, mpi and TF options
-
-        check_remote_fields(self)
+        self._check_command(backend_cls.single_host)
+        self._check_gpus(backend_cls.single_host)
+        self._check_distribution_options()
+        runner = backend_for(self)
+        backend_cls.validate(self)
+        if runner is not backend_cls:  # e.g. distribution='mpi' on the ssh hosts: mpirun's checks too
+            runner.validate(self)
         if self.deepspeed_config is not None and self.distribution != "deepspeed":
             raise SpecError("deepspeed_config", self.deepspeed_config, "only allowed with distribution='deepspeed'")
         if self.distribution == "deepspeed":
@@ -222,9 +155,20 @@ class LaunchSpec:
     def gpu_capacity(self) -> int:
         return visible_gpu_count() if self.gpus_per_node is None else self.gpus_per_node
 
-    def _check_command(self) -> None:
-        # Remote hosts have their own filesystems: only the local backend can check paths here.
-        if self.backend != "local":
+    def _check_distribution_options(self) -> None:
+        if self.mpi_options is not None and self.distribution != "mpi":
+            raise SpecError("mpi_options", self.mpi_options, "only used with distribution='mpi'")
+        self.parameter_servers = coerce_int("parameter_servers", self.parameter_servers, minimum=0)
+        if self.parameter_servers:
+            if self.distribution != "tensorflow":
+                raise SpecError("parameter_servers", self.parameter_servers, "only used with distribution='tensorflow'")
+            if self.parameter_servers >= self.world_size:
+                raise SpecError("parameter_servers", self.parameter_servers,
+                                f"fewer than the {self.world_size} processes (at least one worker)")
+
+    def _check_command(self, on_this_host: bool) -> None:
+        # Remote hosts have their own filesystems: only a backend running here can check paths.
+        if not on_this_host:
             return
         base = self.workdir or os.getcwd()
         script = script_of(self.command)
@@ -235,10 +179,10 @@ class LaunchSpec:
         elif shutil.which(self.command[0]) is None:
             raise SpecError("command", self.command[0], "an executable on PATH or an existing .py script")
 
-    def _check_gpus(self) -> None:
-        # This host's GPUs say nothing about remote nodes: count them only for the local
-        # backend, unless the user stated gpus_per_node.
-        if self.backend != "local" and self.gpus_per_node is None:
+    def _check_gpus(self, on_this_host: bool) -> None:
+        # This host's GPUs say nothing about remote nodes: count them only for a backend
+        # running here, unless the user stated gpus_per_node.
+        if not on_this_host and self.gpus_per_node is None:
             return
         capacity = self.gpu_capacity()
         if self.device == "gpu" and capacity == 0:

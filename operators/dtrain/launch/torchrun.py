@@ -1,27 +1,65 @@
-"""Render the torchrun agent command for one node. Pure: tested by exact comparison.
+"""The one renderer of the torchrun agent command line. Pure: tested by exact comparison.
 
-One agent per node; c10d rendezvous on the first node's address; the per-rank
-entry point wraps the user's command (see rank_entry).
+Every backend that starts torchrun agents renders them here; only the rendezvous differs:
+
+* :class:`C10d` (local backend): dynamic c10d rendezvous at ``host:port``; node ranks are
+  assigned by the rendezvous.
+* :class:`Static` (ssh, slurm): membership is fixed by the backend, so the static
+  rendezvous with ``--node-rank`` makes NODE_RANK (and so RANK) follow the backend's node
+  order. ``endpoint``/``node_rank`` None leave them to torchrun's ``PET_MASTER_ADDR``,
+  ``PET_MASTER_PORT`` and ``PET_NODE_RANK`` variables (Slurm sets them per node at run time).
+
+Each worker runs the per-rank wrapper (:mod:`dtrain.launch.rank_entry`) around the user's argv.
 """
 
 from __future__ import annotations
 
-from operators.launch.spec import LaunchSpec
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Union
 
-RANK_ENTRY = ("-m", "operators.launch.rank_entry")
+if TYPE_CHECKING:
+    from dtrain.launch.spec import LaunchSpec
+
+RANK_ENTRY = ("-m", "dtrain.launch.rank_entry")
 
 
-def agent_argv(spec: LaunchSpec, *, python: str, node_index: int, rdzv_host: str, rdzv_port: int, job_id: str) -> list[str]:
-    """The argv that starts node ``node_index``'s torchrun agent."""
-    is_host = 1 if node_index == 0 else 0
+@dataclass(frozen=True)
+class C10d:
+    host: str
+    port: int
+    is_host: bool
+
+
+@dataclass(frozen=True)
+class Static:
+    endpoint: tuple[str, int] | None = None
+    node_rank: int | None = None
+
+
+Rendezvous = Union[C10d, Static]
+
+
+def rendezvous_args(spec: "LaunchSpec", job_id: str, rdzv: Rendezvous) -> list[str]:
+    timeout = int(spec.rdzv_timeout)
+    if isinstance(rdzv, C10d):
+        return ["--rdzv-backend=c10d", f"--rdzv-endpoint={rdzv.host}:{rdzv.port}", f"--rdzv-id={job_id}",
+                f"--rdzv-conf=is_host={int(rdzv.is_host)},join_timeout={timeout}"]
+    args = ["--rdzv-backend=static"]
+    if rdzv.endpoint is not None:
+        args.append(f"--rdzv-endpoint={rdzv.endpoint[0]}:{rdzv.endpoint[1]}")
+    args += [f"--rdzv-id={job_id}", f"--rdzv-conf=timeout={timeout}"]
+    if rdzv.node_rank is not None:
+        args.append(f"--node-rank={rdzv.node_rank}")
+    return args
+
+
+def agent_argv(spec: "LaunchSpec", *, python: str, job_id: str, rdzv: Rendezvous) -> list[str]:
+    """The argv that starts one node's torchrun agent."""
     return [
         python, "-m", "torch.distributed.run",
         f"--nnodes={spec.nodes}",
         f"--nproc-per-node={spec.procs_per_node}",
-        "--rdzv-backend=c10d",
-        f"--rdzv-endpoint={rdzv_host}:{rdzv_port}",
-        f"--rdzv-id={job_id}",
-        f"--rdzv-conf=is_host={is_host},join_timeout={int(spec.rdzv_timeout)}",
+        *rendezvous_args(spec, job_id, rdzv),
         f"--max-restarts={spec.max_restarts}",
         "--no-python",
         python, *RANK_ENTRY, *spec.command,

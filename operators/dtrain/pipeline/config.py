@@ -24,7 +24,7 @@ import datetime as dt
 import os
 from dataclasses import dataclass
 
-from operators.launch.job import dtrain_home
+from dtrain.launch.job import dtrain_home
 
 
 @dataclass(frozen=True)
@@ -38,7 +38,7 @@ class PipelineConfig:
     catchup: bool
     ssh_conn_id: str
     start_date: dt.datetime
-    transform: str = "operators.preprocess.examples:digits_features"
+    transform: str = "dtrain.preprocess.examples:digits_features"
 
     @property
     def datasets_root(self) -> str:

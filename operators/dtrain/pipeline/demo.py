@@ -1,6 +1,6 @@
 """Run retrain_pipeline end to end on this machine with embedded stand-ins for the cloud.
 
-    python -m operators.pipeline.demo [--date 2026-01-01 ...] [--nodes 2 --procs-per-node 2 --epochs 20]
+    python -m dtrain.pipeline.demo [--date 2026-01-01 ...] [--nodes 2 --procs-per-node 2 --epochs 20]
 
 What stands in for what (all real software, on loopback):
   * S3  -> moto's S3 server, seeded with raw digits records under s3://dtrain-demo/raw/<version>/<date>/;
@@ -58,7 +58,7 @@ def s3_client(endpoint: str):
 
 def seed_raw(endpoint: str, dates: list[str], version: str = "v1", parts: int = 2) -> int:
     """Upload the reference split's training records, in ``parts`` JSON-lines files per date."""
-    from operators.preprocess.examples import digits_records
+    from dtrain.preprocess.examples import digits_records
 
     records = digits_records(split="train")
     client = s3_client(endpoint)

@@ -14,7 +14,7 @@ import shutil
 import uuid
 from typing import Any
 
-from operators.errors import DTrainError
+from dtrain.errors import DTrainError
 
 PARTITION_RE = re.compile(r"^\d{4}-\d{2}-\d{2}$")
 
@@ -48,7 +48,7 @@ def evaluate_model(model_path: str, hidden: int = 128, seed: int = 0) -> float:
     """Accuracy of the saved reference model on the held-out digits test split."""
     import torch
 
-    from operators.training.reference.train_digits import build_model, evaluate, load_digits_split
+    from dtrain.training.reference.train_digits import build_model, evaluate, load_digits_split
 
     if not os.path.isfile(model_path):
         raise PublishError(f"model_path={model_path!r} does not exist")

@@ -4,8 +4,8 @@ With SQLite every writer takes the whole database: under load the scheduler can 
 longer than sqlite3's 5-second default wait, and a CLI write (``airflow backfill create``)
 then fails with "database is locked". Point Airflow at a longer wait:
 
-    AIRFLOW__DATABASE__SQL_ALCHEMY_CONNECT_ARGS=operators.pipeline.sqlite.CONNECT_ARGS
-    AIRFLOW__DATABASE__SQL_ALCHEMY_CONNECT_ARGS_ASYNC=operators.pipeline.sqlite.CONNECT_ARGS
+    AIRFLOW__DATABASE__SQL_ALCHEMY_CONNECT_ARGS=dtrain.pipeline.sqlite.CONNECT_ARGS
+    AIRFLOW__DATABASE__SQL_ALCHEMY_CONNECT_ARGS_ASYNC=dtrain.pipeline.sqlite.CONNECT_ARGS
 """
 
 CONNECT_ARGS = {"timeout": 60}

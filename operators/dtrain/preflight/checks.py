@@ -1,5 +1,5 @@
 """What one node checks about itself before training. Stdlib only: it runs on every node
-(``python -m operators.preflight.node``), locally or over SSH.
+(``python -m dtrain.preflight.node``), locally or over SSH.
 
 * the staged dataset's manifest is visible here and is the one the staging step wrote;
 * there is free disk for checkpoints;
@@ -61,7 +61,7 @@ def nccl_env(ib_devices: list[str], interfaces: list[str], single_host: bool) ->
 
 
 def gpu_count() -> int:
-    from operators.launch.spec import visible_gpu_count
+    from dtrain.launch.spec import visible_gpu_count
 
     return visible_gpu_count()
 

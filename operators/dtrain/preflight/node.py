@@ -1,11 +1,11 @@
-"""``python -m operators.preflight.node '<json kwargs>'``: run check_node here, print one JSON line."""
+"""``python -m dtrain.preflight.node '<json kwargs>'``: run check_node here, print one JSON line."""
 
 from __future__ import annotations
 
 import json
 import sys
 
-from operators.preflight.checks import check_node
+from dtrain.preflight.checks import check_node
 
 MARK = "DTRAIN-PREFLIGHT "
 

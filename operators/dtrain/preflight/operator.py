@@ -9,10 +9,10 @@ from airflow.sdk import BaseOperator
 
 
 class PreflightOperator(BaseOperator):
-    """Run the node checks of :mod:`operators.preflight.checks` on every node of the job.
+    """Run the node checks of :mod:`dtrain.preflight.checks` on every node of the job.
 
     Args:
-        nodes, procs_per_node, backend, hosts, hostfile, ssh, ssh_conn_id, device, gpus_per_node: as for
+        nodes, procs_per_node, backend, backend_options, device, gpus_per_node: as for
             DistributedTrainingOperator (templated), so preflight checks exactly the nodes that train.
         manifest_path: the staged dataset's manifest on the shared filesystem (templated).
         manifest_sha256: the manifest's expected digest; default: computed here on the worker,
@@ -24,33 +24,32 @@ class PreflightOperator(BaseOperator):
     the training task's ``env``).
     """
 
-    template_fields: Sequence[str] = ("nodes", "procs_per_node", "backend", "hosts", "hostfile", "manifest_path",
+    template_fields: Sequence[str] = ("nodes", "procs_per_node", "backend", "backend_options", "manifest_path",
                                       "manifest_sha256", "checkpoint_dir", "min_free_gb")
     ui_color = "#fdf1c7"
 
     def __init__(self, *, nodes: int | str = 1, procs_per_node: int | str = 1, backend: str = "local",
-                 hosts: Any = None, hostfile: str | None = None, ssh: dict | None = None,
-                 ssh_conn_id: str | None = None, device: str = "auto",
+                 backend_options: dict[str, dict[str, Any]] | str | None = None, device: str = "auto",
                  gpus_per_node: int | None = None, manifest_path: str | None = None,
                  manifest_sha256: str | None = None, checkpoint_dir: str | None = None,
                  min_free_gb: float | str = 1.0, expect_gpus: bool | None = None, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.nodes, self.procs_per_node, self.backend = nodes, procs_per_node, backend
-        self.hosts, self.hostfile, self.ssh, self.ssh_conn_id = hosts, hostfile, ssh, ssh_conn_id
+        self.backend_options = backend_options or {}
         self.device, self.gpus_per_node = device, gpus_per_node
         self.manifest_path, self.manifest_sha256 = manifest_path, manifest_sha256
         self.checkpoint_dir, self.min_free_gb, self.expect_gpus = checkpoint_dir, min_free_gb, expect_gpus
 
     def execute(self, context) -> dict[str, Any]:
-        from operators.launch.spec import LaunchSpec
-        from operators.launch.ssh_connection import resolve_hosts
-        from operators.preflight.checks import file_sha256
-        from operators.preflight.runner import PreflightError, run_preflight
+        from dtrain.launch.backends import options_for
+        from dtrain.launch.spec import LaunchSpec
+        from dtrain.preflight.checks import file_sha256
+        from dtrain.preflight.runner import PreflightError, run_preflight
 
-        extra = resolve_hosts(backend=self.backend, ssh_conn_id=self.ssh_conn_id, hostfile=self.hostfile,
-                              hosts=self.hosts, ssh=self.ssh)
+        backend = str(self.backend).strip().lower()
         spec = LaunchSpec(command=[sys.executable, "-c", "pass"], nodes=self.nodes, procs_per_node=self.procs_per_node,
-                          backend=self.backend, device=self.device, gpus_per_node=self.gpus_per_node, **extra)
+                          backend=backend, device=self.device, gpus_per_node=self.gpus_per_node,
+                          backend_options=options_for(backend, self.backend_options))
         expected = self.manifest_sha256
         if self.manifest_path and not expected:
             try:

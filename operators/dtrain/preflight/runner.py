@@ -1,21 +1,20 @@
 """Run the node checks on every node of a job, in parallel, and summarise. Airflow-free.
 
-Local backend: one check per simulated node on this host. SSH backend: the check runs on
-each host over ssh (argv list; the one remote string built with shlex.join). A host that
-cannot be reached is a failed check, not an exception.
+The backend says how to run a command on each of its nodes (``Backend.node_commands``:
+on this host for the local backend, over ssh for the ssh backend; Slurm allocates nodes
+at submit time and checks them in its own prolog). A host that cannot be reached is a
+failed check, not an exception.
 """
 
 from __future__ import annotations
 
 import json
-import shlex
 import subprocess
-import sys
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from operators.errors import DTrainError
-from operators.preflight.node import MARK
+from dtrain.errors import DTrainError, SpecError
+from dtrain.preflight.node import MARK
 
 
 class PreflightError(DTrainError):
@@ -35,29 +34,25 @@ def _parse(node: int, host: str, proc: subprocess.CompletedProcess) -> dict[str,
 
 def node_commands(spec, check_kwargs: dict[str, Any]) -> list[tuple[str, list[str]]]:
     """(host label, argv) for each node of ``spec``."""
-    payload = json.dumps(check_kwargs, sort_keys=True)
-    if spec.backend == "ssh":
-        from operators.launch.backends.ssh import ssh_argv
-        from operators.launch.hostfile import SSHSettings
+    from dtrain.launch.backends import get_backend_class
 
-        settings = SSHSettings.from_mapping(spec.ssh)
-        python = settings.python or sys.executable
-        remote = shlex.join([python, "-m", "operators.preflight.node", payload])
-        return [(host.address, ssh_argv(settings, host, remote)) for host in spec.resolved_hosts[: spec.nodes]]
-    if spec.backend == "local":
-        return [("localhost", [sys.executable, "-m", "operators.preflight.node", payload]) for _ in range(spec.nodes)]
-    raise PreflightError(f"preflight for backend={spec.backend!r} is not supported: use 'local' or 'ssh' "
-                         f"(Slurm allocates nodes at submit time; its own prolog checks them)")
+    payload = json.dumps(check_kwargs, sort_keys=True)
+    try:
+        return get_backend_class(spec.backend).node_commands(spec, ["-m", "dtrain.preflight.node", payload])
+    except SpecError as e:
+        raise PreflightError(f"preflight for backend={spec.backend!r} is not supported: it needs {e.allowed}") from e
 
 
 def run_preflight(spec, *, manifest_path: str | None = None, manifest_sha256: str | None = None,
                   checkpoint_dir: str | None = None, min_free_gb: float = 1.0, expect_gpus: bool | None = None,
                   timeout_s: float = 120.0) -> dict[str, Any]:
     """Check every node of ``spec``; return {"ok", "nodes": [...], "nccl_env", "summary": [lines]}."""
+    from dtrain.launch.backends import get_backend_class
+
     expect = spec.uses_gpu() if expect_gpus is None else expect_gpus
     kwargs = {"manifest_path": manifest_path, "manifest_sha256": manifest_sha256, "checkpoint_dir": checkpoint_dir,
               "min_free_gb": min_free_gb, "expect_gpus": expect, "procs_per_node": spec.procs_per_node,
-              "single_host": spec.backend == "local"}
+              "single_host": get_backend_class(spec.backend).single_host}
     commands = node_commands(spec, kwargs)
 
     def one(item):

@@ -2,7 +2,7 @@
 
     dtrain preprocess --transform mypkg.prep:transform --input s3://raw/2024-01-01/ --output /fsx/digits/2024-01-01
 
-Engines (no Airflow): :mod:`operators.preprocess.runner` (parallel runner, finalize),
-:mod:`operators.preprocess.shardfmt` (the shard format). The Airflow operators live in
-:mod:`operators.preprocess.operator`. Nothing heavy is imported by this package.
+Engines (no Airflow): :mod:`dtrain.preprocess.runner` (parallel runner, finalize),
+:mod:`dtrain.preprocess.shardfmt` (the shard format). The Airflow operators live in
+:mod:`dtrain.preprocess.operator`. Nothing heavy is imported by this package.
 """

@@ -29,7 +29,7 @@ def register(subparsers) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from operators.preprocess.runner import preprocess
+    from dtrain.preprocess.runner import preprocess
 
     result = preprocess(args.input, args.output, args.transform, workers=args.workers,
                         shard_size=args.shard_size, max_bad_fraction=args.max_bad_fraction)

@@ -1,8 +1,8 @@
-"""Errors of the preprocessing step (all :class:`~operators.errors.DTrainError`)."""
+"""Errors of the preprocessing step (all :class:`~dtrain.errors.DTrainError`)."""
 
 from __future__ import annotations
 
-from operators.errors import DTrainError
+from dtrain.errors import DTrainError
 
 
 class PreprocessError(DTrainError):

@@ -1,6 +1,6 @@
 """Example transforms for scikit-learn's digits, as JSON lines ``{"id", "pixels": [64 ints 0-16], "label"}``.
 
-    dtrain preprocess --transform operators.preprocess.examples:digits_features \\
+    dtrain preprocess --transform dtrain.preprocess.examples:digits_features \\
         --input /data/digits-raw/ --output /data/digits-shards
 
 ``digits_features`` is cheap (scale to [0, 1]); ``digits_heavy`` stands in for a costly

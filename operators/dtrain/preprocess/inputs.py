@@ -12,8 +12,8 @@ import hashlib
 from dataclasses import dataclass
 from typing import Any, Iterator
 
-from operators.errors import SpecError
-from operators.preprocess.errors import PreprocessError
+from dtrain.errors import SpecError
+from dtrain.preprocess.errors import PreprocessError
 
 FORMATS = {".jsonl": "jsonl", ".ndjson": "jsonl", ".json": "jsonl", ".csv": "csv",
            ".parquet": "parquet", ".pq": "parquet", ".npy": "npy"}

@@ -1,6 +1,6 @@
 """Airflow operators for preprocessing: one mapped task per input partition, then a finalize.
 
-    from operators.preprocess.operator import PreprocessOperator, PreprocessFinalizeOperator
+    from dtrain.preprocess.operator import PreprocessOperator, PreprocessFinalizeOperator
 
     parts = PreprocessOperator.partial(
         task_id="preprocess", transform="mypkg.prep:transform",
@@ -11,7 +11,7 @@
 
 Each mapped task runs its partition over every core of its worker; a retry keeps the
 shards already written. The finalize task checks the bad-record fraction over the whole
-dataset and writes manifest.json last. Thin over :mod:`operators.preprocess.runner`;
+dataset and writes manifest.json last. Thin over :mod:`dtrain.preprocess.runner`;
 nothing heavy is imported at parse time and ``__init__`` does no I/O.
 """
 
@@ -28,7 +28,7 @@ DEFAULT_SHARD_SIZE = 8192
 
 
 def _coerce_fraction(value: Any) -> float:
-    from operators.errors import SpecError
+    from dtrain.errors import SpecError
 
     try:
         number = float(value)
@@ -47,7 +47,7 @@ def aws_credentials_env(conn_id: str | None) -> Iterator[None]:
     if not conn_id:
         yield
         return
-    from operators.staging.operator import aws_storage_options
+    from dtrain.staging.operator import aws_storage_options
 
     options = aws_storage_options(conn_id)
     names = {"key": "AWS_ACCESS_KEY_ID", "secret": "AWS_SECRET_ACCESS_KEY", "token": "AWS_SESSION_TOKEN",
@@ -105,8 +105,8 @@ class PreprocessOperator(BaseOperator):
         self.shard_size = shard_size
 
     def execute(self, context) -> dict[str, Any]:
-        from operators.launch.spec import coerce_int
-        from operators.preprocess.runner import process_partition
+        from dtrain.args import coerce_int
+        from dtrain.preprocess.runner import process_partition
 
         workers = None if self.workers in (None, "", "None") else coerce_int("workers", self.workers, minimum=1)
         inputs = list(self.input) if isinstance(self.input, (list, tuple)) else self.input
@@ -118,7 +118,7 @@ class PreprocessOperator(BaseOperator):
             )
 
     def on_kill(self) -> None:
-        from operators.preprocess.runner import terminate_active
+        from dtrain.preprocess.runner import terminate_active
 
         self.log.info("on_kill: stopping the preprocessing workers (finished shards are kept for the retry)")
         terminate_active()
@@ -151,7 +151,7 @@ class PreprocessFinalizeOperator(BaseOperator):
         self.max_bad_fraction = max_bad_fraction
 
     def execute(self, context) -> dict[str, Any]:
-        from operators.preprocess.runner import finalize_dataset
+        from dtrain.preprocess.runner import finalize_dataset
 
         partitions = None if self.partitions is None else list(self.partitions)
         with aws_credentials_env(self.aws_conn_id):

@@ -22,13 +22,13 @@ import time
 from collections import deque
 from typing import Any, Callable, Iterator
 
-from operators.errors import SpecError
-from operators.preprocess import shardfmt
-from operators.preprocess.errors import PreprocessError, TooManyBadRecords
-from operators.preprocess.inputs import InputFile, expand_input, iter_chunks
-from operators.preprocess.store import Store
-from operators.preprocess.transform import identity
-from operators.preprocess.worker import init_worker, process_chunk
+from dtrain.errors import SpecError
+from dtrain.preprocess import shardfmt
+from dtrain.preprocess.errors import PreprocessError, TooManyBadRecords
+from dtrain.preprocess.inputs import InputFile, expand_input, iter_chunks
+from dtrain.preprocess.store import Store
+from dtrain.preprocess.transform import identity
+from dtrain.preprocess.worker import init_worker, process_chunk
 
 DEFAULT_SHARD_SIZE = 8192
 DEFAULT_MAX_BAD_FRACTION = 0.001

@@ -28,8 +28,8 @@ from typing import Any
 
 import numpy as np
 
-from operators.preprocess.errors import PreprocessError
-from operators.preprocess.store import Store
+from dtrain.preprocess.errors import PreprocessError
+from dtrain.preprocess.store import Store
 
 FORMAT = "dtrain-shards"
 FORMAT_VERSION = 1

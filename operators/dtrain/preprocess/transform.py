@@ -14,7 +14,7 @@ import inspect
 import re
 from typing import Any, Callable
 
-from operators.errors import SpecError
+from dtrain.errors import SpecError
 
 REF = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_][\w.]*$")
 ALLOWED = "an import path MODULE:FUNCTION, e.g. mypkg.prep:transform, naming a callable"

@@ -12,9 +12,9 @@ from typing import Any, Callable
 
 import numpy as np
 
-from operators.preprocess import shardfmt
-from operators.preprocess.store import Store
-from operators.preprocess.transform import resolve
+from dtrain.preprocess import shardfmt
+from dtrain.preprocess.store import Store
+from dtrain.preprocess.transform import resolve
 
 EXCERPT = 200
 _transforms: dict[str, Callable] = {}

@@ -1,6 +1,6 @@
 """Read preprocessed shards in a training script: memory-mapped, split by rank.
 
-    from operators.training.shards import ShardDataset, ShardSampler
+    from dtrain.training.shards import ShardDataset, ShardSampler
 
     dataset = ShardDataset("/fsx/digits/2024-01-01")            # items are (x, y) tensors
     sampler = ShardSampler(len(dataset), seed=0)                 # rank and world size from the env
@@ -27,8 +27,8 @@ import hashlib
 import os
 from typing import Any, Iterator, Sequence
 
-from operators.preprocess.errors import PreprocessError
-from operators.preprocess.shardfmt import file_sha256, load_manifest
+from dtrain.preprocess.errors import PreprocessError
+from dtrain.preprocess.shardfmt import file_sha256, load_manifest
 
 
 class ShardDataset:

@@ -1,0 +1,137 @@
+"""The backend registry: the one place that maps a backend name to its class.
+
+Built-in backends are listed here by import path (imported on first use, so a DAG that
+never launches on Slurm never imports it); third-party backends register through the
+``dtrain.backends`` entry-point group, so a ``pip install`` of a package declaring::
+
+    [options.entry_points]
+    dtrain.backends =
+        k8s = mypkg.dtrain_k8s:KubernetesBackend
+
+makes ``backend="k8s"`` valid in the spec, the operator and ``dtrain launch`` without
+touching this package. Code outside ``backends/<name>/`` reaches a backend only through
+:func:`get_backend_class` / :func:`backend_for` and the :class:`Backend` contract.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+import importlib.metadata
+from typing import TYPE_CHECKING
+
+from dtrain.errors import DTrainError, SpecError
+from dtrain.launch.backends.base import Backend, BackendOutcome, DryRunRequest, JobHandle, JobStatus
+
+if TYPE_CHECKING:
+    from dtrain.launch.spec import LaunchSpec
+
+__all__ = ["Backend", "BackendOutcome", "DryRunRequest", "JobHandle", "JobStatus", "ENTRY_POINT_GROUP",
+           "backend_names", "get_backend_class", "backend_for", "register_backend", "reload_entry_points"]
+
+ENTRY_POINT_GROUP = "dtrain.backends"
+BUILTIN: dict[str, str] = {
+    "local": "dtrain.launch.backends.local:LocalBackend",
+    "ssh": "dtrain.launch.backends.ssh:SSHBackend",
+    "slurm": "dtrain.launch.backends.slurm:SlurmBackend",
+    "mpi": "dtrain.launch.backends.mpi:MPIBackend",
+}
+_registered: dict[str, str | type[Backend]] = {}
+
+
+@functools.lru_cache(maxsize=1)
+def _entry_points() -> dict:
+    return {ep.name: ep for ep in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP)}
+
+
+def reload_entry_points() -> None:
+    """Forget the entry points read so far (after installing a backend package in this process)."""
+    importlib.invalidate_caches()
+    _entry_points.cache_clear()
+
+
+def register_backend(name: str, target: str | type[Backend]) -> None:
+    """Register a backend in this process: a class, or ``"module:Class"`` imported on first use."""
+    _registered[name] = target
+
+
+def backend_names() -> tuple[str, ...]:
+    """Every backend name known now: built-in, registered, and from installed entry points."""
+    return tuple(dict.fromkeys([*BUILTIN, *_registered, *sorted(_entry_points())]))
+
+
+
+def _load(name: str, target) -> type[Backend]:
+    """``target``: a class, an entry point (stdlib's or the importlib_metadata backport's, which
+    Airflow may have loaded: both have ``load``), or ``"module:Class"``."""
+    if isinstance(target, type):
+        cls = target
+    elif hasattr(target, "load"):
+        cls = target.load()
+    else:
+        module_name, _, attr = target.partition(":")
+        cls = getattr(importlib.import_module(module_name), attr)
+    if not (isinstance(cls, type) and issubclass(cls, Backend)):
+        raise DTrainError(f"backend {name!r} ({target}) is not a dtrain.launch.backends.Backend subclass")
+    if cls.name != name:
+        raise DTrainError(f"backend {name!r} ({target}) declares name={cls.name!r}: register it under that name")
+    return cls
+
+
+def get_backend_class(name: str) -> type[Backend]:
+    """The class registered as ``name``; SpecError (exit 2) naming the known ones when unknown."""
+    target = _registered.get(name) or BUILTIN.get(name)
+    if target is None:
+        target = _entry_points().get(name)
+    if target is None:
+        raise SpecError("backend", name, f"one of {', '.join(backend_names())} (installed backends)")
+    try:
+        return _cached_load(name, target)
+    except ImportError as e:
+        raise DTrainError(f"backend {name!r} could not be imported ({e})") from e
+
+
+@functools.lru_cache(maxsize=None)
+def _cached_load(name: str, target) -> type[Backend]:
+    return _load(name, target)
+
+
+def backend_for(spec: "LaunchSpec") -> type[Backend]:
+    """The backend class that runs ``spec`` (the named one, or the one it hands the job to)."""
+    cls = get_backend_class(spec.backend)
+    runner = cls.runner(spec)
+    return cls if runner == cls.name else get_backend_class(runner)
+
+
+def detachable_backend_names() -> list[str]:
+    """Names of the backends whose jobs can outlive the submitting process (deferrable mode)."""
+    out = []
+    for name in backend_names():
+        try:
+            if get_backend_class(name).supports_detached:
+                out.append(name)
+        except DTrainError:
+            continue
+    return out
+
+
+def options_for(name: str, backend_options: object) -> dict:
+    """The chosen backend's section of an operator's ``backend_options`` (``{backend name: options}``),
+    completed at execute time by the backend (e.g. from an Airflow connection).
+
+    Sections for other registered backends are allowed (a DAG whose UI param picks the backend
+    sets them all); a key that names no installed backend is refused as the typo it is.
+    """
+    from dtrain.args import mapping_arg
+
+    sections = mapping_arg("backend_options", backend_options, not_json="a mapping (or a JSON object string)",
+                           not_mapping="a mapping of backend name to that backend's options")
+    known = backend_names()
+    for key, value in sections.items():
+        if key not in known:
+            raise SpecError("backend_options", key, f"keys are backend names: {', '.join(known)}")
+        mapping_arg(f"backend_options[{key!r}]", value, not_json="a mapping (or a JSON object string)",
+                    not_mapping="a mapping of that backend's options")
+    section = dict(mapping_arg(f"backend_options[{name!r}]", sections.get(name), not_json="a mapping",
+                               not_mapping="a mapping"))
+    return get_backend_class(name).resolve_operator_options(section)

@@ -1,19 +1,162 @@
-"""The backend contract, and the registry that imports a backend on first use (fsspec style)."""
+"""The backend contract (TorchX's scheduler shape): one class owns a job's whole lifecycle.
+
+A backend is one folder under ``dtrain/launch/backends/`` (or a third-party package
+registered through the ``dtrain.backends`` entry-point group) holding a :class:`Backend`
+subclass. Nothing outside that folder knows the backend's name or options:
+
+* validation: :meth:`Backend.validate` checks the spec and normalises ``spec.backend_options``
+  (the backend's own options, as primitives) before anything starts;
+* :meth:`Backend.dryrun` -> a :class:`DryRunRequest` whose rendered argv/script is exactly what
+  :meth:`Backend.submit` would run (no side effects: tests compare it exactly);
+* :meth:`Backend.submit` -> a :class:`JobHandle` of primitives (``to_dict``/``from_dict``), so a
+  trigger can rebuild it after a restart; ``detached=True`` asks for a job that outlives this
+  process (deferrable mode), which only backends with ``supports_detached`` provide;
+* :meth:`Backend.poll` / :meth:`Backend.async_poll` -> a :class:`JobStatus`; :meth:`Backend.cancel`
+  stops every process of the job on every host; :meth:`Backend.logs` gives its last lines;
+* :meth:`Backend.run` (submit, follow, teardown) is built on them.
+
+Backends also contribute their own ``dtrain launch`` options (:meth:`add_cli_arguments`,
+:meth:`options_from_cli`) and operator options (``backend_options`` of the operator, resolved
+by :meth:`resolve_operator_options`, e.g. an Airflow connection).
+"""
 
 from __future__ import annotations
 
 import abc
+import argparse
+import asyncio
+import dataclasses
 import importlib
+import threading
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, ClassVar, Mapping, Sequence
 
-from operators.errors import DTrainError
-from operators.launch.job import Job
-from operators.launch.processes import LineSink, print_sink
+from dtrain.errors import DTrainError, SpecError
+from dtrain.launch.net import free_port
+from dtrain.launch.processes import LineSink, print_sink
+
+if TYPE_CHECKING:  # imported for annotations only: the spec imports the registry
+    from dtrain.launch.job import Job
+    from dtrain.launch.spec import LaunchSpec
+
+Primitive = (str, int, float, bool, type(None))
+# Consecutive polls that could not reach the backend before a job is given up (and cancelled).
+MAX_POLL_ERRORS = 5
+
+
+def check_primitive(name: str, value: Any) -> Any:
+    """``value`` if it is JSON-like primitives only (what a trigger may serialize), else raise."""
+    if isinstance(value, Primitive):
+        return value
+    if isinstance(value, (list, tuple)):
+        return [check_primitive(name, v) for v in value]
+    if isinstance(value, Mapping):
+        return {str(k): check_primitive(name, v) for k, v in value.items()}
+    raise DTrainError(f"{name} holds a {type(value).__name__}; a job handle carries primitives only")
+
+
+@dataclass(frozen=True)
+class JobHandle:
+    """Where a submitted job is: enough to poll, cancel and read it from any process.
+
+    Args:
+        backend: the registered backend name.
+        job_id: dtrain's job id (rendezvous id, run name).
+        backend_job_id: the backend's own id (a Slurm job id; the job id for ssh).
+        run_dir: the job's run directory (exit records, checkpoints, metrics).
+        world_size: ranks in the job.
+        submitted_at: wall-clock time of the submission.
+        data: backend-specific primitives (hosts, SSH settings, poll interval...).
+    """
+
+    backend: str
+    job_id: str
+    backend_job_id: str
+    run_dir: str
+    world_size: int
+    submitted_at: float
+    data: Mapping[str, Any] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return check_primitive("handle", dataclasses.asdict(self) | {"data": dict(self.data)})
+
+    @classmethod
+    def from_dict(cls, value: Any) -> "JobHandle":
+        if not isinstance(value, Mapping):
+            raise DTrainError(f"a job handle must be a mapping, not {type(value).__name__}")
+        names = {f.name for f in dataclasses.fields(cls)}
+        missing, unknown = names - set(value), set(value) - names
+        if missing or unknown:
+            raise DTrainError(f"not a job handle: missing {sorted(missing)}, unknown {sorted(unknown)}")
+        try:
+            return cls(backend=str(value["backend"]), job_id=str(value["job_id"]),
+                       backend_job_id=str(value["backend_job_id"]), run_dir=str(value["run_dir"]),
+                       world_size=int(value["world_size"]), submitted_at=float(value["submitted_at"]),
+                       data=check_primitive("handle.data", dict(value["data"] or {})))
+        except (TypeError, ValueError) as e:
+            raise DTrainError(f"not a job handle: {e}") from e
+
+
+@dataclass(frozen=True)
+class JobStatus:
+    """What a poll knows about a job. ``exit_code`` is set once ``done``; ``reachable`` False means
+    the backend could not be asked this time (not a verdict: ask again)."""
+
+    state: str
+    done: bool
+    exit_code: int | None = None
+    failed_node: int | None = None
+    reason: str = ""
+    tail: Sequence[str] = ()
+    reachable: bool = True
+
+    @property
+    def ok(self) -> bool:
+        return self.done and self.exit_code == 0
+
+
+@dataclass(frozen=True)
+class DryRunRequest:
+    """What :meth:`Backend.submit` would run, rendered. ``argvs``: one argv per process started
+    here (node agents, ssh clients, mpirun, sbatch); ``script``: a submitted script, if any;
+    ``env``: variables added to the started processes (secrets included: never log it whole)."""
+
+    backend: str
+    argvs: tuple[tuple[str, ...], ...]
+    script: str | None = None
+    env: Mapping[str, str] = field(default_factory=dict)
+    stdin: tuple[str, ...] = ()
+
+    def render(self) -> str:
+        """The text ``dtrain launch --dry-run`` prints: the script, or one shell-quoted argv a line."""
+        import shlex
+
+        if self.script is not None:
+            return self.script
+        return "".join(shlex.join(argv) + "\n" for argv in self.argvs)
+
+
+@dataclass(frozen=True)
+class NodeAccess:
+    """How a launcher layered on a backend (mpirun) reaches that backend's nodes.
+
+    Args:
+        addresses: one address per node, in node order (node 0 hosts the rendezvous).
+        python: the interpreter on the nodes.
+        ssh_config: an ssh_config text with one ``Host dtrain-nodeN`` alias per node, for
+            mpirun's rsh agent; None when every node is this host.
+        loopback: every node is on this machine (collectives then use the loopback interface).
+    """
+
+    addresses: tuple[str, ...]
+    python: str
+    ssh_config: str | None = None
+    loopback: bool = True
 
 
 @dataclass
 class BackendOutcome:
-    """How the job's node-level processes ended. ``exit_code`` 0 means every node succeeded."""
+    """How a blocking :meth:`Backend.run` ended. ``exit_code`` 0: every node succeeded; -1: stopped."""
 
     exit_code: int
     node_index: int | None = None
@@ -22,41 +165,170 @@ class BackendOutcome:
 
 
 class Backend(abc.ABC):
-    """Runs one prepared job to completion. ``terminate`` may be called from another thread
-    or a signal handler, and must leave no process of the job alive anywhere."""
+    """Runs jobs on one kind of infrastructure. Subclasses set ``name`` and implement the
+    abstract methods; ``terminate`` may be called from another thread or a signal handler and
+    must leave no process of the job alive anywhere."""
 
-    name: str = "base"
+    name: ClassVar[str] = "base"
+    description: ClassVar[str] = ""
+    install_hint: ClassVar[str] = ""
+    #: option names accepted in ``spec.backend_options`` (validated by :meth:`validate`)
+    option_names: ClassVar[tuple[str, ...]] = ()
+    #: submit(detached=True) gives a job that outlives this process (deferrable mode)
+    supports_detached: ClassVar[bool] = False
+    #: nodes are simulated on this host (preflight then checks one host)
+    single_host: ClassVar[bool] = False
+    #: module with ``add_arguments(parser)`` and ``options_from_args(args)``: this backend's CLI options
+    cli_module: ClassVar[str | None] = None
+    poll_interval: float = 0.02
 
     def __init__(self, sink: LineSink = print_sink):
         self.sink = sink
+        self._stop = threading.Event()
+
+    # -- options and validation (class level: no instance, no I/O beyond checks) -------------------
+
+    @classmethod
+    def runner(cls, spec: "LaunchSpec") -> str:
+        """The registered backend that runs ``spec`` (a backend may hand a distribution to another,
+        e.g. local and ssh hand distribution='mpi' to mpirun)."""
+        return cls.name
+
+    @classmethod
+    def validate(cls, spec: "LaunchSpec") -> None:
+        """Refuse what this backend cannot run (SpecError naming field, value, what is allowed) and
+        normalise ``spec.backend_options`` to primitives. Default: no options accepted."""
+        cls.check_option_names(spec.backend_options)
+
+    @classmethod
+    def check_option_names(cls, options: Mapping[str, Any]) -> None:
+        unknown = sorted(set(options) - set(cls.option_names))
+        if unknown:
+            allowed = ", ".join(cls.option_names) or "none"
+            raise SpecError(f"backend_options[{cls.name!r}]", unknown[0], f"options of backend {cls.name!r}: {allowed}")
+
+    @classmethod
+    def add_cli_arguments(cls, parser: argparse.ArgumentParser) -> None:
+        """Add this backend's ``dtrain launch`` options (an argument group of its own)."""
+        if cls.cli_module:
+            importlib.import_module(cls.cli_module).add_arguments(parser)
+
+    @classmethod
+    def options_from_cli(cls, args: argparse.Namespace) -> dict[str, Any]:
+        """This backend's options given on the command line (only those the user set)."""
+        return importlib.import_module(cls.cli_module).options_from_args(args) if cls.cli_module else {}
+
+    @classmethod
+    def resolve_operator_options(cls, options: Mapping[str, Any]) -> dict[str, Any]:
+        """Options given to an operator, completed at execute time (e.g. from an Airflow connection)."""
+        return dict(options)
+
+    @classmethod
+    def node_commands(cls, spec: "LaunchSpec", argv: Sequence[str]) -> list[tuple[str, list[str]]]:
+        """(host label, argv) that runs ``argv`` once on each node of ``spec``: how preflight checks nodes."""
+        raise SpecError("backend", cls.name, "a backend that can run a command on each node (preflight)")
+
+    @classmethod
+    def node_access(cls, spec: "LaunchSpec") -> NodeAccess:
+        """How to reach the nodes (default: every node is this host)."""
+        import sys
+
+        return NodeAccess(addresses=("127.0.0.1",) * spec.nodes, python=sys.executable)
+
+    def free_port(self, spec: "LaunchSpec") -> int:
+        """A rendezvous port free on node 0 right now (default: on this host)."""
+        return spec.rdzv_port or free_port("127.0.0.1")
+
+    # -- the job lifecycle -----------------------------------------------------------------------
 
     @abc.abstractmethod
-    def run(self, job: Job) -> BackendOutcome: ...
+    def dryrun(self, job: "Job", *, detached: bool = False) -> DryRunRequest:
+        """What submit would run, with every choice (ports, hosts) made; starts and writes nothing."""
 
     @abc.abstractmethod
-    def terminate(self) -> None: ...
+    def submit(self, job: "Job", *, detached: bool = False) -> JobHandle:
+        """Start the job and return at once."""
+
+    @abc.abstractmethod
+    def poll(self, handle: JobHandle) -> JobStatus:
+        """The job's status now. Raises DTrainError when the backend cannot be asked."""
+
+    async def async_poll(self, handle: JobHandle) -> JobStatus:
+        """Poll without blocking an event loop (the triggerer's). Override with real async I/O."""
+        return await asyncio.to_thread(self.poll, handle)
+
+    @abc.abstractmethod
+    def cancel(self, handle: JobHandle) -> None:
+        """Stop every process of the job on every host; idempotent; returns when they are gone."""
+
+    async def async_cancel(self, handle: JobHandle) -> None:
+        await asyncio.to_thread(self.cancel, handle)
+
+    @abc.abstractmethod
+    def logs(self, handle: JobHandle, lines: int = 40) -> list[str]:
+        """The last ``lines`` lines of the job's output."""
+
+    def follow(self, handle: JobHandle) -> None:
+        """Emit new output lines to the sink (called between polls by :meth:`run`). Backends whose
+        output already streams (reader threads) keep the default."""
+
+    def release(self, handle: JobHandle) -> None:
+        """Free what submit holds in this process once the job is over (threads, pipes)."""
+
+    def run(self, job: "Job") -> BackendOutcome:
+        """Submit, stream output and wait; on failure, stop or any error, cancel everything."""
+        handle = self.submit(job)
+        try:
+            status = self._wait(handle)
+        except BaseException:
+            self.cancel(handle)  # whatever went wrong here, the job must not run on unwatched
+            self.release(handle)
+            raise
+        if status is None or not status.ok:
+            self.cancel(handle)  # a failed node: stop the others; stopped: stop everything
+        self.follow(handle)
+        self.release(handle)
+        if status is None:
+            return BackendOutcome(exit_code=-1, stopped=True)
+        return BackendOutcome(exit_code=status.exit_code or 0, node_index=status.failed_node,
+                              tail=list(status.tail))
+
+    def _wait(self, handle: JobHandle) -> JobStatus | None:
+        errors = 0
+        while not self._stop.is_set():
+            self.follow(handle)
+            try:
+                status = self.poll(handle)
+            except DTrainError as e:  # the backend could not be asked (a restarting controller)
+                status = JobStatus(state="UNKNOWN", done=False, reason=str(e), reachable=False)
+            errors = 0 if status.reachable else errors + 1
+            if errors:
+                self.sink(f"[dtrain] polling {self.name} job {handle.backend_job_id} failed "
+                          f"({errors}/{MAX_POLL_ERRORS}): {status.reason}")
+                if errors >= MAX_POLL_ERRORS:
+                    raise DTrainError(f"lost track of {self.name} job {handle.backend_job_id}: {status.reason}")
+            if status.done:
+                return status
+            self._stop.wait(self.poll_interval)
+        return None
+
+    def terminate(self) -> None:
+        """Ask :meth:`run` to stop; it cancels the job. Safe from signal handlers."""
+        self._stop.set()
 
 
-# name -> (module path, class name, install hint). Imported only when asked for.
-REGISTRY: dict[str, tuple[str, str, str]] = {
-    "local": ("operators.launch.backends.local", "LocalBackend", "pip install 'airflow-dtrain[torch]'"),
-    "slurm": ("operators.launch.backends.slurm", "SlurmBackend", "apt-get install slurm-client (sbatch, squeue, scontrol, scancel)"),
-    "ssh": ("operators.launch.backends.ssh", "SSHBackend", "apt-get install openssh-client"),
-    "mpi": ("operators.launch.backends.mpi_backend", "MPIBackend", "apt-get install openmpi-bin"),
-}
-
-
-def register_backend(name: str, module: str, cls: str, hint: str = "") -> None:
-    REGISTRY[name] = (module, cls, hint)
-
-
-def get_backend_class(name: str) -> type[Backend]:
+async def run_async(argv: Sequence[str], timeout: float = 60.0, stdin: bytes | None = None) -> tuple[int, str, str]:
+    """Run a client command (scontrol, ssh...) without blocking the triggerer's event loop."""
     try:
-        module_name, cls_name, hint = REGISTRY[name]
-    except KeyError as e:
-        raise DTrainError(f"backend={name!r} is unknown: one of {', '.join(sorted(REGISTRY))}") from e
+        proc = await asyncio.create_subprocess_exec(
+            *argv, stdin=asyncio.subprocess.DEVNULL if stdin is None else asyncio.subprocess.PIPE,
+            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+    except FileNotFoundError as e:
+        raise DTrainError(f"{argv[0]} not found on this host") from e
     try:
-        module = importlib.import_module(module_name)
-    except ImportError as e:
-        raise DTrainError(f"backend {name!r} could not be imported ({e}); install it with: {hint}") from e
-    return getattr(module, cls_name)
+        out, err = await asyncio.wait_for(proc.communicate(stdin), timeout)
+    except (asyncio.TimeoutError, asyncio.CancelledError):
+        proc.kill()
+        await proc.wait()
+        raise
+    return proc.returncode, out.decode(errors="replace"), err.decode(errors="replace")

@@ -2,9 +2,9 @@
 
 Run it on every rank through the launcher, for example
 
-    dtrain launch --nodes 2 --procs-per-node 2 -- python -m operators.training.reference.train_digits --epochs 20
+    dtrain launch --nodes 2 --procs-per-node 2 -- python -m dtrain.training.reference.train_digits --epochs 20
     dtrain launch --procs-per-node 2 --distribution deepspeed --deepspeed-config ds.json -- \
-        python -m operators.training.reference.train_digits --deepspeed
+        python -m dtrain.training.reference.train_digits --deepspeed
 
 It checkpoints every ``--checkpoint-every`` steps and resumes from the latest
 checkpoint when relaunched with the same run directory; it writes per-rank
@@ -19,10 +19,10 @@ import os
 import sys
 import time
 
-from operators.training.checkpoint import CheckpointManager
-from operators.training.dist import init_distributed, shutdown
-from operators.training.metrics import MetricsWriter, write_result
-from operators.training.scaling import scaled_lr, warmup_factor
+from dtrain.training.checkpoint import CheckpointManager
+from dtrain.training.dist import init_distributed, shutdown
+from dtrain.training.metrics import MetricsWriter, write_result
+from dtrain.training.scaling import scaled_lr, warmup_factor
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -71,7 +71,7 @@ def train_dataset(args, seed: int):
 
     (x_train, y_train), test = load_digits_split(seed)
     if args.shards:
-        from operators.training.shards import ShardDataset  # preprocessed, memory-mapped shards
+        from dtrain.training.shards import ShardDataset  # preprocessed, memory-mapped shards
 
         return ShardDataset(args.shards), test
     return TensorDataset(torch.from_numpy(x_train), torch.from_numpy(y_train)), test
@@ -130,7 +130,7 @@ def main(argv: list[str] | None = None) -> int:
               f"(base_lr={args.base_lr} x {global_batch}/{args.base_batch})")
 
     if args.shards:  # the shard reader splits by rank itself (epoch-seeded, equal counts per rank)
-        from operators.training.shards import ShardLoader, ShardSampler
+        from dtrain.training.shards import ShardLoader, ShardSampler
 
         sampler = ShardSampler(len(dataset), num_replicas=ctx.world_size, rank=ctx.rank, shuffle=True,
                                seed=args.seed, drop_last=True)

@@ -1,55 +1,93 @@
 """Local backend: every node simulated on this host, one torchrun agent each.
 
-c10d rendezvous on 127.0.0.1 at a port chosen per job; each agent in its own
-process group; teardown of every rank on any failure, stop, or signal.
+c10d rendezvous on 127.0.0.1 at a port chosen per job; each agent in its own session;
+teardown of every rank on any failure, stop, or signal. The agents are children of this
+process (they die with it: parent-death signal), so a local job cannot be detached.
 """
 
 from __future__ import annotations
 
 import os
 import sys
+import time
+from typing import Sequence
 
-from operators.launch.backends.base import Backend, BackendOutcome
-from operators.launch.job import Job, free_port
-from operators.launch.processes import NodeSupervisor
-from operators.launch.torchrun import agent_argv
+from dtrain.errors import SpecError
+from dtrain.launch.backends.base import Backend, DryRunRequest, JobHandle, JobStatus
+from dtrain.launch.job import Job
+from dtrain.launch.processes import NodeSupervisor
+from dtrain.launch.spec import LaunchSpec
+from dtrain.launch.torchrun import C10d, agent_argv
 
 LOOPBACK = "127.0.0.1"
 
 
 class LocalBackend(Backend):
+    """Nodes simulated on this host: one torchrun agent per node, c10d on loopback."""
+
     name = "local"
+    description = "every node simulated on this host (one torchrun agent each)"
+    install_hint = "pip install 'airflow-dtrain[torch]'"
+    single_host = True
 
     def __init__(self, sink=None, python: str | None = None, grace_seconds: float = 5.0):
         super().__init__(**({"sink": sink} if sink else {}))
         self.python = python or sys.executable
         self.supervisor = NodeSupervisor(self.sink, grace_seconds=grace_seconds)
 
-    def run(self, job: Job) -> BackendOutcome:
+    @classmethod
+    def runner(cls, spec: LaunchSpec) -> str:
+        return "mpi" if spec.distribution == "mpi" else cls.name  # mpirun starts the ranks itself
+
+    @classmethod
+    def node_commands(cls, spec: LaunchSpec, python_args: Sequence[str]) -> list[tuple[str, list[str]]]:
+        return [("localhost", [sys.executable, *python_args]) for _ in range(spec.nodes)]
+
+    def dryrun(self, job: Job, *, detached: bool = False) -> DryRunRequest:
+        if detached:
+            raise SpecError("deferrable", True, "a backend whose jobs outlive the worker (not 'local': its "
+                                                "agents are children of the task)")
         spec = job.spec
-        port = spec.rdzv_port or free_port(LOOPBACK)
-        argvs = [
-            agent_argv(spec, python=self.python, node_index=i, rdzv_host=LOOPBACK, rdzv_port=port, job_id=job.job_id)
-            for i in range(spec.nodes)
-        ]
-        base_env = dict(os.environ)
+        port = self.free_port(spec)
+        argvs = tuple(tuple(agent_argv(spec, python=self.python, job_id=job.job_id,
+                                       rdzv=C10d(LOOPBACK, port, is_host=i == 0)))
+                      for i in range(spec.nodes))
         # Simulated nodes talk over loopback whatever the host's interfaces are.
-        base_env.setdefault("GLOO_SOCKET_IFNAME", "lo")
-        base_env.update(job.rank_env)
-        envs = [dict(base_env, DTRAIN_NODE_INDEX=str(i)) for i in range(spec.nodes)]
-        try:
-            self.supervisor.start(argvs, envs, cwd=spec.workdir)
-            code, node = self.supervisor.wait(expected=spec.nodes)
-        finally:
-            self.supervisor.teardown()
-        if code == -1:
-            return BackendOutcome(exit_code=-1, stopped=True)
-        return BackendOutcome(exit_code=code, node_index=None if node is None else node.index,
-                              tail=[] if node is None else list(node.tail))
+        env = {} if "GLOO_SOCKET_IFNAME" in os.environ else {"GLOO_SOCKET_IFNAME": "lo"}
+        env.update(job.rank_env)
+        return DryRunRequest(backend=self.name, argvs=argvs, env=env)
+
+    def submit(self, job: Job, *, detached: bool = False) -> JobHandle:
+        request = self.dryrun(job, detached=detached)
+        base_env = {**os.environ, **request.env}
+        envs = [dict(base_env, DTRAIN_NODE_INDEX=str(i)) for i in range(len(request.argvs))]
+        self.supervisor.start(request.argvs, envs, cwd=job.spec.workdir)
+        return JobHandle(backend=self.name, job_id=job.job_id, backend_job_id=job.job_id, run_dir=job.run_dir,
+                         world_size=job.spec.world_size, submitted_at=time.time(),
+                         data={"nodes": len(request.argvs)})
+
+    def poll(self, handle: JobHandle) -> JobStatus:
+        done, code, node = self.supervisor.check(expected=int(handle.data["nodes"]))
+        if not done:
+            return JobStatus(state="RUNNING", done=False)
+        return JobStatus(state="COMPLETED" if code == 0 else "FAILED", done=True, exit_code=code,
+                         failed_node=None if node is None else node.index,
+                         tail=[] if node is None else list(node.tail))
+
+    def cancel(self, handle: JobHandle) -> None:
+        self.supervisor.stop("cancel")
+        self.supervisor.teardown()
+
+    def logs(self, handle: JobHandle, lines: int = 40) -> list[str]:
+        return [line for node in list(self.supervisor.nodes) for line in node.tail][-lines:]
+
+    def release(self, handle: JobHandle) -> None:
+        self.supervisor.teardown()  # nothing left to stop after success; joins the reader threads
 
     def terminate(self) -> None:
         # Tear down here rather than only flagging run(): on_kill may be the last code the
         # task process runs before it is killed itself.
+        super().terminate()
         self.supervisor.stop("terminate")
         self.supervisor.teardown()
 

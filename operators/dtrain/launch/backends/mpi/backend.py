@@ -1,61 +1,40 @@
-"""distribution=mpi on the local or SSH hosts: one ``mpirun`` starts every rank.
+"""The mpi backend: one ``mpirun`` starts every rank, on this host or on another backend's nodes.
 
-The Launcher routes ``distribution='mpi'`` here for backend ``local`` (one host,
-``--host localhost:P``) and ``ssh`` (the hostfile's hosts). For SSH hosts mpirun
-reaches them with ``ssh -F <run_dir>/mpi/ssh_config``: a generated config with one
-alias per host (``dtrain-node0``...) carrying its address, port, user, key and
-host-key policy, so per-host ports and users work, and node order = hostfile order.
+``backend="mpi"`` runs mpirun on this host; the local and ssh backends hand
+``distribution="mpi"`` here (their ``runner``). The nodes come from the named backend's
+:meth:`~dtrain.launch.backends.base.Backend.node_access` (through the registry, never by
+importing it): for ssh hosts mpirun reaches them with ``ssh -F <run_dir>/mpi/ssh_config``,
+a generated config with one alias per host (``dtrain-node0``...) carrying its address,
+port, user, key and host-key policy, so per-host ports and users work, and node order =
+hostfile order.
 
-MASTER_ADDR (first host) and MASTER_PORT (free there) are exported to every rank
-with ``-x NAME``, as are the job's variables; values stay out of argv.
+MASTER_ADDR (first node) and MASTER_PORT (free there) are exported to every rank with
+``-x NAME``, as are the job's variables; values stay out of argv.
 
-Teardown: SIGTERM to mpirun first (it stops the ranks on every host through its
-daemons), then the supervisor's process-tree teardown after the grace period. A
-killed mpirun also stops the remote ranks: each orted exits when it loses mpirun.
+Teardown: SIGTERM to mpirun first (it stops the ranks on every host through its daemons),
+then the supervisor's process-tree teardown after the grace period. A killed mpirun also
+stops the remote ranks: each orted exits when it loses mpirun.
 """
 
 from __future__ import annotations
 
 import os
+import shutil
 import signal
-import sys
 import time
 
-from operators.errors import LaunchError
-from operators.launch.backends.base import Backend, BackendOutcome
-from operators.launch.backends.ssh import is_loopback, probe_port
-from operators.launch.hostfile import HostEntry, SSHSettings
-from operators.launch.job import Job, free_port
-from operators.launch.mpi import mpirun_argv, mpirun_env
-from operators.launch.processes import NodeSupervisor
-
-LOOPBACK = "127.0.0.1"
+from dtrain.errors import LaunchError, SpecError
+from dtrain.launch.backends import get_backend_class
+from dtrain.launch.backends.base import Backend, DryRunRequest, JobHandle, JobStatus
+from dtrain.launch.backends.mpi.render import coerce_mpi_options, mpirun_argv, mpirun_env
+from dtrain.launch.job import Job
+from dtrain.launch.processes import NodeSupervisor
+from dtrain.launch.spec import LaunchSpec
 
 
-def ssh_config_text(hosts: list[HostEntry], settings: SSHSettings) -> str:
-    """An ssh_config with one ``Host dtrain-nodeN`` alias per host. Values were validated
-    (names, ports, paths without blanks), so no line can smuggle another option."""
-    blocks = []
-    for i, host in enumerate(hosts):
-        lines = [f"Host dtrain-node{i}", f"  HostName {host.address}", "  BatchMode yes",
-                 f"  StrictHostKeyChecking {settings.strict_host_key_checking}",
-                 f"  ConnectTimeout {settings.connect_timeout}", "  LogLevel ERROR"]
-        port = host.port or settings.port
-        if port:
-            lines.append(f"  Port {port}")
-        user = host.user or settings.user
-        if user:
-            lines.append(f"  User {user}")
-        if settings.key_file:
-            lines += [f"  IdentityFile {settings.key_file}", "  IdentitiesOnly yes"]
-        if settings.known_hosts_file:
-            lines.append(f"  UserKnownHostsFile {settings.known_hosts_file}")
-        blocks.append("\n".join(lines) + "\n")
-    return "".join(blocks)
-
-
-def mpi_hostfile_text(hosts: list[HostEntry], procs_per_node: int) -> str:
-    return "".join(f"dtrain-node{i} slots={procs_per_node}\n" for i in range(len(hosts)))
+def mpi_hostfile_text(nodes: int, procs_per_node: int) -> str:
+    """mpirun's hostfile over the ssh_config aliases, in node order."""
+    return "".join(f"dtrain-node{i} slots={procs_per_node}\n" for i in range(nodes))
 
 
 def _write_private(path: str, text: str) -> None:
@@ -67,7 +46,12 @@ def _write_private(path: str, text: str) -> None:
 
 
 class MPIBackend(Backend):
+    """mpirun starts every rank (per-process launch); the rank wrapper maps OMPI_* to the contract."""
+
     name = "mpi"
+    description = "one mpirun starts every rank (OpenMPI), on this host or the ssh hosts"
+    install_hint = "apt-get install openmpi-bin"
+    single_host = True  # when named itself: mpirun on this host
 
     def __init__(self, sink=None, grace_seconds: float = 5.0, mpirun: str = "mpirun"):
         super().__init__(**({"sink": sink} if sink else {}))
@@ -75,63 +59,73 @@ class MPIBackend(Backend):
         self.mpirun = mpirun
         self.supervisor = NodeSupervisor(self._mpirun_sink, grace_seconds=grace_seconds)
 
+    @classmethod
+    def validate(cls, spec: LaunchSpec) -> None:
+        if spec.backend == cls.name:
+            cls.check_option_names(spec.backend_options)
+        spec.mpi_options = coerce_mpi_options(spec.mpi_options)
+        if get_backend_class(spec.backend).single_host and spec.nodes != 1:
+            raise SpecError("nodes", spec.nodes, f"1 for mpirun on this host (backend={spec.backend!r}); "
+                                                 "use backend='ssh' with a hostfile for several")
+        if shutil.which("mpirun") is None:
+            raise SpecError("distribution", "mpi", f"OpenMPI's mpirun on PATH ({cls.install_hint})")
+
     def _mpirun_sink(self, line: str) -> None:
         # The supervisor prefixes lines that are not a rank's with its node index; here the
         # one "node" is mpirun itself.
         self.sink("[mpirun] " + line[len("[node0] "):] if line.startswith("[node0] ") else line)
 
-    def run(self, job: Job) -> BackendOutcome:
-        spec = job.spec
-        try:
-            argv, env = self.command(job)
-        except LaunchError as e:
-            self.sink(f"[dtrain] {e}")
-            return BackendOutcome(exit_code=e.exit_code, node_index=0, tail=[str(e)])
-        self.sink("[dtrain] mpirun: " + " ".join(argv[: argv.index("-m") - 1]))
-        try:
-            self.supervisor.start([argv], [env], cwd=spec.workdir)
-            code, node = self.supervisor.wait(expected=1)
-        finally:
-            self._teardown()
-        if code == -1:
-            return BackendOutcome(exit_code=-1, stopped=True)
-        return BackendOutcome(exit_code=code, node_index=None if node is None else 0,
-                              tail=[] if node is None else list(node.tail))
+    def _files(self, job: Job) -> dict[str, str]:
+        """The files mpirun reads (ssh_config and hostfile) when the nodes are remote: path -> text."""
+        access = get_backend_class(job.spec.backend).node_access(job.spec)
+        if access.ssh_config is None:
+            return {}
+        mpi_dir = os.path.join(job.run_dir, "mpi")
+        if any(c.isspace() for c in mpi_dir):
+            # mpirun splits plm_rsh_agent on blanks: the config path must have none.
+            raise LaunchError(f"run_dir {job.run_dir!r} must not contain blanks for mpirun over ssh", 2)
+        return {os.path.join(mpi_dir, "ssh_config"): access.ssh_config,
+                os.path.join(mpi_dir, "hostfile"): mpi_hostfile_text(job.spec.nodes, job.spec.procs_per_node)}
 
-    def command(self, job: Job) -> tuple[list[str], dict[str, str]]:
-        """mpirun's argv and environment for this job."""
+    def dryrun(self, job: Job, *, detached: bool = False) -> DryRunRequest:
+        if detached:
+            raise SpecError("deferrable", True, "not with mpirun (it must stay attached to its ranks)")
         spec = job.spec
-        python = sys.executable
-        hostfile = rsh_agent = None
-        if spec.backend == "ssh":
-            hosts = list(spec.resolved_hosts)
-            settings = SSHSettings.from_mapping(spec.ssh)
-            python = settings.python or python
-            master = hosts[0].address
-            port = spec.rdzv_port or probe_port(settings, hosts[0], python)
-            mpi_dir = os.path.join(job.run_dir, "mpi")
-            if any(c.isspace() for c in mpi_dir):
-                # mpirun splits plm_rsh_agent on blanks: the config path must have none.
-                raise LaunchError(f"run_dir {job.run_dir!r} must not contain blanks for distribution='mpi' over ssh", 2)
-            os.makedirs(mpi_dir, exist_ok=True)
-            config, hostfile = os.path.join(mpi_dir, "ssh_config"), os.path.join(mpi_dir, "hostfile")
-            _write_private(config, ssh_config_text(hosts, settings))
-            _write_private(hostfile, mpi_hostfile_text(hosts, spec.procs_per_node))
-            rsh_agent = f"ssh -F {config}"
-            loopback = all(is_loopback(h.address) for h in hosts)
-        else:
-            master, port, loopback = LOOPBACK, spec.rdzv_port or free_port(LOOPBACK), True
-        extra = {"MASTER_ADDR": master, "MASTER_PORT": str(port), "AZ_BATCH_MASTER_NODE": f"{master}:{port}"}
-        if loopback:
-            extra["GLOO_SOCKET_IFNAME"] = os.environ.get("GLOO_SOCKET_IFNAME", "lo")
-        exported = {**extra, **job.rank_env}
-        env = mpirun_env({**os.environ, **exported})
-        argv = mpirun_argv(nodes=spec.nodes, procs_per_node=spec.procs_per_node, python=python,
-                           command=spec.command, export=sorted(exported), hostfile=hostfile, rsh_agent=rsh_agent,
+        named = get_backend_class(spec.backend)
+        access = named.node_access(spec)
+        port = named(sink=self.sink).free_port(spec)
+        files = list(self._files(job))
+        master = access.addresses[0]
+        exported = {"MASTER_ADDR": master, "MASTER_PORT": str(port), "AZ_BATCH_MASTER_NODE": f"{master}:{port}"}
+        if access.loopback:
+            exported["GLOO_SOCKET_IFNAME"] = os.environ.get("GLOO_SOCKET_IFNAME", "lo")
+        exported.update(job.rank_env)
+        argv = mpirun_argv(nodes=spec.nodes, procs_per_node=spec.procs_per_node, python=access.python,
+                           command=spec.command, export=sorted(exported),
+                           hostfile=files[1] if files else None,
+                           rsh_agent=f"ssh -F {files[0]}" if files else None,
                            workdir=spec.workdir or os.getcwd(), user_options=spec.mpi_options, mpirun=self.mpirun)
-        return argv, env
+        return DryRunRequest(backend=self.name, argvs=(tuple(argv),), env=exported)
 
-    def _teardown(self) -> None:
+    def submit(self, job: Job, *, detached: bool = False) -> JobHandle:
+        request = self.dryrun(job, detached=detached)
+        for path, text in self._files(job).items():
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            _write_private(path, text)
+        argv = list(request.argvs[0])
+        self.sink("[dtrain] mpirun: " + " ".join(argv[: argv.index("-m") - 1]))
+        self.supervisor.start([argv], [mpirun_env({**os.environ, **request.env})], cwd=job.spec.workdir)
+        return JobHandle(backend=self.name, job_id=job.job_id, backend_job_id=job.job_id, run_dir=job.run_dir,
+                         world_size=job.spec.world_size, submitted_at=time.time())
+
+    def poll(self, handle: JobHandle) -> JobStatus:
+        done, code, node = self.supervisor.check(expected=1)
+        if not done:
+            return JobStatus(state="RUNNING", done=False)
+        return JobStatus(state="COMPLETED" if code == 0 else "FAILED", done=True, exit_code=code,
+                         failed_node=None if node is None else 0, tail=[] if node is None else list(node.tail))
+
+    def cancel(self, handle: JobHandle | None = None) -> None:
         # mpirun first: it stops the ranks on every host in order; then whatever is left.
         for node in list(self.supervisor.nodes):
             if node.proc.poll() is None:
@@ -144,9 +138,16 @@ class MPIBackend(Backend):
                     time.sleep(0.1)
         self.supervisor.teardown()
 
+    def logs(self, handle: JobHandle, lines: int = 40) -> list[str]:
+        return [line for node in list(self.supervisor.nodes) for line in node.tail][-lines:]
+
+    def release(self, handle: JobHandle) -> None:
+        self.supervisor.teardown()
+
     def terminate(self) -> None:
+        super().terminate()
         self.supervisor.stop("terminate")
-        self._teardown()
+        self.cancel()
 
     def pids(self) -> set[int]:
         return self.supervisor.pids()

@@ -2,7 +2,7 @@
 
 One mpirun starts every rank itself, per process (process count per instance =
 ``procs_per_node``, instance count = ``nodes``), each through the per-rank wrapper
-``operators.launch.rank_entry``, which maps OMPI_COMM_WORLD_RANK/SIZE/LOCAL_RANK/
+``dtrain.launch.rank_entry``, which maps OMPI_COMM_WORLD_RANK/SIZE/LOCAL_RANK/
 LOCAL_SIZE to RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE and NODE_RANK
 (= rank // local size). MASTER_ADDR/MASTER_PORT and the job's variables travel
 with ``-x NAME`` (the value comes from mpirun's own environment), so no value,
@@ -21,10 +21,10 @@ import re
 import shlex
 from typing import Any, Sequence
 
-from operators.errors import SpecError
+from dtrain.errors import SpecError
+from dtrain.launch.torchrun import RANK_ENTRY
 
 MPIRUN = "mpirun"
-RANK_ENTRY = ("-m", "operators.launch.rank_entry")
 FLAG_OPTIONS = frozenset({
     "--oversubscribe", "--nooversubscribe", "--report-bindings", "--tag-output", "--timestamp-output",
     "--display-map", "--display-allocation", "--use-hwthread-cpus", "-v", "--verbose", "-q", "--quiet",

@@ -1,14 +1,11 @@
-"""Slurm backend: one sbatch job, ``srun`` starts one torchrun agent per node.
+"""Slurm, the pure part: options, the sbatch script, and the reading of Slurm's answers.
 
-Split torchx-style into a pure part and a part that talks to Slurm:
+Split torchx-style into this pure module and :mod:`.backend`, which talks to Slurm:
 
 * :class:`SlurmOptions` (validated: partition, time limit, account, ...) and
-  :func:`render_sbatch` turn a prepared :class:`~operators.launch.job.Job` into the exact
+  :func:`render_sbatch` turn a prepared :class:`~dtrain.launch.job.Job` into the exact
   sbatch script (tested by string comparison; ``dtrain launch --dry-run`` prints it);
   :func:`parse_scontrol_job` and :func:`decide` turn Slurm's answers into a status.
-* :class:`SlurmBackend` submits with ``sbatch --parsable``, polls ``scontrol show job``
-  (``sacct`` only as a fallback: without accounting storage it has no data), streams the
-  job's output file, returns the failing exit code and cancels with ``scancel``.
 
 In the script every value that reaches the shell is ``shlex.quote``'d; the values on
 ``#SBATCH`` lines, which sbatch parses itself, are restricted to a safe alphabet by
@@ -24,21 +21,17 @@ from __future__ import annotations
 import os
 import re
 import shlex
-import subprocess
 import sys
-import threading
-import time
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
 
-from operators.args import mapping_arg
-from operators.errors import DTrainError, LaunchError, SpecError
-from operators.launch.backends.base import Backend, BackendOutcome
-from operators.launch.job import Job
-from operators.launch.torchrun import RANK_ENTRY
+from dtrain.args import coerce_int, mapping_arg
+from dtrain.errors import DTrainError, LaunchError, SpecError
+from dtrain.launch.backends.base import JobStatus
+from dtrain.launch.job import Job
+from dtrain.launch.torchrun import Static, agent_argv
 
 SCRIPT_NAME = "slurm-job.sh"
-TAIL_LINES = 40
 # Job states after which nothing of the job runs any more (scontrol/squeue/sacct spelling).
 TERMINAL_STATES = frozenset({
     "COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "PREEMPTED", "OUT_OF_MEMORY",
@@ -109,8 +102,6 @@ class SlurmOptions:
         set_(self, "account", clean("account", self.account, _NAME, "an account name (letters, digits, _ . + -)"))
         set_(self, "job_name", clean("job_name", self.job_name, _NAME, "a job name (letters, digits, _ . + -)"))
         if self.gpus_per_node is not None:
-            from operators.launch.spec import coerce_int
-
             set_(self, "gpus_per_node", coerce_int("gpus_per_node", self.gpus_per_node, minimum=0, maximum=1024))
         extra = [self.extra_sbatch] if isinstance(self.extra_sbatch, str) else list(self.extra_sbatch or ())
         for item in extra:
@@ -128,8 +119,6 @@ class SlurmOptions:
         if not 0.05 <= poll <= 3600:
             raise SpecError("poll_interval", self.poll_interval, "between 0.05 and 3600 seconds")
         set_(self, "poll_interval", poll)
-        from operators.launch.spec import coerce_int
-
         set_(self, "master_port", coerce_int("master_port", self.master_port, minimum=0, maximum=65535))
 
 
@@ -171,7 +160,7 @@ def requested_gpus(job: Job, options: SlurmOptions) -> int:
     return spec.gpus_per_node
 
 
-def _check_run_dir(run_dir: str) -> None:
+def check_run_dir(run_dir: str) -> None:
     if not _PATH.match(run_dir):
         raise SpecError("run_dir", run_dir,
                         "for the slurm backend, an absolute path of letters, digits and _ . / + @ : = , - "
@@ -179,20 +168,9 @@ def _check_run_dir(run_dir: str) -> None:
 
 
 def node_argv(job: Job, python: str) -> list[str]:
-    """torchrun for one node, static rendezvous: Slurm fixes membership, and --node-rank (here
-    PET_NODE_RANK, set from SLURM_NODEID per node) makes NODE_RANK equal SLURM_NODEID."""
-    spec = job.spec
-    return [
-        python, "-m", "torch.distributed.run",
-        f"--nnodes={spec.nodes}",
-        f"--nproc-per-node={spec.procs_per_node}",
-        "--rdzv-backend=static",
-        f"--rdzv-id={job.job_id}",
-        f"--rdzv-conf=timeout={int(spec.rdzv_timeout)}",
-        f"--max-restarts={spec.max_restarts}",
-        "--no-python",
-        python, *RANK_ENTRY, *spec.command,
-    ]
+    """torchrun for one node, static rendezvous: Slurm fixes membership; the endpoint and node rank
+    come at run time from PET_MASTER_ADDR/PORT and PET_NODE_RANK (= SLURM_NODEID) per node."""
+    return agent_argv(job.spec, python=python, job_id=job.job_id, rdzv=Static())
 
 
 # Runs inside every srun task: the per-node values exist only there. A constant: no user value in it.
@@ -212,7 +190,7 @@ dtrain_node_addr() {
 def render_sbatch(job: Job, options: SlurmOptions, *, workdir: str | None = None) -> str:
     """The complete sbatch script for ``job``. Pure: the same inputs give the same text."""
     spec = job.spec
-    _check_run_dir(job.run_dir)
+    check_run_dir(job.run_dir)
     python = options.python or sys.executable
     workdir = spec.workdir or workdir or os.getcwd()
     gpus = requested_gpus(job, options)
@@ -255,12 +233,16 @@ def render_sbatch(job: Job, options: SlurmOptions, *, workdir: str | None = None
     return "\n".join(lines) + "\n"
 
 
+def script_path(job: Job) -> str:
+    return os.path.join(job.run_dir, SCRIPT_NAME)
+
+
 def write_script(job: Job, options: SlurmOptions) -> str:
     """Render and write the script into the run directory (temp file + rename); returns its path.
 
     Owner-only permissions: the script carries the job's environment."""
     text = render_sbatch(job, options)
-    path = os.path.join(job.run_dir, SCRIPT_NAME)
+    path = script_path(job)
     tmp = f"{path}.{os.getpid()}.tmp"
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o700)
     with os.fdopen(fd, "w", encoding="utf-8") as fh:
@@ -272,21 +254,6 @@ def write_script(job: Job, options: SlurmOptions) -> str:
 # ---------------------------------------------------------------------------------------------
 # Pure interpretation of Slurm's answers
 # ---------------------------------------------------------------------------------------------
-
-@dataclass(frozen=True)
-class JobStatus:
-    """What is known about one Slurm job. ``exit_code`` is set once ``done``."""
-
-    job_id: str
-    state: str
-    done: bool
-    exit_code: int | None = None
-    reason: str = ""
-
-    @property
-    def ok(self) -> bool:
-        return self.done and self.exit_code == 0
-
 
 def parse_scontrol_job(text: str) -> dict[str, str]:
     """``scontrol show job -o ID`` output -> the fields we use (JobState, ExitCode, Reason, NodeList)."""
@@ -328,15 +295,14 @@ def decide(job_id: str, fields: dict[str, str], recorded_exit: int | None) -> Jo
     state = fields.get("JobState", "")
     reason = fields.get("Reason", "")
     if state and state not in TERMINAL_STATES:
-        return JobStatus(job_id, state, done=False, reason=reason)
+        return JobStatus(state, done=False, reason=reason)
     if recorded_exit is not None:
         if not state:
             state = "COMPLETED" if recorded_exit == 0 else "FAILED"
-        return JobStatus(job_id, state, done=True, exit_code=recorded_exit, reason=reason)
+        return JobStatus(state, done=True, exit_code=recorded_exit, reason=reason)
     if state:
-        return JobStatus(job_id, state, done=True, exit_code=_code_from_state(state, fields.get("ExitCode")),
-                         reason=reason)
-    return JobStatus(job_id, "UNKNOWN", done=True, exit_code=UNKNOWN_JOB_EXIT_CODE,
+        return JobStatus(state, done=True, exit_code=_code_from_state(state, fields.get("ExitCode")), reason=reason)
+    return JobStatus("UNKNOWN", done=True, exit_code=UNKNOWN_JOB_EXIT_CODE,
                      reason="Slurm no longer knows the job and it left no exit record")
 
 
@@ -346,19 +312,6 @@ def read_exit_record(run_dir: str, slurm_job_id: str) -> int | None:
             return int(fh.read().strip())
     except (OSError, ValueError):
         return None
-
-
-def read_tail(path: str, lines: int = TAIL_LINES, max_bytes: int = 256 * 1024) -> list[str]:
-    """The last ``lines`` lines of a (possibly large) log file; [] if it does not exist yet."""
-    try:
-        with open(path, "rb") as fh:
-            fh.seek(0, os.SEEK_END)
-            size = fh.tell()
-            fh.seek(max(0, size - max_bytes))
-            data = fh.read()
-    except OSError:
-        return []
-    return data.decode(errors="replace").splitlines()[-lines:]
 
 
 def parse_job_id(sbatch_stdout: str) -> str:
@@ -383,39 +336,8 @@ def cancel_argv(job_id: str) -> list[str]:
     return ["scancel", "--full", job_id]
 
 
-# ---------------------------------------------------------------------------------------------
-# Talking to Slurm (synchronous)
-# ---------------------------------------------------------------------------------------------
-
-def _run(argv: list[str], timeout: float = 60.0) -> subprocess.CompletedProcess:
-    try:
-        return subprocess.run(argv, capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL)
-    except FileNotFoundError as e:
-        raise DTrainError(f"{argv[0]} not found: the slurm backend needs the Slurm client commands on PATH") from e
-    except subprocess.TimeoutExpired as e:
-        raise DTrainError(f"{' '.join(argv[:3])} did not answer within {timeout:.0f}s") from e
-
-
-def submit(script_path: str, cwd: str | None = None) -> str:
-    """``sbatch --parsable SCRIPT`` -> the Slurm job id."""
-    proc = subprocess.run(["sbatch", "--parsable", script_path], capture_output=True, text=True, timeout=120,
-                          cwd=cwd, stdin=subprocess.DEVNULL)
-    if proc.returncode != 0:
-        raise LaunchError(f"sbatch refused the job: {proc.stderr.strip() or proc.stdout.strip()}", proc.returncode)
-    return parse_job_id(proc.stdout)
-
-
-def query(job_id: str, run_dir: str) -> JobStatus:
-    """The job's status now: scontrol first; sacct if scontrol forgot it; the script's record."""
-    proc = _run(show_job_argv(job_id))
-    fields = fields_or_raise(job_id, proc.returncode, proc.stdout, proc.stderr)
-    if not fields.get("JobState"):
-        try:
-            acct = _run(sacct_argv(job_id))
-            fields = parse_sacct(acct.stdout) if acct.returncode == 0 else {}
-        except DTrainError:
-            fields = {}
-    return decide(job_id, fields, read_exit_record(run_dir, job_id))
+def sbatch_argv(script: str) -> list[str]:
+    return ["sbatch", "--parsable", script]
 
 
 def fields_or_raise(job_id: str, returncode: int, stdout: str, stderr: str) -> dict[str, str]:
@@ -426,130 +348,3 @@ def fields_or_raise(job_id: str, returncode: int, stdout: str, stderr: str) -> d
     if "Invalid job id" in stderr or "Invalid job id" in stdout:
         return {}
     raise DTrainError(f"scontrol show job {job_id} failed (exit {returncode}): {stderr.strip()[-300:]}")
-
-
-def cancel(job_id: str) -> None:
-    proc = _run(cancel_argv(job_id))
-    if proc.returncode != 0 and "already completed" not in proc.stderr and "Invalid job id" not in proc.stderr:
-        raise DTrainError(f"scancel {job_id} failed: {proc.stderr.strip()}")
-
-
-class LogFollower:
-    """Emit the new complete lines of a growing log file, like ``tail -f``."""
-
-    def __init__(self, path: str, sink):
-        self.path = path
-        self.sink = sink
-        self.offset = 0
-        self.partial = b""
-
-    def poll(self, final: bool = False) -> None:
-        try:
-            with open(self.path, "rb") as fh:
-                fh.seek(self.offset)
-                data = fh.read()
-        except OSError:
-            return
-        self.offset += len(data)
-        data = self.partial + data
-        lines = data.split(b"\n")
-        self.partial = lines.pop()
-        if final and self.partial:
-            lines.append(self.partial)
-            self.partial = b""
-        for line in lines:
-            self.sink(line.decode(errors="replace"))
-
-
-class SlurmBackend(Backend):
-    """Submit the job with sbatch and follow it until it ends; ``terminate`` scancels it."""
-
-    name = "slurm"
-
-    def __init__(self, sink=None, options: SlurmOptions | None = None, cancel_timeout: float = 60.0):
-        super().__init__(**({"sink": sink} if sink else {}))
-        self.options = options or SlurmOptions()
-        self.cancel_timeout = cancel_timeout
-        self.slurm_job_id: str | None = None
-        self.run_dir: str | None = None
-        self._stop = threading.Event()
-        self._lock = threading.Lock()
-
-    def submit(self, job: Job) -> str:
-        """Write the script and submit it; returns the Slurm job id (no waiting)."""
-        script = write_script(job, self.options)
-        job_id = submit(script, cwd=job.spec.workdir)
-        with self._lock:
-            self.slurm_job_id, self.run_dir = job_id, job.run_dir
-        self.sink(f"[dtrain] submitted slurm job {job_id} ({job.spec.nodes} node(s)); "
-                  f"output: {log_path(job.run_dir, job_id)}")
-        return job_id
-
-    def run(self, job: Job) -> BackendOutcome:
-        job_id = self.submit(job)
-        try:
-            status = self._follow(job, job_id)
-        except BaseException:
-            # Whatever went wrong here (KeyboardInterrupt included), the job must not run on unwatched.
-            self._cancel_quietly(job_id)
-            raise
-        if status is None:
-            return BackendOutcome(exit_code=-1, stopped=True)
-        if status.exit_code:
-            self.sink(f"[dtrain] slurm job {job_id} ended {status.state} with exit code {status.exit_code}"
-                      + (f" ({status.reason})" if status.reason and status.reason != "None" else ""))
-        return BackendOutcome(exit_code=status.exit_code or 0, node_index=None,
-                              tail=read_tail(log_path(job.run_dir, job_id)) if status.exit_code else [])
-
-    def _follow(self, job: Job, job_id: str) -> JobStatus | None:
-        """Poll and stream the log until the job ends (its status) or terminate() (None)."""
-        follower = LogFollower(log_path(job.run_dir, job_id), self.sink)
-        errors = 0
-        while True:
-            if self._stop.is_set():
-                self._cancel_and_wait(job_id)
-                follower.poll(final=True)
-                return None
-            try:
-                status = query(job_id, job.run_dir)
-                errors = 0
-            except DTrainError as e:  # slurmctld busy or restarting: ask again, a few times
-                errors += 1
-                self.sink(f"[dtrain] polling slurm job {job_id} failed ({errors}/{MAX_POLL_ERRORS}): {e}")
-                if errors >= MAX_POLL_ERRORS:
-                    raise
-                self._stop.wait(self.options.poll_interval)
-                continue
-            follower.poll(final=status.done)
-            if status.done:
-                return status
-            self._stop.wait(self.options.poll_interval)
-
-    def _cancel_quietly(self, job_id: str) -> None:
-        try:
-            cancel(job_id)
-        except DTrainError as e:
-            self.sink(f"[dtrain] could not cancel slurm job {job_id}: {e}")
-
-    def terminate(self) -> None:
-        """scancel the job (if submitted) and wait until Slurm reports it ended."""
-        self._stop.set()
-        with self._lock:
-            job_id, run_dir = self.slurm_job_id, self.run_dir
-        if job_id is not None:
-            self._cancel_and_wait(job_id, run_dir)
-
-    def _cancel_and_wait(self, job_id: str, run_dir: str | None = None) -> None:
-        cancel(job_id)
-        wait_until_done(job_id, run_dir or self.run_dir or "", timeout=self.cancel_timeout)
-
-
-def wait_until_done(job_id: str, run_dir: str, timeout: float = 60.0, interval: float = 0.25) -> JobStatus:
-    """Poll until the job is in a terminal state (COMPLETING counts as still running:
-    its processes are being killed)."""
-    deadline = time.monotonic() + timeout
-    status = query(job_id, run_dir)
-    while not status.done and time.monotonic() < deadline:
-        time.sleep(interval)
-        status = query(job_id, run_dir)
-    return status

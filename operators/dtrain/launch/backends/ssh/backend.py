@@ -1,18 +1,21 @@
 """SSH backend: one torchrun agent per host, started over the ``ssh`` client.
 
-* Hosts come from the spec's hostfile (``host slots=N``, optionally ``user@host:port``):
-  the first ``nodes`` hosts, node rank = line order, rendezvous on the first host.
-  torchrun runs with the *static* rendezvous and ``--node-rank`` so that NODE_RANK
-  (and so RANK) follows host order; c10d would order nodes by hostname and pid.
+* Hosts come from the ``hostfile``/``hosts`` option (``host slots=N``, optionally
+  ``user@host:port``): the first ``nodes`` hosts, node rank = line order, rendezvous on the
+  first host. torchrun runs with the *static* rendezvous and ``--node-rank`` so that
+  NODE_RANK (and so RANK) follows host order; c10d would order nodes by hostname and pid.
 * Every ssh call is an argv list (BatchMode, the key, port, host-key policy), and the
   one string the remote shell sees is built with ``shlex.join``: a hostile argument
   arrives verbatim. The job's environment (it may hold secrets) goes over stdin as one
   JSON line, never in an argv.
-* On each host ``operators.launch.remote_agent`` makes its own session, echoes its pgid,
-  runs the agent, and keeps stdin open as a lifeline (EOF: the launcher is gone, stop).
-* On a failure, terminate() or SIGTERM, a second ssh per host sends ``kill -TERM -- -PGID``,
-  then ``kill -KILL`` where the node has not ended within the grace period; then the local
-  ssh clients are torn down, which closes every lifeline. No orphan on any host.
+* Blocking mode: on each host ``remote_agent`` makes its own session, echoes its pgid, runs
+  the agent, and keeps stdin open as a lifeline (EOF: the launcher is gone, stop). On a
+  failure, cancel or SIGTERM, a second ssh per host sends ``kill -TERM -- -PGID``, then
+  ``kill -KILL`` where the node has not ended within the grace period; then the local ssh
+  clients are torn down, which closes every lifeline. No orphan on any host.
+* Detached mode (``submit(detached=True)``, deferrable tasks): each host runs
+  ``detached_node`` (see :mod:`.detached`), which outlives the ssh session; poll and cancel
+  ask every host over ssh.
 
 Assumes, like DeepSpeed's and torchrun's multi-node launchers, that the package, the
 training script and the interpreter path exist on every host, and that the run directory
@@ -25,75 +28,34 @@ import json
 import os
 import re
 import shlex
+import shutil
 import subprocess
 import sys
 import threading
 import time
-from typing import Sequence
+from typing import Any, Mapping, Sequence
 
-from operators.errors import LaunchError
-from operators.launch.backends.base import Backend, BackendOutcome
-from operators.launch.hostfile import HostEntry, SSHSettings
-from operators.launch.job import Job
-from operators.launch.processes import NodeProcess, NodeSupervisor
-from operators.launch.spec import LaunchSpec
-from operators.launch.torchrun import agent_argv
+from dtrain.errors import LaunchError, SpecError
+from dtrain.launch.backends.base import Backend, DryRunRequest, JobHandle, JobStatus, NodeAccess, run_async
+from dtrain.launch.backends.ssh import detached as nodes
+from dtrain.launch.backends.ssh.hostfile import (HOST_OPTIONS, SETTINGS_OPTIONS, HostEntry, SSHSettings,
+                                                 resolve_options, ssh_argv)
+from dtrain.launch.job import Job
+from dtrain.launch.processes import NodeProcess, NodeSupervisor
+from dtrain.launch.spec import LaunchSpec
+from dtrain.launch.torchrun import Static, agent_argv
 
-SSH = "ssh"
+REMOTE_AGENT = "dtrain.launch.backends.ssh.remote_agent"
 ANNOUNCE_RE = re.compile(r"\[dtrain-remote\] node=(\d+) pgid=(\d+)")
 PORT_PROBE = "import socket; s = socket.socket(); s.bind(('', 0)); print(s.getsockname()[1])"
 LOOPBACK_PREFIXES = ("127.", "localhost", "::1")
-
-
-def ssh_argv(settings: SSHSettings, host: HostEntry, remote_command: str) -> list[str]:
-    """``ssh [options] -- HOST 'remote command'``; per-host user/port win over the settings'."""
-    argv = [SSH, "-T", "-o", "BatchMode=yes", "-o", f"StrictHostKeyChecking={settings.strict_host_key_checking}",
-            "-o", f"ConnectTimeout={settings.connect_timeout}",
-            "-o", "ServerAliveInterval=15", "-o", "ServerAliveCountMax=4", "-o", "LogLevel=ERROR"]
-    if settings.known_hosts_file:
-        argv += ["-o", f"UserKnownHostsFile={settings.known_hosts_file}"]
-    if settings.key_file:
-        argv += ["-i", settings.key_file, "-o", "IdentitiesOnly=yes"]
-    port = host.port or settings.port
-    if port:
-        argv += ["-p", str(port)]
-    user = host.user or settings.user
-    if user:
-        argv += ["-l", user]
-    return argv + ["--", host.address, remote_command]
-
-
-def static_agent_argv(spec: LaunchSpec, *, python: str, node_index: int, rdzv_host: str, rdzv_port: int,
-                      job_id: str) -> list[str]:
-    """torchrun for one host with the static rendezvous: ``--node-rank`` fixes the node order.
-
-    Rendered from ``torchrun.agent_argv`` (one source for the shared flags) with its c10d
-    rendezvous options swapped; fails loudly should those options ever change shape.
-    """
-    base = agent_argv(spec, python=python, node_index=node_index, rdzv_host=rdzv_host, rdzv_port=rdzv_port,
-                      job_id=job_id)
-    split = base.index("--no-python")
-    head, tail = base[:split], base[split:]
-    out: list[str] = []
-    swapped = set()
-    for item in head:
-        if item.startswith("--rdzv-backend="):
-            out.append("--rdzv-backend=static")
-            swapped.add("backend")
-        elif item.startswith("--rdzv-conf="):
-            out += [f"--rdzv-conf=timeout={int(spec.rdzv_timeout)}", f"--node-rank={node_index}"]
-            swapped.add("conf")
-        else:
-            out.append(item)
-    if swapped != {"backend", "conf"}:
-        raise LaunchError(f"torchrun.agent_argv changed shape; cannot derive the static rendezvous from {base}", 2)
-    return out + tail
+DETACHED_POLL_INTERVAL = 2.0
 
 
 def remote_agent_command(python: str, *, job_id: str, node_index: int, pgid_file: str, workdir: str,
                          grace: float, agent: Sequence[str]) -> str:
     """The single string the host's login shell runs: every word shlex-quoted."""
-    return shlex.join([python, "-m", "operators.launch.remote_agent", "--job-id", job_id, "--node", str(node_index),
+    return shlex.join([python, "-m", REMOTE_AGENT, "--job-id", job_id, "--node", str(node_index),
                        "--pgid-file", pgid_file, "--workdir", workdir, "--grace", f"{grace:g}", "--", *agent])
 
 
@@ -116,6 +78,43 @@ def probe_port(settings: SSHSettings, host: HostEntry, python: str) -> int:
     return int(text)
 
 
+def ssh_config_text(hosts: Sequence[HostEntry], settings: SSHSettings) -> str:
+    """An ssh_config with one ``Host dtrain-nodeN`` alias per host (for mpirun's rsh agent). Values
+    were validated (names, ports, paths without blanks), so no line can smuggle another option."""
+    blocks = []
+    for i, host in enumerate(hosts):
+        lines = [f"Host dtrain-node{i}", f"  HostName {host.address}", "  BatchMode yes",
+                 f"  StrictHostKeyChecking {settings.strict_host_key_checking}",
+                 f"  ConnectTimeout {settings.connect_timeout}", "  LogLevel ERROR"]
+        port = host.port or settings.port
+        if port:
+            lines.append(f"  Port {port}")
+        user = host.user or settings.user
+        if user:
+            lines.append(f"  User {user}")
+        if settings.key_file:
+            lines += [f"  IdentityFile {settings.key_file}", "  IdentitiesOnly yes"]
+        if settings.known_hosts_file:
+            lines.append(f"  UserKnownHostsFile {settings.known_hosts_file}")
+        blocks.append("\n".join(lines) + "\n")
+    return "".join(blocks)
+
+
+def node_env(job: Job, hosts: Sequence[HostEntry], index: int, port: int) -> dict[str, str]:
+    """What node ``index``'s agent adds to the host's own environment (sent over stdin)."""
+    spec = job.spec
+    env: dict[str, str] = {}
+    if all(is_loopback(h.address) for h in hosts):
+        env["GLOO_SOCKET_IFNAME"] = "lo"  # "hosts" on this machine talk over loopback
+    if spec.distribution == "tensorflow":
+        from dtrain.launch.tf_config import backend_env
+
+        env.update(backend_env([h.address for h in hosts], port + 1, spec.parameter_servers))
+    env.update(job.rank_env)
+    env["DTRAIN_NODE_INDEX"] = str(index)
+    return env
+
+
 class SSHNodeSupervisor(NodeSupervisor):
     """NodeSupervisor whose node processes (ssh clients) get one stdin line and keep stdin open.
 
@@ -123,18 +122,17 @@ class SSHNodeSupervisor(NodeSupervisor):
     ssh forwards EOF, and the remote agent stops its tree.
     """
 
-    def start_with_input(self, argvs: Sequence[Sequence[str]], envs, payloads: Sequence[bytes],
-                         cwd: str | None = None) -> None:
-        for index, (argv, env, payload) in enumerate(zip(argvs, envs, payloads)):
+    def start_with_input(self, argvs: Sequence[Sequence[str]], payloads: Sequence[bytes]) -> None:
+        for index, (argv, payload) in enumerate(zip(argvs, payloads)):
             if self._stop.is_set():
                 return
-            proc = subprocess.Popen(list(argv), env=dict(env), cwd=cwd, stdin=subprocess.PIPE,
-                                    stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
+            proc = subprocess.Popen(list(argv), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                    stderr=subprocess.STDOUT, start_new_session=True)
             try:
                 proc.stdin.write(payload)
                 proc.stdin.flush()
             except BrokenPipeError:
-                pass  # ssh already failed: wait() reports its exit status and output
+                pass  # ssh already failed: its exit status and output report it
             node = NodeProcess(index=index, argv=list(argv), proc=proc)
             node.reader = threading.Thread(target=self._pump, args=(node,), daemon=True)
             node.reader.start()
@@ -150,7 +148,14 @@ class SSHNodeSupervisor(NodeSupervisor):
 
 
 class SSHBackend(Backend):
+    """One torchrun agent per host over ssh; deferrable through detached nodes."""
+
     name = "ssh"
+    description = "one torchrun agent per host, started over OpenSSH"
+    install_hint = "apt-get install openssh-client"
+    option_names = (*HOST_OPTIONS, *SETTINGS_OPTIONS, "conn_id")
+    supports_detached = True
+    cli_module = "dtrain.launch.backends.ssh.cli"
 
     def __init__(self, sink=None, grace_seconds: float = 5.0):
         super().__init__(**({"sink": sink} if sink else {}))
@@ -162,62 +167,157 @@ class SSHBackend(Backend):
         self._teardown_lock = threading.Lock()
         self._torn_down = False
 
+    # -- options --------------------------------------------------------------------------------
+
+    @classmethod
+    def runner(cls, spec: LaunchSpec) -> str:
+        return "mpi" if spec.distribution == "mpi" else cls.name  # mpirun reaches the hosts itself
+
+    @classmethod
+    def validate(cls, spec: LaunchSpec) -> None:
+        cls.check_option_names(spec.backend_options)
+        if "conn_id" in spec.backend_options:
+            raise SpecError("backend_options['ssh'].conn_id", spec.backend_options["conn_id"],
+                            "an Airflow connection is read by the operators; give hostfile or hosts here")
+        if shutil.which("ssh") is None:
+            raise SpecError("backend", cls.name, f"the OpenSSH client 'ssh' on PATH ({cls.install_hint})")
+        spec.backend_options, spec.resolved = resolve_options(spec.backend_options, spec.nodes, spec.procs_per_node)
+
+    @classmethod
+    def resolve_operator_options(cls, options: Mapping[str, Any]) -> dict[str, Any]:
+        from dtrain.launch.backends.ssh.connection import resolve_connection
+
+        return resolve_connection(options)
+
+    @staticmethod
+    def _settings(spec: LaunchSpec) -> SSHSettings:
+        return SSHSettings.from_mapping({k: v for k, v in spec.backend_options.items() if k in SETTINGS_OPTIONS})
+
+    @classmethod
+    def node_commands(cls, spec: LaunchSpec, python_args: Sequence[str]) -> list[tuple[str, list[str]]]:
+        settings = cls._settings(spec)
+        python = settings.python or sys.executable
+        remote = shlex.join([python, *python_args])
+        return [(host.address, ssh_argv(settings, host, remote)) for host in spec.resolved]
+
+    @classmethod
+    def node_access(cls, spec: LaunchSpec) -> NodeAccess:
+        settings = cls._settings(spec)
+        return NodeAccess(addresses=tuple(h.address for h in spec.resolved),
+                          python=settings.python or sys.executable,
+                          ssh_config=ssh_config_text(spec.resolved, settings),
+                          loopback=all(is_loopback(h.address) for h in spec.resolved))
+
+    def free_port(self, spec: LaunchSpec) -> int:
+        settings = self._settings(spec)
+        return spec.rdzv_port or probe_port(settings, spec.resolved[0], settings.python or sys.executable)
+
+    # -- lifecycle ------------------------------------------------------------------------------
+
+    def dryrun(self, job: Job, *, detached: bool = False) -> DryRunRequest:
+        spec = job.spec
+        hosts, settings = list(spec.resolved), self._settings(spec)
+        python = settings.python or sys.executable
+        port = self.free_port(spec)
+        workdir = spec.workdir or os.getcwd()
+        argvs, payloads = [], []
+        for i, host in enumerate(hosts):
+            agent = agent_argv(spec, python=python, job_id=job.job_id,
+                               rdzv=Static(endpoint=(hosts[0].address, port), node_rank=i))
+            if detached:
+                command = nodes.node_command(python, "start", job.run_dir, i, "--job-id", job.job_id,
+                                                "--workdir", workdir, "--", *agent)
+            else:
+                command = remote_agent_command(python, job_id=job.job_id, node_index=i,
+                                               pgid_file=os.path.join(job.run_dir, "remote", f"node{i}.pgid"),
+                                               workdir=workdir, grace=self.grace_seconds, agent=agent)
+            argvs.append(tuple(ssh_argv(settings, host, command)))
+            payloads.append(json.dumps({"env": node_env(job, hosts, i, port)}) + "\n")
+        return DryRunRequest(backend=self.name, argvs=tuple(argvs), stdin=tuple(payloads),
+                             env={"MASTER_ADDR": hosts[0].address, "MASTER_PORT": str(port)})
+
+    def submit(self, job: Job, *, detached: bool = False) -> JobHandle:
+        request = self.dryrun(job, detached=detached)
+        self.hosts, self.settings = list(job.spec.resolved), self._settings(job.spec)
+        handle = JobHandle(backend=self.name, job_id=job.job_id, backend_job_id=job.job_id, run_dir=job.run_dir,
+                           world_size=job.spec.world_size, submitted_at=time.time(),
+                           data={"hosts": [str(h) for h in self.hosts], "ssh": self.settings.to_dict(),
+                                 "detached": detached, "poll_interval": DETACHED_POLL_INTERVAL})
+        rendezvous = f"{request.env['MASTER_ADDR']}:{request.env['MASTER_PORT']}"
+        names = ", ".join(h.host for h in self.hosts)
+        if detached:
+            nodes.start(self._target(handle), job.run_dir, request.argvs, request.stdin)
+            self.sink(f"[dtrain] ssh (detached): {len(self.hosts)} host(s) {names}; rendezvous {rendezvous}; "
+                      f"logs in {os.path.join(job.run_dir, 'detached')}")
+        else:
+            self.sink(f"[dtrain] ssh: {len(self.hosts)} host(s) {names}; rendezvous {rendezvous}")
+            self.supervisor.start_with_input(request.argvs, [p.encode() for p in request.stdin])
+        return handle
+
+    @staticmethod
+    def _target(handle: JobHandle) -> nodes.Target:
+        return nodes.Target(hosts=tuple(handle.data["hosts"]), ssh=dict(handle.data["ssh"]))
+
+    def poll(self, handle: JobHandle) -> JobStatus:
+        if handle.data.get("detached"):
+            return nodes.query_job(self._target(handle), handle.run_dir)
+        done, code, node = self.supervisor.check(expected=len(handle.data["hosts"]))
+        if not done:
+            return JobStatus(state="RUNNING", done=False)
+        if node is not None and code == 255:
+            self.sink(f"[dtrain] ssh to {self.hosts[node.index].host} failed (exit 255): see its lines above")
+        return JobStatus(state="COMPLETED" if code == 0 else "FAILED", done=True, exit_code=code,
+                         failed_node=None if node is None else node.index, tail=[] if node is None else list(node.tail))
+
+    async def async_poll(self, handle: JobHandle) -> JobStatus:
+        if not handle.data.get("detached"):
+            return self.poll(handle)
+        target = self._target(handle)
+        timeout = target.settings().connect_timeout + 30
+
+        async def one(argv):
+            try:
+                return await run_async(argv, timeout)
+            except TimeoutError:
+                return 255, "", f"timed out after {timeout}s"
+
+        import asyncio
+
+        results = await asyncio.gather(*(one(argv) for argv in nodes.status_argvs(target, handle.run_dir)))
+        return nodes.decide([nodes.parse_status(i, *r) for i, r in enumerate(results)])
+
+    def cancel(self, handle: JobHandle) -> None:
+        if handle.data.get("detached"):
+            nodes.stop_job(self._target(handle), handle.run_dir)
+        else:
+            self._teardown()
+
+    async def async_cancel(self, handle: JobHandle) -> None:
+        if not handle.data.get("detached"):
+            return await super().async_cancel(handle)
+        import asyncio
+
+        argvs = nodes.stop_argvs(self._target(handle), handle.run_dir)
+        for rc, _, err in await asyncio.gather(*(run_async(argv) for argv in argvs)):
+            if rc != 0:
+                self.sink(f"[dtrain] stopping ssh job {handle.job_id}: {err.strip()}")
+
+    def logs(self, handle: JobHandle, lines: int = 40) -> list[str]:
+        if handle.data.get("detached"):
+            return nodes.read_logs(handle.run_dir, len(handle.data["hosts"]), lines)
+        return [line for node in list(self.supervisor.nodes) for line in node.tail][-lines:]
+
+    def release(self, handle: JobHandle) -> None:
+        if not handle.data.get("detached"):
+            self._teardown()  # closes the lifelines and joins the reader threads
+
+    # -- blocking-mode teardown -----------------------------------------------------------------
+
     def _watch_sink(self, line: str) -> None:
         match = ANNOUNCE_RE.search(line)
         if match:
             self.pgids[int(match.group(1))] = int(match.group(2))
         self.sink(line)
-
-    def run(self, job: Job) -> BackendOutcome:
-        spec = job.spec
-        self.hosts = list(spec.resolved_hosts)
-        self.settings = SSHSettings.from_mapping(spec.ssh)
-        python = self.settings.python or sys.executable
-        first = self.hosts[0]
-        try:
-            port = spec.rdzv_port or probe_port(self.settings, first, python)
-        except LaunchError as e:
-            self.sink(f"[dtrain] {e}")
-            return BackendOutcome(exit_code=e.exit_code, node_index=0, tail=[str(e)])
-        workdir = spec.workdir or os.getcwd()
-        argvs, payloads = [], []
-        for i, host in enumerate(self.hosts):
-            agent = static_agent_argv(spec, python=python, node_index=i, rdzv_host=first.address, rdzv_port=port,
-                                      job_id=job.job_id)
-            command = remote_agent_command(python, job_id=job.job_id, node_index=i,
-                                           pgid_file=os.path.join(job.run_dir, "remote", f"node{i}.pgid"),
-                                           workdir=workdir, grace=self.grace_seconds, agent=agent)
-            argvs.append(ssh_argv(self.settings, host, command))
-            payloads.append((json.dumps({"env": self.node_env(job, i, port)}) + "\n").encode())
-        self.sink(f"[dtrain] ssh: {len(self.hosts)} host(s) "
-                  f"{', '.join(h.host for h in self.hosts)}; rendezvous {first.address}:{port}")
-        try:
-            self.supervisor.start_with_input(argvs, [os.environ] * len(argvs), payloads)
-            code, node = self.supervisor.wait(expected=len(argvs))
-        finally:
-            self._teardown()
-        if code == -1:
-            return BackendOutcome(exit_code=-1, stopped=True)
-        if node is not None and code == 255:
-            self.sink(f"[dtrain] ssh to {self.hosts[node.index].host} failed (exit 255): see its lines above")
-        return BackendOutcome(exit_code=code, node_index=None if node is None else node.index,
-                              tail=[] if node is None else list(node.tail))
-
-    def node_env(self, job: Job, index: int, port: int) -> dict[str, str]:
-        """What node ``index``'s agent adds to the host's own environment (sent over stdin)."""
-        spec = job.spec
-        env: dict[str, str] = {}
-        if all(is_loopback(h.address) for h in self.hosts):
-            env["GLOO_SOCKET_IFNAME"] = "lo"  # "hosts" on this machine talk over loopback
-        if spec.distribution == "tensorflow":
-            from operators.launch.tf_config import backend_env
-
-            env.update(backend_env([h.address for h in self.hosts], port + 1, spec.parameter_servers))
-        env.update(job.rank_env)
-        env["DTRAIN_NODE_INDEX"] = str(index)
-        return env
-
-    # -- teardown -----------------------------------------------------------------------------
 
     def _remote_signal(self, signal_name: str, indexes: Sequence[int]) -> None:
         """``kill -SIG -- -PGID`` on each host, over ssh, in parallel (best effort: the lifeline backs it)."""
@@ -266,6 +366,7 @@ class SSHBackend(Backend):
     def terminate(self) -> None:
         # May run in a signal handler on the thread blocked in run(): do the work in a thread,
         # so no lock that thread holds is awaited here; run()'s own teardown waits for it.
+        super().terminate()
         self.supervisor.stop("terminate")
         worker = threading.Thread(target=self._teardown, daemon=True)
         worker.start()
@@ -273,3 +374,6 @@ class SSHBackend(Backend):
 
     def pids(self) -> set[int]:
         return self.supervisor.pids()
+
+
+__all__ = ["SSHBackend", "ssh_argv", "remote_agent_command", "probe_port", "ssh_config_text", "is_loopback"]

@@ -1,7 +1,7 @@
-"""``dtrain launch`` options for the SSH backend, distribution=mpi and distribution=tensorflow.
+"""``dtrain launch`` options of the SSH backend (``--hostfile``, ``--ssh-*``).
 
-Kept apart from operators/launch/cli.py, which only calls :func:`add_arguments` and
-passes :func:`spec_kwargs` to the LaunchSpec, where every value is validated.
+The generic launch CLI asks every registered backend for its options; these become the
+spec's ``backend_options`` (validated there) when ``--backend ssh`` is chosen.
 """
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from operators.launch.hostfile import STRICT_CHOICES
+from dtrain.launch.backends.ssh.hostfile import STRICT_CHOICES
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -25,19 +25,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                      help="host-key policy (default accept-new: trust on first use, refuse a changed key)")
     ssh.add_argument("--ssh-connect-timeout", type=int, help="seconds per ssh connection (default 10)")
     ssh.add_argument("--ssh-python", metavar="PATH", help="interpreter on the hosts (default: this one's path)")
-    dist = p.add_argument_group("mpi and tensorflow distributions")
-    dist.add_argument("--mpi-option", action="append", metavar="OPT", dest="mpi_options",
-                      help="extra mpirun option(s), repeatable; write it as --mpi-option='-x NCCL_DEBUG=VERSION'")
-    dist.add_argument("--parameter-servers", type=int, default=0,
-                      help="distribution tensorflow: ranks that are TF_CONFIG 'ps' tasks (legacy TF 1.x)")
 
 
-def spec_kwargs(args: argparse.Namespace) -> dict[str, Any]:
-    ssh = {
-        "user": args.ssh_user, "port": args.ssh_port, "key_file": args.ssh_key,
+def options_from_args(args: argparse.Namespace) -> dict[str, Any]:
+    options = {
+        "hostfile": args.hostfile, "user": args.ssh_user, "port": args.ssh_port, "key_file": args.ssh_key,
         "known_hosts_file": args.ssh_known_hosts, "strict_host_key_checking": args.ssh_strict_host_key_checking,
         "connect_timeout": args.ssh_connect_timeout, "python": args.ssh_python,
     }
-    ssh = {k: v for k, v in ssh.items() if v is not None}
-    return {"hostfile": args.hostfile, "ssh": ssh or None, "mpi_options": args.mpi_options,
-            "parameter_servers": args.parameter_servers}
+    return {k: v for k, v in options.items() if v is not None}

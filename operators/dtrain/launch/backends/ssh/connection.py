@@ -1,23 +1,23 @@
-"""Where the operators get SSH hosts: explicit arguments first, else an Airflow SSH connection."""
+"""Where the operators get SSH hosts: explicit options first, else an Airflow SSH connection."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Mapping
 
 
-def resolve_hosts(*, backend: Any, ssh_conn_id: str | None, hostfile: str | None, hosts: Any,
-                  ssh: dict[str, Any] | None) -> dict[str, Any]:
-    """``hostfile``/``hosts``/``ssh`` for the LaunchSpec, non-empty values only.
+def resolve_connection(options: Mapping[str, Any]) -> dict[str, Any]:
+    """The ssh backend's options with ``conn_id`` replaced by what the connection gives.
 
-    The connection is read only for ``backend='ssh'`` and only when no hostfile or hosts were
-    given; explicit ``ssh`` settings win over the connection's.
+    The connection is read only when no ``hostfile`` or ``hosts`` were given; explicit
+    settings win over the connection's. Airflow is imported only here (execute time).
     """
-    hosts = hosts or None
-    if ssh_conn_id and str(backend).strip().lower() == "ssh" and not (hostfile or hosts):
-        from airflow.sdk import BaseHook
+    options = {k: v for k, v in options.items() if v not in (None, "", [], {})}
+    conn_id = options.pop("conn_id", None)
+    if not conn_id or "hostfile" in options or "hosts" in options:
+        return options
+    from airflow.sdk import BaseHook
 
-        from operators.launch.hostfile import from_airflow_connection
+    from dtrain.launch.backends.ssh.hostfile import from_airflow_connection
 
-        hosts, conn_ssh = from_airflow_connection(BaseHook.get_connection(ssh_conn_id))
-        ssh = {**conn_ssh, **(ssh or {})}
-    return {k: v for k, v in (("hostfile", hostfile or None), ("hosts", hosts), ("ssh", ssh)) if v}
+    hosts, settings = from_airflow_connection(BaseHook.get_connection(conn_id))
+    return {"hosts": hosts, **settings, **options}

@@ -2,7 +2,7 @@
 
 The blocking SSH backend keeps an ssh session per host open as a lifeline; a deferred
 task cannot (its worker is gone while it waits), so here each host runs
-:mod:`operators.launch.detached_node`: ``start`` returns as soon as the node's daemon
+:mod:`dtrain.launch.detached_node`: ``start`` returns as soon as the node's daemon
 runs, ``status`` reports it (running / exited with a code / lost), ``stop`` ends its
 whole tree. Hosts, rendezvous, agent argv and the env (sent over stdin) are built with
 the SSH backend's own functions, so both modes launch the same job.
@@ -14,18 +14,18 @@ dict: paths of key files, never keys).
 from __future__ import annotations
 
 import json
-import os
 import shlex
 import subprocess
 import sys
 import threading
 from dataclasses import dataclass
-from typing import Any, Callable, Sequence
+from typing import Any, Sequence
 
-from operators.errors import LaunchError
-from operators.launch.job import Job
+from dtrain.errors import LaunchError
+from dtrain.launch.backends.base import JobStatus
+from dtrain.launch.backends.ssh.hostfile import SSHSettings, coerce_hosts, ssh_argv
 
-MODULE = "operators.launch.detached_node"
+MODULE = "dtrain.launch.backends.ssh.detached_node"
 
 
 @dataclass(frozen=True)
@@ -36,22 +36,14 @@ class Target:
     ssh: dict[str, Any]
 
     def entries(self):
-        from operators.launch.hostfile import coerce_hosts
-
         return coerce_hosts(list(self.hosts))
 
-    def settings(self):
-        from operators.launch.hostfile import SSHSettings
-
+    def settings(self) -> SSHSettings:
         return SSHSettings.from_mapping(self.ssh)
 
     @property
     def python(self) -> str:
         return self.settings().python or sys.executable
-
-
-def target_of(job: Job) -> Target:
-    return Target(hosts=tuple(str(h) for h in job.spec.resolved_hosts), ssh=dict(job.spec.ssh or {}))
 
 
 def node_command(python: str, verb: str, run_dir: str, node: int, *extra: str) -> str:
@@ -60,16 +52,12 @@ def node_command(python: str, verb: str, run_dir: str, node: int, *extra: str) -
 
 
 def status_argvs(target: Target, run_dir: str) -> list[list[str]]:
-    from operators.launch.backends.ssh import ssh_argv
-
     settings = target.settings()
     return [ssh_argv(settings, host, node_command(target.python, "status", run_dir, i))
             for i, host in enumerate(target.entries())]
 
 
 def stop_argvs(target: Target, run_dir: str, grace: float = 5.0) -> list[list[str]]:
-    from operators.launch.backends.ssh import ssh_argv
-
     settings = target.settings()
     return [ssh_argv(settings, host, node_command(target.python, "stop", run_dir, i, "--grace", f"{grace:g}"))
             for i, host in enumerate(target.entries())]
@@ -88,32 +76,23 @@ def parse_status(index: int, returncode: int, stdout: str, stderr: str) -> dict[
             "tail": [f"ssh exit {returncode}: {stderr.strip()[-500:]}"]}
 
 
-@dataclass(frozen=True)
-class SSHJobStatus:
-    done: bool
-    ok: bool
-    exit_code: int | None
-    state: str
-    failed_node: int | None
-    tail: list[str]
-    unreachable: bool = False
-
-
-def decide(nodes: Sequence[dict[str, Any]]) -> SSHJobStatus:
+def decide(nodes: Sequence[dict[str, Any]]) -> JobStatus:
     """Done when every node exited 0, or as soon as one node failed or was lost (the others
     are then stopped by whoever resumes the task). An unreachable host is not a verdict."""
     for node in nodes:
         if node["state"] == "exited" and node.get("exit_code"):
-            return SSHJobStatus(True, False, int(node["exit_code"]), "FAILED", node.get("node"), node.get("tail", []))
+            return JobStatus("FAILED", True, int(node["exit_code"]), node.get("node"), f"node {node.get('node')}",
+                             list(node.get("tail", [])))
         if node["state"] in ("lost", "unknown"):
-            return SSHJobStatus(True, False, 1, "LOST", node.get("node"),
-                                [f"node {node.get('node')}: the agent is gone without an exit record"]
-                                + list(node.get("tail", [])))
+            return JobStatus("LOST", True, 1, node.get("node"), f"node {node.get('node')}",
+                             [f"node {node.get('node')}: the agent is gone without an exit record"]
+                             + list(node.get("tail", [])))
     if all(node["state"] == "exited" for node in nodes):
-        return SSHJobStatus(True, True, 0, "COMPLETED", None, [])
+        return JobStatus("COMPLETED", True, 0)
     unreachable = any(node["state"] == "unreachable" for node in nodes)
     tail = [line for node in nodes if node["state"] == "unreachable" for line in node.get("tail", [])]
-    return SSHJobStatus(False, False, None, "RUNNING", None, tail, unreachable=unreachable)
+    return JobStatus("RUNNING", False, tail=tail, reachable=not unreachable,
+                     reason="; ".join(tail) if unreachable else "")
 
 
 def _parallel(argvs: Sequence[list[str]], timeout: float, stdin: Sequence[bytes] | None = None) -> list[tuple[int, str, str]]:
@@ -136,38 +115,32 @@ def _parallel(argvs: Sequence[list[str]], timeout: float, stdin: Sequence[bytes]
     return results
 
 
-def start_job(job: Job, sink: Callable[[str], None] = print) -> Target:
-    """Start every host's detached agent; on any failure stop those already started and raise."""
-    from operators.launch.backends.ssh import SSHBackend, probe_port, ssh_argv, static_agent_argv
-
-    spec = job.spec
-    target = target_of(job)
-    settings, hosts, python = target.settings(), target.entries(), target.python
-    port = spec.rdzv_port or probe_port(settings, hosts[0], python)
-    env_builder = SSHBackend(sink=sink)
-    env_builder.hosts = hosts  # node_env reads the host list (loopback hosts, TF_CONFIG)
-    workdir = spec.workdir or os.getcwd()
-    argvs, payloads = [], []
-    for i, host in enumerate(hosts):
-        agent = static_agent_argv(spec, python=python, node_index=i, rdzv_host=hosts[0].address, rdzv_port=port,
-                                  job_id=job.job_id)
-        command = node_command(python, "start", job.run_dir, i, "--job-id", job.job_id, "--workdir", workdir,
-                               "--", *agent)
-        argvs.append(ssh_argv(settings, host, command))
-        payloads.append((json.dumps({"env": env_builder.node_env(job, i, port)}) + "\n").encode())
-    results = _parallel(argvs, timeout=settings.connect_timeout + 60, stdin=payloads)
+def start(target: Target, run_dir: str, argvs: Sequence[Sequence[str]], stdin: Sequence[str]) -> None:
+    """Run every host's ``detached_node start`` (the backend's rendered ssh argvs); on any failure
+    stop the nodes already started and raise with the failing host's output."""
+    settings, hosts = target.settings(), target.entries()
+    results = _parallel([list(a) for a in argvs], timeout=settings.connect_timeout + 60,
+                        stdin=[line.encode() for line in stdin])
     failed = [(i, r) for i, r in enumerate(results) if r[0] != 0]
     if failed:
-        stop_job(target, job.run_dir)
+        stop_job(target, run_dir)
         i, (code, out, err) = failed[0]
         raise LaunchError(f"starting node {i} on {hosts[i].host} over ssh failed (exit {code})", code or 255,
                           tail=(out + err).strip().splitlines()[-20:])
-    sink(f"[dtrain] ssh (detached): {len(hosts)} host(s) {', '.join(h.host for h in hosts)}; "
-         f"rendezvous {hosts[0].address}:{port}; logs in {os.path.join(job.run_dir, 'detached')}")
-    return target
 
 
-def query_job(target: Target, run_dir: str) -> SSHJobStatus:
+def read_logs(run_dir: str, nodes: int, lines: int) -> list[str]:
+    """The last lines of every node's log (in the shared run directory), node by node."""
+    from dtrain.launch.backends.ssh.detached_node import paths
+    from dtrain.launch.tailfile import read_tail
+
+    out: list[str] = []
+    for node in range(nodes):
+        out += [f"[node{node}] {line}" for line in read_tail(paths(run_dir, node)["log"], lines)]
+    return out[-lines:]
+
+
+def query_job(target: Target, run_dir: str) -> JobStatus:
     argvs = status_argvs(target, run_dir)
     results = _parallel(argvs, timeout=target.settings().connect_timeout + 30)
     return decide([parse_status(i, *r) for i, r in enumerate(results)])

@@ -3,7 +3,7 @@
 A deferred task lets its worker go, so no ssh session may stay open for the job's
 lifetime (the blocking SSH backend's lifeline would stop the job). Instead:
 
-``python -m operators.launch.detached_node start --run-dir RD --node N --job-id J [--workdir W] -- AGENT...``
+``python -m dtrain.launch.backends.ssh.detached_node start --run-dir RD --node N --job-id J [--workdir W] -- AGENT...``
     reads the job's environment as one JSON line on stdin (never in an argv), double-forks
     a daemon in its own session, and returns once the daemon has written its state file.
     The daemon runs AGENT with its output in ``RD/detached/nodeN.log``; when it ends, it
@@ -31,7 +31,7 @@ import sys
 import threading
 import time
 
-from operators.launch.proctree import kill_tree
+from dtrain.launch.proctree import kill_tree
 
 ANNOUNCE = "[dtrain-detached]"
 TAIL_LINES = 40

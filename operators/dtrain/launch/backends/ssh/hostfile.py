@@ -22,8 +22,8 @@ import re
 from dataclasses import dataclass
 from typing import Any, Iterable, Sequence
 
-from operators.args import mapping_arg
-from operators.errors import SpecError
+from dtrain.args import coerce_int, mapping_arg
+from dtrain.errors import SpecError
 
 _USER = r"[A-Za-z_][A-Za-z0-9._-]{0,63}"
 # A name or IPv4 address (never starting with '-': it would read as an ssh option), or [IPv6].
@@ -156,7 +156,6 @@ class SSHSettings:
 
     @classmethod
     def _validated(cls, v: dict[str, Any]) -> "SSHSettings":
-        from operators.launch.spec import coerce_int  # the spec imports this module: import late
 
         user = v.get("user")
         if user is not None and not USER_RE.match(str(user)):
@@ -232,54 +231,46 @@ def hostfile_lines(entries: Iterable[HostEntry]) -> str:
     return "".join(f"{entry}\n" for entry in entries)
 
 
-def check_remote_fields(spec: Any) -> None:
-    """Validate and normalise the spec's hostfile/hosts/ssh/mpi_options/parameter_servers fields.
+SETTINGS_OPTIONS = SSHSettings.FIELDS
+HOST_OPTIONS = ("hostfile", "hosts")
 
-    Called from ``LaunchSpec.__post_init__``: every mistake surfaces before a process starts.
-    Sets ``spec.resolved_hosts`` (the hosts that run the job) and normalises the others to
-    primitives (so the spec serializes for a trigger).
+
+def resolve_options(options: dict[str, Any], nodes: int, procs_per_node: int) -> tuple[dict[str, Any], list[HostEntry]]:
+    """The ssh backend's options normalised to primitives, and the hosts that run the job.
+
+    ``hostfile`` (a path) or ``hosts`` (lines), and the :class:`SSHSettings` fields flat beside
+    them. Every mistake names the option and surfaces before a process starts.
     """
-    import shutil
-
-    from operators.launch.mpi import coerce_mpi_options
-    from operators.launch.spec import coerce_int
-
-    if spec.hostfile is not None and spec.hosts is not None:
-        raise SpecError("hosts", spec.hosts, "give either hostfile or hosts, not both")
-    given = spec.hostfile if spec.hostfile is not None else spec.hosts
-    if spec.backend != "ssh":
-        if given is not None:
-            raise SpecError("hostfile" if spec.hostfile is not None else "hosts", given, "only used with backend='ssh'")
-        if spec.ssh:
-            raise SpecError("ssh", spec.ssh, "only used with backend='ssh'")
+    hostfile, hosts = options.get("hostfile"), options.get("hosts")
+    if hostfile is not None and hosts is not None:
+        raise SpecError("hosts", hosts, "give either hostfile or hosts, not both")
+    if hostfile is None and hosts is None:
+        raise SpecError("hostfile", None, "backend='ssh' needs a hostfile (or hosts): lines of " + TARGET_SYNTAX)
+    normalised: dict[str, Any] = {}
+    if hostfile is not None:
+        normalised["hostfile"] = os.path.abspath(str(hostfile))
+        entries, source = read_hostfile(normalised["hostfile"]), f"hostfile {normalised['hostfile']}"
     else:
-        if given is None:
-            raise SpecError("hostfile", None, "backend='ssh' needs a hostfile (or hosts): lines of " + TARGET_SYNTAX)
-        if spec.hostfile is not None:
-            spec.hostfile = os.path.abspath(str(spec.hostfile))
-            entries, source = read_hostfile(spec.hostfile), f"hostfile {spec.hostfile}"
-        else:
-            entries, source = coerce_hosts(spec.hosts), "hosts"
-            spec.hosts = [str(entry) for entry in entries]
-        spec.resolved_hosts = select_hosts(entries, spec.nodes, spec.procs_per_node, source)
-        spec.ssh = SSHSettings.from_mapping(spec.ssh).to_dict()
-        if shutil.which("ssh") is None:
-            raise SpecError("backend", "ssh", "the OpenSSH client 'ssh' on PATH (apt-get install openssh-client)")
-    if spec.mpi_options is not None and spec.distribution != "mpi":
-        raise SpecError("mpi_options", spec.mpi_options, "only used with distribution='mpi'")
-    spec.mpi_options = coerce_mpi_options(spec.mpi_options)
-    if spec.distribution == "mpi":
-        if spec.backend == "local" and spec.nodes != 1:
-            raise SpecError("nodes", spec.nodes, "1 for distribution='mpi' on backend='local' (mpirun sees one host; "
-                                                 "use backend='ssh' with a hostfile for several)")
-        if spec.backend not in ("local", "ssh"):
-            raise SpecError("backend", spec.backend, "local or ssh for distribution='mpi'")
-        if shutil.which("mpirun") is None:
-            raise SpecError("distribution", "mpi", "OpenMPI's mpirun on PATH (apt-get install openmpi-bin)")
-    spec.parameter_servers = coerce_int("parameter_servers", spec.parameter_servers, minimum=0)
-    if spec.parameter_servers:
-        if spec.distribution != "tensorflow":
-            raise SpecError("parameter_servers", spec.parameter_servers, "only used with distribution='tensorflow'")
-        if spec.parameter_servers >= spec.world_size:
-            raise SpecError("parameter_servers", spec.parameter_servers,
-                            f"fewer than the {spec.world_size} processes (at least one worker)")
+        entries, source = coerce_hosts(hosts), "hosts"
+        normalised["hosts"] = [str(entry) for entry in entries]
+    chosen = select_hosts(entries, nodes, procs_per_node, source)
+    settings = SSHSettings.from_mapping({k: v for k, v in options.items() if k in SETTINGS_OPTIONS})
+    return normalised | settings.to_dict(), chosen
+
+
+def ssh_argv(settings: SSHSettings, host: HostEntry, remote_command: str) -> list[str]:
+    """``ssh [options] -- HOST 'remote command'``; per-host user/port win over the settings'."""
+    argv = ["ssh", "-T", "-o", "BatchMode=yes", "-o", f"StrictHostKeyChecking={settings.strict_host_key_checking}",
+            "-o", f"ConnectTimeout={settings.connect_timeout}",
+            "-o", "ServerAliveInterval=15", "-o", "ServerAliveCountMax=4", "-o", "LogLevel=ERROR"]
+    if settings.known_hosts_file:
+        argv += ["-o", f"UserKnownHostsFile={settings.known_hosts_file}"]
+    if settings.key_file:
+        argv += ["-i", settings.key_file, "-o", "IdentitiesOnly=yes"]
+    port = host.port or settings.port
+    if port:
+        argv += ["-p", str(port)]
+    user = host.user or settings.user
+    if user:
+        argv += ["-l", user]
+    return argv + ["--", host.address, remote_command]

@@ -1,4 +1,4 @@
-"""Runs on each SSH host: ``python -m operators.launch.remote_agent [options] -- AGENT ARGV...``.
+"""Runs on each SSH host: ``python -m dtrain.launch.backends.ssh.remote_agent [options] -- AGENT ARGV...``.
 
 The SSH backend starts this over ssh, once per host. It
 
@@ -28,7 +28,7 @@ import subprocess
 import sys
 import threading
 
-from operators.launch.proctree import kill_tree
+from dtrain.launch.proctree import kill_tree
 
 ANNOUNCE = "[dtrain-remote]"
 

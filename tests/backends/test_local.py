@@ -1,0 +1,7 @@
+"""The backend contract on the local backend (nodes simulated on this host)."""
+
+from tests.backends.contract import BackendContract
+
+
+class TestLocalBackend(BackendContract):
+    backend = "local"

@@ -1,0 +1,24 @@
+"""The backend contract on the slurm backend, against a real two-node Slurm cluster."""
+
+import pytest
+
+from tests.backends.contract import BackendContract
+from tests.slurm.conftest import queue, slurm, slurm_cluster  # noqa: F401 (the fixtures)
+
+
+class TestSlurmBackend(BackendContract):
+    backend = "slurm"
+
+    @pytest.fixture
+    def infra(self, slurm):  # noqa: F811
+        yield slurm
+
+    def options(self, infra) -> dict:
+        return {"poll_interval": 0.3}
+
+    def assert_nothing_left(self, infra, job_id: str) -> None:
+        super().assert_nothing_left(infra, job_id)
+        from tests.support import poll_until
+
+        assert poll_until(lambda: queue(infra) == [], 30), f"jobs still queued: {queue(infra)}"
+        assert poll_until(lambda: infra.job_pids() == set(), 30), f"job processes left: {infra.job_pids()}"
