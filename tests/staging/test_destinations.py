@@ -21,11 +21,12 @@ from dtrain.staging.fsspecdest import FsspecDestination
 from .conftest import wait_for
 
 
-@pytest.fixture(params=["memory", "local", "s3"])
+@pytest.fixture(params=["memory", "s3"])
 def fsspec_dest(request, tmp_path, s3):
     """(URL of a fresh fsspec destination, its filesystem, its root path): memory:// (an object
-    store's semantics: no offsets), local:// onto a tmp dir, or s3:// (s3fs) on the moto server,
-    checked through its own client that talks to moto directly (not through a test's proxy)."""
+    store's semantics: no offsets) or s3:// (s3fs) on the moto server, checked through its own
+    client that talks to moto directly (not through a test's proxy). local:// and file:// are
+    POSIX destinations (tested below and in test_engine/test_safety)."""
     if request.param == "s3":
         import s3fs
 
@@ -38,8 +39,6 @@ def fsspec_dest(request, tmp_path, s3):
         yield f"memory://{root}", fs, root
         if fs.exists(root.rsplit("/", 1)[0]):
             fs.rm(root.rsplit("/", 1)[0], recursive=True)
-    else:
-        yield f"local://{tmp_path}/dest", fsspec.filesystem("file"), f"{tmp_path}/dest"
 
 
 def files(fs, root: str) -> dict[str, bytes]:
@@ -51,6 +50,7 @@ def test_fsspec_url_is_an_fsspec_destination_and_a_path_is_posix(tmp_path):
     assert isinstance(open_destination("memory://x/y"), FsspecDestination)
     assert not isinstance(open_destination(str(tmp_path)), FsspecDestination)
     assert not isinstance(open_destination(f"file://{tmp_path}"), FsspecDestination)
+    assert not isinstance(open_destination(f"local://{tmp_path}"), FsspecDestination)
 
 
 def test_fsspec_destination_retries_a_corrupt_and_a_cut_download(s3, proxy, fsspec_dest, monkeypatch, caplog):
@@ -130,12 +130,13 @@ def test_fsspec_destination_is_locked_while_a_stage_writes_it(s3, fsspec_dest):
     assert stage(s3.url("p/"), url).fetched == 1
 
 
-def test_local_fsspec_destination_refuses_a_symlink_out(s3, tmp_path):
+@pytest.mark.parametrize("scheme", ["local://", "file://"])
+def test_local_url_destination_refuses_a_symlink_out(s3, tmp_path, scheme):
     s3.put("p/sub/x.txt", b"x")
     dest, outside = tmp_path / "dest", tmp_path / "outside"
     dest.mkdir()
     outside.mkdir()
     (dest / "sub").symlink_to(outside)
     with pytest.raises(StagingError, match="outside the destination"):
-        stage(s3.url("p/"), f"local://{dest}")
+        stage(s3.url("p/"), f"{scheme}{dest}")
     assert list(outside.iterdir()) == []

@@ -129,9 +129,7 @@ def test_traversal_and_reserved_keys_are_refused_before_anything_is_copied(s3, t
     with pytest.raises(UnsafeKeyError) as info:
         stage(s3.url("p/"), str(dest))
     assert key[2:] in str(info.value) or key in str(info.value)
-    assert not (dest / "fine.txt").exists()  # refused before any copy
-    assert sorted(os.listdir(tmp_path)) == ["inner"] and sorted(os.listdir(tmp_path / "inner")) == ["dest"]
-    assert not (tmp_path / "escape.txt").exists() and not (tmp_path / "inner" / "escape.txt").exists()
+    assert os.listdir(tmp_path) == []  # refused before anything is created: no destination, no lock file
 
 
 def test_symlinked_directory_in_destination_is_not_followed_outside(s3, tmp_path):
@@ -223,10 +221,22 @@ def test_multipart_objects_verified_by_etag_in_strict_mode(s3, proxy, tmp_path, 
     assert sum(1 for g in faults.gets if g.endswith("mp.bin")) == 3 + 3  # 3 ranges, then all 3 again
 
 
-def test_multipart_auto_mode_records_a_fingerprint(s3, tmp_path):
+def test_multipart_object_falls_back_to_a_fingerprint_where_the_store_gives_no_part_size(s3, tmp_path,
+                                                                                       monkeypatch):
+    """auto recomputes multipart ETags (test_safety); a store that answers no ``HEAD ?partNumber``
+    (and keeps no full-object checksum) leaves size + a CRC32 fingerprint in the manifest."""
     import zlib
     import base64
 
+    from dtrain.staging.sources import LeanS3Source
+
+    def no_parts(self, obj, part_number=None):
+        if part_number is not None:
+            raise NotImplementedError("no multipart parts here")
+        return head(self, obj)
+
+    head = LeanS3Source.head
+    monkeypatch.setattr(LeanS3Source, "head", no_parts)
     body = os.urandom(6 * 1024 * 1024)
     s3.put_multipart("p/mp.bin", body)
     dest = tmp_path / "dest"

@@ -29,8 +29,9 @@ def register(subparsers) -> None:
                    help="ranged-part size for large objects, e.g. 64MiB (default 64MiB; memory per worker stays 8 MiB)")
     p.add_argument("--delete", action="store_true", help="remove files no longer in the source")
     p.add_argument("--verify", default="auto", choices=("auto", "strict", "size"),
-                   help="auto: MD5 vs single-part ETags, stored full-object checksums, else size + "
-                        "fingerprint; strict: also recompute multipart ETags (MD5 of every byte); "
+                   help="auto: MD5 vs single-part ETags, stored full-object checksums or recomputed "
+                        "multipart ETags (part size from HEAD ?partNumber=1), else size + fingerprint; "
+                        "strict: the same as auto (kept for compatibility); "
                         "size: size only (e.g. SSE-KMS objects, whose ETag is no MD5)")
     p.add_argument("--storage-options", metavar="JSON|@FILE", help="fsspec storage options for the source")
     p.add_argument("--no-fsync", action="store_true", help="skip fsync per file (faster; less durable on crash)")

@@ -1,8 +1,9 @@
 """The staging loop: mirror every object under a source URL into a destination.
 
-Imports no Airflow. ``stage()`` validates its inputs, takes the destination's lock,
-scans what is already there (removing stray temporary files of a killed stage), lists
-the source, compares the listing with the manifest (and the files present), copies what
+Imports no Airflow. ``stage()`` validates its inputs, lists the source (refusing unsafe
+keys before anything is created in the destination), takes the destination's lock, scans
+what is already there (removing stray temporary files of a killed stage), compares the
+listing with the manifest (and the files present), copies what
 changed (:mod:`dtrain.staging.copy`: retries, progress, cancellation, verification),
 optionally deletes what vanished from the source, and writes the manifest last. This is
 the one loop for every destination: a POSIX directory or any fsspec URL, whose
@@ -18,10 +19,11 @@ import re
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
-from typing import Any, Mapping
+from typing import Any, Iterator, Mapping
 
-from dtrain.errors import SpecError
+from dtrain.errors import DTrainError, SpecError
 from dtrain.staging import manifest as M
 from dtrain.staging import verify as V
 from dtrain.staging.copy import Copier, CopyJob, Progress
@@ -30,7 +32,7 @@ from dtrain.staging.errors import StagingCancelled, StagingError
 from dtrain.staging.fsspecdest import FsspecDestination
 from dtrain.staging.lister import SourceObject
 from dtrain.staging.posixdest import PosixDestination
-from dtrain.staging.sources import Fetch, Source, open_source, redact_url
+from dtrain.staging.sources import Fetch, Source, open_source, redact_url, scrub, url_secrets
 
 DEFAULT_WORKERS = 32
 DEFAULT_PART_SIZE = 64 * 1024 * 1024
@@ -89,9 +91,13 @@ def _coerce_workers(value: Any) -> int:
 
 
 def open_destination(url: str, fsync: bool = True) -> Destination:
-    """A POSIX directory for a path or file:// URL; any other URL is an fsspec destination."""
-    if url.startswith("file://"):
-        return PosixDestination(url[len("file://"):], fsync=fsync)
+    """A POSIX directory for a path or a file:// or local:// URL (the same flock, symlink refusals
+    and journal whichever way a local directory is named); any other URL is an fsspec destination."""
+    for prefix in ("file://", "local://"):
+        if url.startswith(prefix):
+            if not url[len(prefix):]:  # abspath("") would be the working directory
+                raise SpecError("destination", url, f"a directory path after {prefix}")
+            return PosixDestination(url[len(prefix):], fsync=fsync)
     if "://" in url:
         return FsspecDestination(url)
     return PosixDestination(url, fsync=fsync)
@@ -136,29 +142,61 @@ def stage(source: str, destination: str, *, workers: Any = DEFAULT_WORKERS, part
     complete, StagingCancelled when ``cancel`` is set. ``fsync`` applies to POSIX destinations;
     an fsspec destination has its store's own durability.
     """
-    workers, part_size = _check_arguments(source, destination, workers, part_size, verify)
-    settings = _Settings(workers=workers, part_size=part_size, verify=verify, retries=retries, delete=delete,
-                         progress_interval=progress_interval, log=log or log_default,
-                         cancel=cancel or threading.Event())
-    dest = open_destination(destination.strip(), fsync=fsync)
-    started = time.monotonic()
-    src = open_source(source.strip(), storage_options, workers)
+    secrets = [x for url in (source, destination) if isinstance(url, str) for x in url_secrets(url)]
+    with _clean_errors(secrets):
+        workers, part_size = _check_arguments(source, destination, workers, part_size, verify)
+        settings = _Settings(workers=workers, part_size=part_size, verify=verify, retries=retries, delete=delete,
+                             progress_interval=progress_interval, log=log or log_default,
+                             cancel=cancel or threading.Event())
+        dest = open_destination(destination.strip(), fsync=fsync)
+        started = time.monotonic()
+        src = open_source(source.strip(), storage_options, workers)
+        try:
+            # Listed first: a refused key is bad input, refused before anything exists in the destination.
+            objects, fetcher = _list_and_build_reader(src)
+            dest.prepare()
+            with dest.lock():
+                result = _sync(src, fetcher, objects, dest, redact_url(source), settings)
+        finally:
+            src.close()
+        result.seconds = round(time.monotonic() - started, 3)
+        settings.log.info("%s", result.summary())
+        return result
+
+
+@contextmanager
+def _clean_errors(secrets: list[str]) -> Iterator[None]:
+    """Every error leaves a stage as a DTrainError (the CLI prints one line, no traceback) that
+    carries no secret of the source or destination URL. Libraries echo bucket names and request
+    URLs in their messages, so the whole chain of causes is checked, and cut where it mentions a
+    secret (a traceback, as Airflow logs one, would print it)."""
     try:
-        dest.prepare()
-        with dest.lock():
-            result = _sync(src, dest, redact_url(source), settings)
-    finally:
-        src.close()
-    result.seconds = round(time.monotonic() - started, 3)
-    settings.log.info("%s", result.summary())
-    return result
+        yield
+    except Exception as e:
+        leaks = bool(secrets) and any(x in str(c) for c in _causes(e) for x in secrets)
+        if isinstance(e, DTrainError):
+            if leaks:
+                e.args = (scrub(str(e), secrets),)
+                e.__cause__ = e.__context__ = None
+            raise
+        if leaks or isinstance(e, OSError):
+            raise StagingError(scrub(f"{type(e).__name__}: {e}", secrets)) from (None if leaks else e)
+        raise
 
 
-def _sync(src: Source, dest: Destination, source_name: str, s: _Settings) -> StageResult:
-    """Diff the source against the destination, copy what changed, write the manifest last."""
+def _causes(e: BaseException | None) -> Iterator[BaseException]:
+    seen: set[int] = set()
+    while e is not None and id(e) not in seen:
+        seen.add(id(e))
+        yield e
+        e = e.__cause__ or e.__context__
+
+
+def _sync(src: Source, fetcher: Fetch | None, objects: list[SourceObject], dest: Destination, source_name: str,
+          s: _Settings) -> StageResult:
+    """Diff the listing against the destination, copy what changed, write the manifest last."""
     on_disk = dest.scan()
     known = dest.load()
-    objects, fetcher = _list_and_build_reader(src)
     fetch, skip, gone = diff(objects, known, on_disk)
     deleted = _delete_gone(dest, gone, s) if gone else 0
     s.log.info("staging %s -> %s: %d objects, %d to fetch (%.1f MB), %d unchanged",
@@ -260,7 +298,7 @@ def plan_jobs(src: Source, objects: list[SourceObject], verify: str, workers: in
     multipart = [o for o in objects if o.multipart and verify != "size"]
     if multipart:
         with ThreadPoolExecutor(max_workers=min(workers, 32)) as pool:
-            for obj, head in zip(multipart, pool.map(lambda o: _head_part(src, o, verify == "strict"), multipart)):
+            for obj, head in zip(multipart, pool.map(lambda o: _head_part(src, o), multipart)):
                 heads[obj.rel] = head
     jobs = []
     for obj in objects:
@@ -269,14 +307,14 @@ def plan_jobs(src: Source, objects: list[SourceObject], verify: str, workers: in
     return jobs
 
 
-def _head_part(src: Source, obj: SourceObject, strict: bool) -> tuple[int | None, tuple[str, str] | None]:
+def _head_part(src: Source, obj: SourceObject) -> tuple[int | None, tuple[str, str] | None]:
     """(part size of a multipart upload, stored full-object checksum) for a multipart object.
 
     A stored full-object checksum (CRC32 by default in current SDKs) is used when present: it
-    covers every byte and costs a sixth of MD5. Otherwise, with ``verify="strict"``,
-    ``HEAD ?partNumber=1`` gives the size of part 1 (every part but the last shares it), from
-    which the multipart ETag is recomputed exactly (MD5 of every byte). Otherwise: size + a
-    recorded fingerprint.
+    covers every byte and costs a sixth of MD5. Otherwise ``HEAD ?partNumber=1`` gives the size
+    of part 1 (every part but the last shares it), from which the multipart ETag is recomputed
+    exactly (MD5 of every byte): large objects are multipart, so the default verifies them too.
+    Only a store that answers neither leaves size + a recorded fingerprint.
     """
     try:
         head = src.head(obj)
@@ -289,8 +327,6 @@ def _head_part(src: Source, obj: SourceObject, strict: bool) -> tuple[int | None
                     return None, (algo, value)
     except Exception:  # noqa: BLE001 - try the part size next
         pass
-    if not strict:
-        return None, None
     try:
         part_size = src.head(obj, part_number=1).size
         if part_size and V.plan_verify(obj.size, obj.etag, "auto", part_size).kind == "mpu":

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from dtrain.errors import DTrainError, SpecError
 
-__all__ = ["StagingError", "UnsafeKeyError", "VerifyError", "StagingCancelled", "ThroughputError", "SpecError"]
+__all__ = ["StagingError", "UnsafeKeyError", "DestinationError", "VerifyError", "StagingCancelled", "ThroughputError",
+           "SpecError"]
 
 
 class StagingError(DTrainError):
@@ -14,11 +15,22 @@ class StagingError(DTrainError):
 
 
 class UnsafeKeyError(StagingError):
-    """A source key would land outside the destination (or on a name staging reserves)."""
+    """A source key would land outside the destination (or on a name staging reserves).
+
+    Bad input (the source's layout), refused before anything is created: exit status 2."""
+
+    exit_code = 2
 
     def __init__(self, key: str, reason: str):
         self.key = key
         super().__init__(f"refusing source key {key!r}: {reason}; nothing was copied")
+
+
+class DestinationError(StagingError):
+    """The destination cannot be written (not a directory, read-only, no permission): the user's
+    input, refused before anything is created in it, so exit status 2."""
+
+    exit_code = 2
 
 
 class VerifyError(StagingError):

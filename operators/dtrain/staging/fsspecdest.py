@@ -1,4 +1,8 @@
-"""A destination given as an fsspec URL that is no POSIX path (memory://, s3://, gcs://, local://...).
+"""A destination given as an fsspec URL that is no POSIX path (memory://, s3://, gcs://...).
+
+``local://`` and ``file://`` URLs are POSIX directories and go to
+:class:`dtrain.staging.posixdest.PosixDestination` (:func:`dtrain.staging.engine.open_destination`):
+the same flock across processes, the same refusal of symlinks, the journal.
 
 The shared filesystem is normally a POSIX mount (:mod:`dtrain.staging.posixdest`). Here
 object stores take no writes at an offset, so each file is streamed in order (one range
@@ -12,14 +16,12 @@ from __future__ import annotations
 
 import posixpath
 import threading
-import uuid
 from contextlib import contextmanager
 from typing import Any, Iterable, Iterator
 
 from dtrain.staging import manifest as M
 from dtrain.staging.destination import Destination, TempFile
-from dtrain.staging.errors import StagingError
-from dtrain.staging.posixdest import check_inside
+from dtrain.staging.errors import DestinationError, StagingError
 from dtrain.staging.sources import redact_url
 
 # Object stores have no flock: the lock keeps two stages of this process out of one
@@ -34,7 +36,6 @@ class FsspecDestination(Destination):
 
     def __init__(self, url: str):
         import fsspec.core
-        from fsspec.implementations.local import LocalFileSystem
 
         self.name = redact_url(url)
         try:
@@ -43,14 +44,13 @@ class FsspecDestination(Destination):
         except (ImportError, ValueError, TypeError) as e:
             raise StagingError(f"no filesystem for destination {self.name!r}: {e}") from e
         self._root = root.rstrip("/")
-        self._local = isinstance(self._fs, LocalFileSystem)  # the one kind with symlinks to refuse
         self.manifest_path = f"{self._root}/{M.MANIFEST_NAME}"
 
     def prepare(self) -> None:
         try:
             self._fs.makedirs(self._root, exist_ok=True)
-        except OSError as e:
-            raise StagingError(f"cannot create destination {self.name!r}: {e}") from e
+        except OSError as e:  # the user's input (a bucket or path that cannot be written): exit status 2
+            raise DestinationError(f"destination {self.name!r} cannot be written: {e}") from e
 
     @contextmanager
     def lock(self) -> Iterator[None]:
@@ -104,8 +104,6 @@ class FsspecDestination(Destination):
             except (FileExistsError, NotADirectoryError) as e:
                 raise StagingError(f"destination {path!r} is a file where the source has a directory; "
                                    f"remove it or stage with delete=True") from e
-            if self._local:
-                check_inside(self._root, path)
 
     def create(self, rel: str, size: int, parts: int) -> "FsspecTempFile":
         return FsspecTempFile(self._fs, f"{self._root}/{rel}")
@@ -114,7 +112,7 @@ class FsspecDestination(Destination):
         return not self._fs.exists(self.manifest_path)
 
     def write_manifest(self, source: str, entries: dict[str, M.Entry]) -> None:
-        tmp = f"{self._root}/{M.TMP_PREFIX}manifest"
+        tmp = f"{self._root}/{M.temp_name()}"
         self._fs.pipe_file(tmp, M.render(source, entries))
         self._fs.mv(tmp, self.manifest_path)
 
@@ -125,7 +123,7 @@ class FsspecTempFile(TempFile):
     def __init__(self, fs: Any, final: str):
         self._fs = fs
         self.final = final
-        self.path = f"{posixpath.dirname(final)}/{M.TMP_PREFIX}{uuid.uuid4().hex[:16]}"
+        self.path = f"{posixpath.dirname(final)}/{M.temp_name()}"
         self._out = fs.open(self.path, "wb")
         self._written = 0
 

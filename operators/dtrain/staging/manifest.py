@@ -9,11 +9,16 @@ journal is folded into the manifest and removed at the end.
 
 from __future__ import annotations
 
+import errno
 import json
 import os
+import stat
 import time
+import uuid
 from dataclasses import asdict, dataclass
 from typing import Any
+
+from dtrain.staging.errors import DestinationError
 
 MANIFEST_NAME = ".dtrain-manifest.json"
 JOURNAL_NAME = ".dtrain-manifest.journal"
@@ -33,11 +38,48 @@ class Entry:
     checksum: str | None = None   # "md5:<hex>", "etag:<multipart etag>", "sha256:<b64>" ...
 
 
+def temp_name() -> str:
+    """A hidden temporary file name nobody can predict, so nobody can plant anything there first."""
+    return f"{TMP_PREFIX}{uuid.uuid4().hex[:16]}"
+
+
+def open_own(path: str, flags: int) -> int:
+    """``os.open`` for a file staging keeps inside the destination, never writing through a planted link.
+
+    Anyone who can write into the destination could leave a symlink (or a hard link) at one of
+    staging's names pointing at a file elsewhere: O_NOFOLLOW refuses a symlink, O_EXCL (when the
+    caller creates a new file) refuses any existing name, and a file that is not a plain file with
+    one name is refused too. The refusal names the path; nothing outside the destination is touched.
+    O_NONBLOCK: a FIFO planted there cannot hang the open (regular files ignore the flag).
+    """
+    try:
+        fd = os.open(path, flags | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, 0o644)
+    except OSError as e:
+        if e.errno not in (errno.ELOOP, errno.EEXIST):
+            raise
+        what = "a symbolic link" if os.path.islink(path) else "already there"
+        raise DestinationError(f"refusing to write {path!r}: staging's own file there is {what}; "
+                               f"remove it and rerun") from e
+    info = os.fstat(fd)
+    if not stat.S_ISREG(info.st_mode) or info.st_nlink > 1:
+        os.close(fd)
+        raise DestinationError(f"refusing to write {path!r}: staging's own file there is not a plain file "
+                               f"with one name (a directory, device or hard link); remove it and rerun")
+    return fd
+
+
+def _read_own(path: str) -> bytes:
+    with os.fdopen(open_own(path, os.O_RDONLY), "rb") as f:
+        return f.read()
+
+
 def atomic_write_bytes(path: str, data: bytes) -> None:
-    """Write ``data`` to ``path`` via a hidden temp file in the same directory, fsync, rename."""
+    """Write ``data`` to ``path`` via a hidden temp file in the same directory, fsync, rename.
+
+    rename(2) replaces whatever is at ``path`` (a planted symlink included) without following it."""
     directory = os.path.dirname(path) or "."
-    tmp = os.path.join(directory, f"{TMP_PREFIX}{os.getpid()}-{os.path.basename(path)}")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    tmp = os.path.join(directory, temp_name())
+    fd = open_own(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL)
     try:
         view = memoryview(data)
         while view:
@@ -65,21 +107,20 @@ def fsync_dir(directory: str) -> None:
 def load(dest: str) -> dict[str, Entry]:
     """Entries of the last complete manifest plus any journal a killed stage left behind."""
     try:
-        with open(os.path.join(dest, MANIFEST_NAME), "rb") as f:
-            entries = parse(f.read())
+        entries = parse(_read_own(os.path.join(dest, MANIFEST_NAME)))
     except FileNotFoundError:
         entries = {}
     try:
-        with open(os.path.join(dest, JOURNAL_NAME), "rb") as f:
-            for line in f:
-                try:
-                    item = json.loads(line)
-                    rel = item.pop("rel")
-                    entries[rel] = Entry(**item)
-                except (ValueError, TypeError, KeyError):
-                    continue  # a line torn by a kill
+        journal = _read_own(os.path.join(dest, JOURNAL_NAME))
     except FileNotFoundError:
-        pass
+        return entries
+    for line in journal.splitlines():
+        try:
+            item = json.loads(line)
+            rel = item.pop("rel")
+            entries[rel] = Entry(**item)
+        except (ValueError, TypeError, KeyError, AttributeError):
+            continue  # a line torn by a kill
     return entries
 
 
@@ -88,7 +129,7 @@ class Journal:
 
     def __init__(self, dest: str):
         self.path = os.path.join(dest, JOURNAL_NAME)
-        self._fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        self._fd = open_own(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND)
 
     def append(self, rel: str, entry: Entry) -> None:
         # One write() per line: O_APPEND keeps lines whole between threads.

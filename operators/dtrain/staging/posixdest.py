@@ -6,18 +6,23 @@ directory (preallocated when it is written in parallel parts), verified, made du
 reader therefore never sees a partial file at a final path, even if the process is killed
 with SIGKILL; the next stage removes the stray temporary files. Landed files are journaled
 so a rerun resumes; an ``flock`` keeps two stages out of one directory.
+
+Anyone who can write into the destination could plant symlinks there. Staging's own files are
+opened with O_NOFOLLOW (:func:`dtrain.staging.manifest.open_own`) and new ones with O_EXCL under
+unpredictable names; the directories a key needs are checked (no symlink, no file on the way)
+for every key before any is made, then made one component at a time without following links.
 """
 
 from __future__ import annotations
 
 import fcntl
 import os
-import uuid
+import stat
 from typing import Any, Iterable
 
 from dtrain.staging import manifest as M
 from dtrain.staging.destination import Destination, TempFile
-from dtrain.staging.errors import StagingError, VerifyError
+from dtrain.staging.errors import DestinationError, StagingError, VerifyError
 
 
 class PosixDestination(Destination):
@@ -37,7 +42,7 @@ class PosixDestination(Destination):
         try:
             os.makedirs(self.root, exist_ok=True)
         except OSError as e:
-            raise StagingError(f"cannot create destination {self.root!r}: {e}") from e
+            raise unwritable(self.root, e) from e
 
     def lock(self) -> "DestinationLock":
         return DestinationLock(self.root)
@@ -84,15 +89,53 @@ class PosixDestination(Destination):
 
     def make_dirs(self, rels: Iterable[str]) -> None:
         """Keys were already checked for ``..`` and absolute paths; this also stops a symlinked
-        directory inside the destination from sending writes elsewhere."""
-        for rel_dir in sorted({os.path.dirname(rel) for rel in rels}):
-            path = os.path.join(self.root, rel_dir) if rel_dir else self.root
+        directory inside the destination from sending writes elsewhere. Every key's directories
+        are checked before any is made, so a refusal leaves nothing behind."""
+        rel_dirs = sorted({os.path.dirname(rel) for rel in rels} - {""})
+        for rel_dir in rel_dirs:
+            self._check_dir(rel_dir)
+        for rel_dir in rel_dirs:
+            self._make_dir(rel_dir)
+
+    def _check_dir(self, rel_dir: str) -> None:
+        """StagingError if a component of ``rel_dir`` already there is a symlink or not a directory."""
+        path = self.root
+        for part in rel_dir.split("/"):
+            path = os.path.join(path, part)
             try:
-                os.makedirs(path, exist_ok=True)
-            except (FileExistsError, NotADirectoryError) as e:
+                mode = os.lstat(path).st_mode
+            except FileNotFoundError:
+                return  # this and what is below it are made by _make_dir
+            if stat.S_ISLNK(mode):
+                raise StagingError(f"destination directory {path!r} is a symbolic link (it may lead outside "
+                                   f"the destination); refusing")
+            if not stat.S_ISDIR(mode):
                 raise StagingError(f"destination {path!r} is a file where the source has a directory; "
-                                   f"remove it or stage with delete=True") from e
-            check_inside(self.root, path)
+                                   f"remove it or stage with delete=True")
+
+    def _make_dir(self, rel_dir: str) -> None:
+        """mkdir one component at a time, each opened with O_NOFOLLOW through its parent's fd: a
+        symlink swapped in after the check is refused, never followed."""
+        fd = os.open(self.root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        path = self.root
+        try:
+            for part in rel_dir.split("/"):
+                path = os.path.join(path, part)
+                try:
+                    os.mkdir(part, 0o777, dir_fd=fd)
+                except FileExistsError:
+                    pass
+                try:
+                    child = os.open(part, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=fd)
+                except OSError as e:
+                    raise StagingError(f"destination directory {path!r} is no longer a plain directory "
+                                       f"(a symbolic link or a file appeared); refusing") from e
+                os.close(fd)
+                fd = child
+        except OSError as e:  # read-only, no permission, no space: said before any file is written
+            raise unwritable(path, e) from e
+        finally:
+            os.close(fd)
 
     def create(self, rel: str, size: int, parts: int) -> "PosixTempFile":
         return PosixTempFile(os.path.join(self.root, rel), size, preallocate=parts > 1, fsync=self._fsync_each)
@@ -125,9 +168,9 @@ class PosixDestination(Destination):
 class PosixTempFile(TempFile):
     def __init__(self, final: str, size: int, *, preallocate: bool, fsync: bool):
         self.final = final
-        self.path = os.path.join(os.path.dirname(final), f"{M.TMP_PREFIX}{uuid.uuid4().hex[:16]}")
+        self.path = os.path.join(os.path.dirname(final), M.temp_name())
         self._fsync = fsync
-        self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)
+        self._fd = M.open_own(self.path, os.O_RDWR | os.O_CREAT | os.O_EXCL)
         if preallocate:
             _preallocate(self._fd, size)
 
@@ -160,7 +203,7 @@ class PosixTempFile(TempFile):
                 os.close(fd)
 
     def land(self) -> None:
-        os.rename(self.path, self.final)
+        os.rename(self.path, self.final)  # replaces a symlink planted at the final name; never follows it
 
     def discard(self) -> None:
         if self._fd >= 0:
@@ -181,7 +224,10 @@ class DestinationLock:
         self.fd = -1
 
     def __enter__(self) -> "DestinationLock":
-        self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            self.fd = M.open_own(self.path, os.O_RDWR | os.O_CREAT)
+        except OSError as e:  # read-only, not a directory, no permission: before anything is written
+            raise unwritable(os.path.dirname(self.path), e) from e
         try:
             fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError as e:
@@ -193,11 +239,10 @@ class DestinationLock:
         os.close(self.fd)
 
 
-def check_inside(root: str, path: str) -> None:
-    """StagingError unless ``path`` resolves (symlinks followed) to ``root`` or below it."""
-    real_root, real = os.path.realpath(root), os.path.realpath(path)
-    if real != real_root and not real.startswith(real_root + os.sep):
-        raise StagingError(f"destination directory {path!r} resolves outside the destination ({real!r}); refusing")
+def unwritable(path: str, e: OSError) -> DestinationError:
+    """The error for a destination the OS will not let staging write (exit status 2: the user's input)."""
+    return DestinationError(f"destination {path!r} cannot be written: {e.strerror or e}"
+                            + (f" ({e.filename!r})" if e.filename and e.filename != path else ""))
 
 
 def _syncfs() -> Any:

@@ -25,8 +25,9 @@ from __future__ import annotations
 import abc
 import os
 import re
+import urllib.parse
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterator, Mapping
+from typing import Any, Callable, Iterable, Iterator, Mapping
 
 from dtrain.errors import SpecError
 from dtrain.staging.errors import StagingError
@@ -47,9 +48,37 @@ NATIVE_S3_OPTIONS = frozenset({
 _HEAD_CHECKSUMS = ("crc32", "crc32c", "sha1", "sha256", "crc64nvme")
 
 
+# user:password@ (the password may hold '/', as AWS secret keys do), and the values of query
+# parameters that sign or authorize a request (presigned S3/GCS URLs, SAS tokens, ...).
+_USERINFO = re.compile(r"(?<=://)([^/@]*|[^@]*:[^@]*)@")
+_SECRET_QUERY = re.compile(r"(?i)[?&]([\w.-]*(?:signature|credential|token|sig|secret|password|key|keyid))=([^&#]*)")
+
+
+def url_secrets(url: str) -> list[str]:
+    """What in ``url`` must never reach a log or an error message, longest first: user:password
+    whole and in the pieces a parser splits it into at ':' and '/' (a bucket name "KEY:SECRET-START"),
+    and signing query values; each as written, percent-decoded and percent-encoded (libraries echo
+    URLs either way). Pieces under 4 characters are left: replacing them would garble messages."""
+    found = []
+    m = _USERINFO.search(url)
+    if m:
+        found += [m.group(1), m.group(1).partition(":")[2], *re.split(r"[:/]", m.group(1))]
+    found += [m.group(2) for m in _SECRET_QUERY.finditer(url)]
+    unquote, quote = urllib.parse.unquote, urllib.parse.quote
+    variants = {v for x in found for v in (x, unquote(x), quote(x, safe=""), quote(unquote(x), safe=""))}
+    return sorted((v for v in variants if len(v) >= 4), key=len, reverse=True)
+
+
+def scrub(text: str, secrets: Iterable[str]) -> str:
+    """``text`` with every one of ``secrets`` replaced by ``***``."""
+    for secret in secrets:
+        text = text.replace(secret, "***")
+    return text
+
+
 def redact_url(url: str) -> str:
-    """A URL fit for logs: user:password@ removed."""
-    return re.sub(r"(?<=://)[^/@]*@", "", url)
+    """A URL fit for logs and errors: user:password and signing query values replaced by ``***``."""
+    return scrub(url, url_secrets(url))
 
 
 @dataclass(frozen=True)
@@ -199,8 +228,8 @@ class NativeS3Source(Source):
         self._root = root.rstrip("/")
         self._bucket, _, self._prefix = self._root.partition("/")
         if not self._bucket:
-            raise SpecError("source", f"s3://{root}", "s3://BUCKET[/PREFIX]")
-        self.name = f"s3://{self._root}"
+            raise SpecError("source", redact_url(f"s3://{root}"), "s3://BUCKET[/PREFIX]")
+        self.name = redact_url(f"s3://{self._root}")
         self._client, self._client_kwargs, self._config_kwargs = build_client(options, workers)
         self._extra = {"RequestPayer": "requester"} if options.get("requester_pays") else {}
 
@@ -271,7 +300,7 @@ class LeanS3Source(Source):
 
         self._root = root.rstrip("/")
         self._bucket, _, self._prefix = self._root.partition("/")
-        self.name = f"s3://{self._root}"
+        self.name = redact_url(f"s3://{self._root}")
         self._client = S3Http(settings, self._bucket)
 
     def list(self) -> list[SourceObject]:

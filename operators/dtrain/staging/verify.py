@@ -3,13 +3,15 @@
 Kinds (chosen per object before its bytes are fetched):
 
 - ``md5``: a single-part S3 ETag is the MD5 of the content; compare.
-- ``mpu`` (``verify="strict"``): a multipart ETag ``md5(md5(part1)..md5(partN))-N``; with
-  the upload's part size (learned with ``HEAD ?partNumber=1``) each part is hashed on its
-  own and the ETag recomputed exactly.
+- ``mpu`` (the default for multipart objects): a multipart ETag ``md5(md5(part1)..md5(partN))-N``;
+  with the upload's part size (learned with ``HEAD ?partNumber=1``) each part is hashed on its
+  own and the ETag recomputed exactly. ``verify="strict"`` is the same as ``"auto"`` now that
+  the default does this; it stays accepted so existing DAGs and scripts keep working.
 - ``checksum``: the object's stored full-object checksum (CRC32, SHA1, SHA256); preferred
   over the multipart ETag when both exist (CRC32 costs a sixth of MD5).
-- ``fingerprint``: no content reference available; size is checked and the CRC32 of what
-  was written is recorded in the manifest (so a later deep check can detect rot).
+- ``fingerprint``: no content reference available (no ETag, or a store that tells neither the
+  part size nor a stored checksum); size is checked and the CRC32 of what was written is
+  recorded in the manifest (so a later deep check can detect rot).
 - ``size``: the user asked for size-only checks (e.g. SSE-KMS objects whose ETag is no MD5).
 
 Bytes of one hash segment must be hashed in order while ranged parts land in any
