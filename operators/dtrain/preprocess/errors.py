@@ -22,3 +22,7 @@ class TooManyBadRecords(PreprocessError):
             f"{where}: {bad} of {records} records are bad ({fraction:.4%}), above max_bad_fraction="
             f"{max_bad_fraction} ({max_bad_fraction:.4%}); no manifest was published. "
             f"See {quarantine} for each bad record's file, line and reason.")
+
+
+class RecordTooLarge(ValueError):
+    """One input record is above ``max_record_bytes``: it is quarantined (a bad record), never parsed."""

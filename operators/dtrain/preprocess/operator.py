@@ -23,8 +23,24 @@ from typing import Any, Iterator, Sequence
 
 from airflow.sdk import BaseOperator
 
+from dtrain.preprocess.inputs import DEFAULT_MAX_RECORD_BYTES
+
 DEFAULT_MAX_BAD_FRACTION = 0.001
 DEFAULT_SHARD_SIZE = 8192
+TEMPLATE_MARKS = ("{{", "{%", "{#")  # Jinja expression, statement, comment
+
+
+def literal_transform(value: Any) -> Any:
+    """Refuse a transform that is a Jinja template. ``transform`` names the code this task runs, so
+    it is not a templated field: a template rendered from params (or a UI user's conf) would let
+    whoever triggers the run choose that code. The unrendered text is refused here, before anything
+    is imported, rather than left to fail as a malformed import path."""
+    from dtrain.errors import SpecError
+
+    if isinstance(value, str) and any(mark in value for mark in TEMPLATE_MARKS):
+        raise SpecError("transform", value, "a literal import path MODULE:FUNCTION written in the DAG: transform is "
+                                            "never templated (it names the code to run), so Jinja is not rendered")
+    return value
 
 
 def _coerce_fraction(value: Any) -> float:
@@ -73,6 +89,7 @@ class PreprocessOperator(BaseOperator):
 
     Args:
         transform: import path ``module:function`` (one parsed record in, dict of arrays or None out).
+            Not templated: it names code to run, so it must be written in the DAG, not come from params.
         input: a URL (file, directory or glob; any fsspec filesystem) or a list of URLs: one partition.
             Map over this with ``.expand(input=[...])``.
         output_path: the dataset directory or URL shared by every partition (templated; key it by ``{{ ds }}``).
@@ -80,22 +97,26 @@ class PreprocessOperator(BaseOperator):
         workers: processes on this worker (default: every core).
         max_bad_fraction: fail this task above this fraction of bad records (default 0.001).
         shard_size: input records per shard.
+        max_record_bytes: the largest input record (line, .npy row) read, default 64 MiB; a longer
+            line is quarantined without being read into memory (a decompression bomb).
         aws_conn_id: Airflow AWS connection for s3:// inputs and outputs (its credentials reach the
             workers as the standard AWS variables, for this task only; never logged).
 
     Returns (XCom): name, inputs, records, samples, dropped, bad, bytes, shard count, path.
     """
 
-    template_fields: Sequence[str] = ("transform", "input", "output_path", "partition", "workers",
-                                      "max_bad_fraction", "shard_size")
+    # Not "transform": see literal_transform.
+    template_fields: Sequence[str] = ("input", "output_path", "partition", "workers",
+                                      "max_bad_fraction", "shard_size", "max_record_bytes")
     ui_color = "#e8f3d6"
 
     def __init__(self, *, transform: str, input: str | list[str], output_path: str, partition: str | None = None,
                  workers: int | str | None = None, max_bad_fraction: float | str = DEFAULT_MAX_BAD_FRACTION,
                  shard_size: int | str = DEFAULT_SHARD_SIZE, aws_conn_id: str | None = None,
-                 **kwargs: Any) -> None:
+                 max_record_bytes: int | str = DEFAULT_MAX_RECORD_BYTES, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.aws_conn_id = aws_conn_id
+        self.max_record_bytes = max_record_bytes
         self.transform = transform
         self.input = input
         self.output_path = output_path
@@ -106,15 +127,17 @@ class PreprocessOperator(BaseOperator):
 
     def execute(self, context) -> dict[str, Any]:
         from dtrain.args import coerce_int
-        from dtrain.preprocess.runner import process_partition
+        from dtrain.preprocess.runner import coerce_max_record_bytes, process_partition
 
+        transform = literal_transform(self.transform)
         workers = None if self.workers in (None, "", "None") else coerce_int("workers", self.workers, minimum=1)
         inputs = list(self.input) if isinstance(self.input, (list, tuple)) else self.input
         with aws_credentials_env(self.aws_conn_id):
             return process_partition(
-                inputs, self.output_path, self.transform, partition=self.partition or None, workers=workers,
+                inputs, self.output_path, transform, partition=self.partition or None, workers=workers,
                 shard_size=coerce_int("shard_size", self.shard_size, minimum=1),
                 max_bad_fraction=_coerce_fraction(self.max_bad_fraction), log=self.log.info,
+                max_record_bytes=coerce_max_record_bytes(self.max_record_bytes),
             )
 
     def on_kill(self) -> None:

@@ -25,7 +25,8 @@ from typing import Any, Callable, Iterator
 from dtrain.errors import SpecError
 from dtrain.preprocess import shardfmt
 from dtrain.preprocess.errors import PreprocessError, TooManyBadRecords
-from dtrain.preprocess.inputs import InputFile, expand_input, iter_chunks
+from dtrain.preprocess.inputs import (DEFAULT_MAX_RECORD_BYTES, MAX_RECORD_BYTES_CAP, InputFile, expand_input,
+                                      iter_chunks)
 from dtrain.preprocess.store import Store
 from dtrain.preprocess.transform import identity
 from dtrain.preprocess.worker import init_worker, process_chunk
@@ -34,6 +35,9 @@ DEFAULT_SHARD_SIZE = 8192
 DEFAULT_MAX_BAD_FRACTION = 0.001
 PARTITION_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._=-]{0,127}$")
 Log = Callable[[str], None]
+MAX_RECORD_BYTES_ALLOWED = (f"a whole number of bytes from 1 to {MAX_RECORD_BYTES_CAP}: the largest input record "
+                            f"(line, .npy row) read; a longer one is quarantined unread "
+                            f"(default {DEFAULT_MAX_RECORD_BYTES} = 64 MiB)")
 
 
 def default_workers() -> int:
@@ -50,9 +54,22 @@ def partition_name(url: str) -> str:
     return f"{base}-{hashlib.sha1(url.encode()).hexdigest()[:8]}"
 
 
+def coerce_max_record_bytes(value: Any) -> int:
+    """The limit from text (the CLI, a rendered template) or a number; refused with the engine's message."""
+    from dtrain.args import coerce_int
+
+    try:
+        return coerce_int("max_record_bytes", value, minimum=1, maximum=MAX_RECORD_BYTES_CAP)
+    except SpecError as e:
+        raise SpecError("max_record_bytes", value, MAX_RECORD_BYTES_ALLOWED) from e
+
+
 def validate(*, transform: str, workers: int | None, shard_size: int, max_bad_fraction: float,
-             partition: str | None) -> dict[str, Any]:
+             partition: str | None, max_record_bytes: int = DEFAULT_MAX_RECORD_BYTES) -> dict[str, Any]:
     """Check every argument before any work; returns the transform identity."""
+    if not isinstance(max_record_bytes, int) or isinstance(max_record_bytes, bool) \
+            or not 1 <= max_record_bytes <= MAX_RECORD_BYTES_CAP:
+        raise SpecError("max_record_bytes", max_record_bytes, MAX_RECORD_BYTES_ALLOWED)
     if workers is not None and (not isinstance(workers, int) or isinstance(workers, bool) or workers < 1):
         raise SpecError("workers", workers, "a positive integer (default: every core of this machine)")
     if not isinstance(shard_size, int) or isinstance(shard_size, bool) or shard_size < 1:
@@ -65,15 +82,19 @@ def validate(*, transform: str, workers: int | None, shard_size: int, max_bad_fr
     return identity(transform)
 
 
-def _chunk_fingerprint(ident: dict[str, Any], file: InputFile, chunk_index: int, shard_size: int) -> str:
+# max_record_bytes is in both fingerprints: it decides which records are quarantined, so shards
+# made under another limit are not reused.
+def _chunk_fingerprint(ident: dict[str, Any], file: InputFile, chunk_index: int, shard_size: int,
+                       max_record_bytes: int) -> str:
     key = json.dumps([shardfmt.FORMAT_VERSION, ident, file.url, file.fingerprint, file.format,
-                      chunk_index, shard_size], sort_keys=True)
+                      chunk_index, shard_size, max_record_bytes], sort_keys=True)
     return hashlib.sha256(key.encode()).hexdigest()
 
 
-def _partition_fingerprint(ident: dict[str, Any], files: list[InputFile], shard_size: int) -> str:
-    key = json.dumps([shardfmt.FORMAT_VERSION, ident, [(f.url, f.fingerprint) for f in files], shard_size],
-                     sort_keys=True)
+def _partition_fingerprint(ident: dict[str, Any], files: list[InputFile], shard_size: int,
+                           max_record_bytes: int) -> str:
+    key = json.dumps([shardfmt.FORMAT_VERSION, ident, [(f.url, f.fingerprint) for f in files], shard_size,
+                      max_record_bytes], sort_keys=True)
     return hashlib.sha256(key.encode()).hexdigest()
 
 
@@ -171,9 +192,12 @@ def _resolve(item: tuple[Any, Any]) -> tuple[Any, Any]:
 def process_partition(inputs: str | list[str], output: str, transform: str, *, partition: str | None = None,
                       workers: int | None = None, shard_size: int = DEFAULT_SHARD_SIZE,
                       max_bad_fraction: float = DEFAULT_MAX_BAD_FRACTION, check_bad: bool = True,
-                      log: Log = print, pool: "_Pool | None" = None) -> dict[str, Any]:
+                      log: Log = print, pool: "_Pool | None" = None,
+                      max_record_bytes: int = DEFAULT_MAX_RECORD_BYTES) -> dict[str, Any]:
     """Preprocess one input partition (a URL or a list of URLs) into ``output/parts/<partition>/``.
 
+    A record (line, .npy row) above ``max_record_bytes`` is quarantined without being read
+    into memory (see :mod:`dtrain.preprocess.inputs` for what each format bounds).
     Returns the partition summary (primitives only: what the operator pushes to XCom).
     Raises :class:`TooManyBadRecords` when this partition alone is above the threshold
     (``check_bad=False`` leaves that check to :func:`finalize_dataset`, which then writes
@@ -184,12 +208,12 @@ def process_partition(inputs: str | list[str], output: str, transform: str, *, p
         raise SpecError("input", inputs, "a URL or a non-empty list of URLs")
     partition = partition or partition_name(urls[0] if len(urls) == 1 else "|".join(urls))
     ident = validate(transform=transform, workers=workers, shard_size=shard_size,
-                     max_bad_fraction=max_bad_fraction, partition=partition)
+                     max_bad_fraction=max_bad_fraction, partition=partition, max_record_bytes=max_record_bytes)
     files = [f for url in urls for f in expand_input(url)]
     workers = min(workers or default_workers(), 64)
     store = Store(output)
     pdir = shardfmt.part_dir(partition)
-    fingerprint = _partition_fingerprint(ident, files, shard_size)
+    fingerprint = _partition_fingerprint(ident, files, shard_size, max_record_bytes)
 
     done = shardfmt.read_json(store, f"{pdir}/{shardfmt.PARTITION_DONE}")
     if done and done.get("fingerprint") == fingerprint and all(
@@ -204,9 +228,9 @@ def process_partition(inputs: str | list[str], output: str, transform: str, *, p
 
     def tasks() -> Iterator[tuple[str, dict | None]]:
         for file_index, file in enumerate(files):
-            for chunk in iter_chunks(file, shard_size):
+            for chunk in iter_chunks(file, shard_size, max_record_bytes):
                 name = f"shard-{file_index:04d}-{chunk.index:05d}"
-                fp = _chunk_fingerprint(ident, file, chunk.index, shard_size)
+                fp = _chunk_fingerprint(ident, file, chunk.index, shard_size, max_record_bytes)
                 old = shardfmt.read_shard_index(store, partition, name)
                 if old and old.get("fingerprint") == fp and shardfmt.shard_intact(store, old, verify=True):
                     stats["kept"] += 1
@@ -242,7 +266,7 @@ def process_partition(inputs: str | list[str], output: str, transform: str, *, p
     store.write_text(f"{pdir}/{shardfmt.QUARANTINE}", "".join(json.dumps(q, sort_keys=True) + "\n" for q in quarantine))
     summary = {
         "name": partition, "inputs": urls, "files": [f.url for f in files], "fingerprint": fingerprint,
-        "transform": ident, "shard_size": shard_size,
+        "transform": ident, "shard_size": shard_size, "max_record_bytes": max_record_bytes,
         "records": sum(s["records"] for s in shards), "samples": sum(s["num_samples"] for s in shards),
         "dropped": sum(s["dropped"] for s in shards), "bad": len(quarantine),
         "input_bytes": sum(f.size for f in files),
@@ -347,17 +371,18 @@ def _common_fields(shards: list[dict[str, Any]]) -> dict[str, Any]:
 
 def preprocess(inputs: list[str], output: str, transform: str, *, workers: int | None = None,
                shard_size: int = DEFAULT_SHARD_SIZE, max_bad_fraction: float = DEFAULT_MAX_BAD_FRACTION,
-               log: Log = print) -> dict[str, Any]:
+               log: Log = print, max_record_bytes: int = DEFAULT_MAX_RECORD_BYTES) -> dict[str, Any]:
     """Every input URL as its own partition, then finalize: what ``dtrain preprocess`` runs."""
     validate(transform=transform, workers=workers, shard_size=shard_size,
-             max_bad_fraction=max_bad_fraction, partition=None)
+             max_bad_fraction=max_bad_fraction, partition=None, max_record_bytes=max_record_bytes)
     for url in inputs:
         expand_input(url)  # every input is checked before the first one is processed
     pool = _Pool(min(workers or default_workers(), 64))  # one pool for every partition: spawn once
     ok = False
     try:
         summaries = [process_partition(url, output, transform, workers=workers, shard_size=shard_size,
-                                       max_bad_fraction=max_bad_fraction, check_bad=False, log=log, pool=pool)
+                                       max_bad_fraction=max_bad_fraction, check_bad=False, log=log, pool=pool,
+                                       max_record_bytes=max_record_bytes)
                      for url in inputs]
         ok = True
     finally:

@@ -13,10 +13,11 @@ from typing import Any, Callable
 import numpy as np
 
 from dtrain.preprocess import shardfmt
+from dtrain.preprocess.errors import RecordTooLarge
+from dtrain.preprocess.inputs import EXCERPT, OversizedRecord
 from dtrain.preprocess.store import Store
 from dtrain.preprocess.transform import resolve
 
-EXCERPT = 200
 _transforms: dict[str, Callable] = {}
 _stores: dict[str, Store] = {}
 
@@ -34,6 +35,8 @@ def init_worker() -> None:
 
 
 def _parse(fmt: str, raw: Any, header: list[str] | None) -> Any:
+    if isinstance(raw, OversizedRecord):  # the reader skipped it: there is nothing to parse
+        raise RecordTooLarge(raw.reason())
     if fmt == "jsonl":
         return json.loads(raw.decode("utf-8"))
     if fmt == "csv":
@@ -48,6 +51,8 @@ def _parse(fmt: str, raw: Any, header: list[str] | None) -> Any:
 
 
 def _excerpt(raw: Any) -> str | None:
+    if isinstance(raw, OversizedRecord):
+        raw = raw.head
     if isinstance(raw, bytes):
         return raw[:EXCERPT].decode("utf-8", "replace").rstrip("\r\n")
     return None
