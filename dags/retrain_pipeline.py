@@ -1,4 +1,4 @@
-"""retrain_pipeline: preprocess -> stage -> preflight -> train -> evaluate -> publish.
+"""retrain_pipeline: check_params -> preprocess -> stage -> preflight -> train -> evaluate -> publish.
 
 Scheduled (``@daily`` by default), triggered from the UI with parameters, or backfilled
 over past dates. Every path a run touches is keyed by dataset version and the run's
@@ -20,6 +20,7 @@ from airflow.sdk import DAG, Asset, Param, get_current_context, task
 
 from dtrain.launch.operator import DistributedTrainingOperator
 from dtrain.pipeline.config import load_config, partition_of
+from dtrain.pipeline.params import DATASET_VERSION_PATTERN, FINITE, MAX_RANKS_ENV, OVERSUBSCRIPTION
 from dtrain.pipeline.publish import previous_model
 from dtrain.preflight.operator import PreflightOperator
 from dtrain.preprocess.operator import PreprocessFinalizeOperator, PreprocessOperator
@@ -36,7 +37,13 @@ PART = "{{ partition(dag_run) }}"
 # A retry of the run keeps clear_number and so resumes from its checkpoints; clearing the run
 # (a rerun, e.g. a backfill with --reprocess-behavior completed) trains afresh in a new directory.
 RUN_DIR = os.path.join(CFG.runs_root, VERSION, PART, "run-{{ dag_run.clear_number or 0 }}")
+BACKEND_OPTIONS = {"ssh": {"conn_id": CFG.ssh_conn_id}}
 
+# The schemas are enforced when a run is triggered (UI, REST, backfill: a 400, no run); FINITE
+# refuses NaN, and DATASET_VERSION_PATTERN's end anchor a trailing newline (dtrain/pipeline/params.py).
+# The first task, check_params, does what a schema cannot: converts 2.0 to 2, refuses unknown
+# keys and checks the worker's limits (backend=local ranks) before any data is touched.
+# Integer params are rendered with `| int`: a JSON-schema integer may arrive as 2.0.
 PARAMS = {
     "nodes": Param(2, type="integer", minimum=1, maximum=64, title="Nodes",
                    description="Nodes to train on (simulated on one host with backend=local)."),
@@ -45,14 +52,16 @@ PARAMS = {
     "distribution": Param("pytorch", type="string", enum=["pytorch", "deepspeed"], title="Distribution",
                           description="pytorch = DDP through torchrun; deepspeed = ZeRO stage 2."),
     "epochs": Param(20, type="integer", minimum=1, maximum=500, title="Epochs"),
-    "base_lr": Param(0.05, type="number", exclusiveMinimum=0, maximum=10, title="Base learning rate",
+    "base_lr": Param(0.05, type="number", exclusiveMinimum=0, maximum=10, **FINITE, title="Base learning rate",
                      description="Learning rate at a global batch of 32; scaled linearly with the global "
                                  "batch (nodes x procs x 32), with warmup. The scaled rate is in the train log."),
-    "dataset_version": Param("v1", type="string", pattern="^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$",
+    "dataset_version": Param("v1", type="string", pattern=DATASET_VERSION_PATTERN,
                              title="Dataset version", description="Raw data under <raw>/<version>/<date>/."),
     "backend": Param("local", type="string", enum=["local", "ssh", "slurm"], title="Backend",
-                     description="local = this host; ssh = hosts of the DTRAIN_SSH_CONN_ID connection; slurm = sbatch."),
-    "min_accuracy": Param(0.9, type="number", minimum=0, maximum=1, title="Minimum test accuracy to publish"),
+                     description=f"local = this host (nodes x procs_per_node: at most {OVERSUBSCRIPTION} per CPU "
+                                 f"core or GPU of the worker, or {MAX_RANKS_ENV}); ssh = hosts of the "
+                                 "DTRAIN_SSH_CONN_ID connection; slurm = sbatch."),
+    "min_accuracy": Param(0.9, type="number", minimum=0, maximum=1, **FINITE, title="Minimum test accuracy to publish"),
 }
 
 
@@ -78,6 +87,18 @@ with DAG(
     doc_md=__doc__,
 ) as dag:
 
+    # No retry: bad params stay bad. Cheap: runs before any data is read, preprocessed or staged.
+    @task(retries=0)
+    def check_params() -> dict:
+        """Check the run's params beyond their schemas, on this worker, before anything else runs."""
+        from dtrain.pipeline.params import check_launch
+        from dtrain.pipeline.params import check_params as check
+
+        values = check(get_current_context()["params"], {name: param.schema for name, param in PARAMS.items()})
+        spec = check_launch(values, BACKEND_OPTIONS, deepspeed_config(values))
+        print(f"check_params: {json.dumps(values)}; world size {spec.world_size} on backend={spec.backend}")
+        return values
+
     # No retry: a partition with no data fails at once and frees the run slot; rerun it once data lands.
     @task(retries=0)
     def list_raw_inputs(raw_url: str) -> list[str]:
@@ -94,6 +115,7 @@ with DAG(
             raise FileNotFoundError(f"no raw data at {raw_url}: nothing to train on for this partition")
         return [protocol + p if protocol and not p.startswith(protocol) else p for p in files]
 
+    checked = check_params()
     raw_inputs = list_raw_inputs(f"{CFG.raw_url}/{VERSION}/{PART}/")
 
     preprocess = PreprocessOperator.partial(
@@ -109,11 +131,11 @@ with DAG(
     stage = StageToSharedFSOperator(
         task_id="stage", source=f"{CFG.processed_url}/{VERSION}/{PART}/",
         destination=os.path.join(CFG.datasets_root, VERSION), dataset_version=PART,
-        aws_conn_id=CFG.aws_conn_id, epoch_seconds=30, nodes="{{ params.nodes }}", outlets=[STAGED_DATASET],
+        aws_conn_id=CFG.aws_conn_id, epoch_seconds=30, nodes="{{ params.nodes | int }}", outlets=[STAGED_DATASET],
     )
 
-    common = {"nodes": "{{ params.nodes }}", "procs_per_node": "{{ params.procs_per_node }}",
-              "backend": "{{ params.backend }}", "backend_options": {"ssh": {"conn_id": CFG.ssh_conn_id}}}
+    common = {"nodes": "{{ params.nodes | int }}", "procs_per_node": "{{ params.procs_per_node | int }}",
+              "backend": "{{ params.backend }}", "backend_options": BACKEND_OPTIONS}
 
     preflight = PreflightOperator(
         task_id="preflight", manifest_path="{{ ti.xcom_pull(task_ids='stage')['manifest_path'] }}",
@@ -124,7 +146,7 @@ with DAG(
         task_id="train",
         command=["python", "-m", "dtrain.training.reference.train_digits",
                  "--shards", "{{ ti.xcom_pull(task_ids='stage')['destination'] }}",
-                 "--epochs", "{{ params.epochs }}", "--base-lr", "{{ params.base_lr }}",
+                 "--epochs", "{{ params.epochs | int }}", "--base-lr", "{{ params.base_lr }}",
                  "--init-from", "{{ previous_model(models_root, params.dataset_version, partition(dag_run)) }}",
                  "--output", os.path.join(RUN_DIR, "model.pt")],
         distribution="{{ params.distribution }}",
@@ -162,7 +184,7 @@ with DAG(
               f"(test accuracy {metrics['evaluated_accuracy']})")
         return published
 
-    raw_inputs >> preprocess
+    checked >> raw_inputs >> preprocess
     dataset >> stage >> preflight >> train
     publish(evaluate(train.output))
 

@@ -25,14 +25,19 @@ def models(env: dict[str, str]) -> str:
 
 
 def test_a_dags_test_runs_the_whole_pipeline(airflow_db, pipeline_env, capsys):
+    # The embedded defaults, with the integers as a JSON client may send them (2.0 is a JSON-schema
+    # integer): they must reach every task as 2 and 20 (train_digits parses --epochs with int()).
+    conf = json.dumps({"nodes": 2.0, "procs_per_node": 2.0, "epochs": 20.0})
     started = time.monotonic()
-    proc = subprocess.run([os.path.join(BIN, "airflow"), "dags", "test", "retrain_pipeline", "2026-01-01"],
-                          env=pipeline_env, capture_output=True, text=True, timeout=900)
+    proc = subprocess.run([os.path.join(BIN, "airflow"), "dags", "test", "retrain_pipeline", "2026-01-01",
+                           "--conf", conf], env=pipeline_env, capture_output=True, text=True, timeout=900)
     elapsed = time.monotonic() - started
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
     published = os.path.join(models(pipeline_env), "2026-01-01")
     metrics = json.load(open(os.path.join(published, "metrics.json")))
     assert metrics["world_size"] == 4  # the embedded default: 2 nodes x 2 processes
+    assert metrics["epochs"] == 20
+    assert 'check_params: {"nodes": 2, "procs_per_node": 2, "distribution": "pytorch", "epochs": 20,' in proc.stdout
     assert metrics["evaluated_accuracy"] >= 0.95
     assert os.path.isfile(os.path.join(published, "model.pt"))
     staged = os.path.join(pipeline_env["DTRAIN_SHARED_FS"], "datasets", "v1", "2026-01-01")
@@ -48,7 +53,11 @@ def test_a_dags_test_runs_the_whole_pipeline(airflow_db, pipeline_env, capsys):
 def test_b_rest_trigger_with_params_and_asset_scheduled_evaluation(standalone, capsys):
     status, runs_before = standalone.request("GET", "/dags/retrain_pipeline/dagRuns")
     assert status == 200
-    for bad in ({"nodes": 0}, {"distribution": "horovod"}, {"dataset_version": "../../etc"}, {"epochs": "many"}):
+    # NaN goes out as the bare literal NaN (json.dumps), which the API server's JSON parser accepts;
+    # the FINITE schema keyword refuses it, and the end anchor a trailing newline (tests/pipeline/test_params.py).
+    for bad in ({"nodes": 0}, {"distribution": "horovod"}, {"dataset_version": "../../etc"}, {"epochs": "many"},
+                {"base_lr": float("nan")}, {"min_accuracy": float("nan")}, {"base_lr": float("-inf")},
+                {"dataset_version": "v1\n"}):
         status, body = standalone.request("POST", "/dags/retrain_pipeline/dagRuns",
                                           {"logical_date": "2026-02-01T00:00:00Z", "conf": bad})
         assert 400 <= status < 500, (bad, status, body)
