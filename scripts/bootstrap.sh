@@ -29,6 +29,10 @@ if [ ! -f "$stamp" ]; then
   "$VPY" -m pip install -q --upgrade pip setuptools wheel
   "$VPY" -m pip install -q "torch==2.13.0"
   "$VPY" -m pip install -q -c constraints.txt -e ".[test]"
+  # The editable build leaves its egg-info in the source root, which the editable install puts on
+  # sys.path: Airflow would then read every entry point twice (and report the plugin "already
+  # registered"). The installed dist-info in the venv is the metadata that counts.
+  rm -rf operators/*.egg-info
   rm -f .venv/.dtrain-installed-*
   touch "$stamp"
 fi

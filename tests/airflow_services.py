@@ -169,7 +169,7 @@ class AirflowServices:
             path = f"{base}/{ti['task_id']}/logs/{max(ti['try_number'], 1)}?map_index={ti['map_index']}&full_content=true"
             status, body = self.request("GET", path)
             content = body.get("content", []) if status == 200 else []
-            text = "\n".join(str(item.get("event", item)) if isinstance(item, dict) else str(item) for item in content)
+            text = "\n".join(_log_line(item) for item in content)
             text = text or f"(no log: HTTP {status})"
             out.append(f"--- {ti['task_id']}[{ti['map_index']}] try {ti['try_number']}:\n{text[-3000:]}")
         return "\n".join(out) or "\n".join(f"--- {n}:\n{self.log(n)[-3000:]}" for n in self.procs)
@@ -201,3 +201,16 @@ class AirflowServices:
             except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
                 continue
         self.procs.clear()
+
+
+def _log_line(item) -> str:
+    """One task-log entry as text, with the exception when Airflow logged one (error_detail)."""
+    if not isinstance(item, dict):
+        return str(item)
+    line = str(item.get("event", item))
+    for detail in item.get("error_detail") or []:
+        if isinstance(detail, dict):
+            line += f"\n  {detail.get('exc_type')}: {detail.get('exc_value')}"
+            frames = detail.get("frames") or []
+            line += "".join(f"\n    {f.get('filename')}:{f.get('lineno')} {f.get('name')}" for f in frames[-6:])
+    return line

@@ -59,3 +59,36 @@ def load_test_dag(filename: str, dag_id: str):
         if getattr(value, "dag_id", None) == dag_id and hasattr(value, "test"):
             return value
     raise LookupError(f"no DAG {dag_id!r} in {path}")
+
+
+@pytest.hookimpl(wrapper=True, tryfirst=True)
+def pytest_runtest_makereport(item, call):
+    """Keep each phase's report on the test item, for the leftover check below."""
+    report = yield
+    setattr(item, f"rep_{report.when}", report)
+    return report
+
+
+@pytest.fixture(autouse=True)
+def no_job_process_outlives_the_test(request):
+    """A finalizer for every test: whatever a test started that carries a job id (ranks, agents,
+    detached nodes, a rank's escaped children) is stopped when the test ends, pass or fail. A test
+    that passed but left one fails: that is a leak of the product, not of the test. Only this
+    session's jobs count (their run directories lie under its temp dirs): other runs on the
+    machine are none of its business."""
+    yield
+    from dtrain.launch.proctree import kill_processes, processes_where
+
+    ours = (str(request.config._tmp_path_factory.getbasetemp()), _home)
+    left = processes_where(lambda environ: "DTRAIN_JOB_ID" in environ
+                           and environ.get("DTRAIN_RUN_DIR", "").startswith(ours))
+    if left:
+        import psutil
+
+        _, left = psutil.wait_procs(left, timeout=15)  # a job that just ended is still exiting
+    if left:
+        described = [f"{p.pid} {' '.join(p.cmdline())[:120]}" for p in left if p.is_running()]
+        kill_processes(left, grace=5.0)
+        call = getattr(request.node, "rep_call", None)
+        if call is not None and call.passed and described:
+            pytest.fail(f"processes of a job outlived the test (now stopped): {described}")

@@ -25,6 +25,14 @@ def ssh_spec(cluster, tmp_path, *args, procs=2):
                                                       **cluster.ssh_settings()}, device="cpu", workdir=REPO, run_dir=str(tmp_path / "run"))
 
 
+def process_name(proc: psutil.Process) -> str | None:
+    """Its name, or None once it is gone (a child can exit between listing and asking)."""
+    try:
+        return proc.name()
+    except psutil.NoSuchProcess:
+        return None
+
+
 def job_pids(job_id: str) -> set[int]:
     """Every live process of the job on every "host" (they all run on this machine)."""
     found = set()
@@ -96,7 +104,7 @@ def test_ssh_deferred_failure_stops_the_other_host_and_raises_with_tail(ssh_clus
     op, trigger = defer(spec)
     job_id = op._dtrain_submission["job_id"]
     # The task holds nothing while deferred: no ssh client of ours; the nodes run detached.
-    assert not [p for p in psutil.Process().children(recursive=True) if p.name() == "ssh"]
+    assert not [p for p in psutil.Process().children(recursive=True) if process_name(p) == "ssh"]
     event = first_event(rebuilt(trigger))
     assert event["status"] == "failed" and event["exit_code"] != 0
     with pytest.raises(LaunchError) as info:
