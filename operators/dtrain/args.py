@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 from typing import Any, Mapping
 
+from dtrain import grammar
 from dtrain.errors import SpecError
 
 
@@ -32,16 +33,25 @@ def mapping_arg(name: str, value: Any, *, not_json: str, not_mapping: str, secre
 
 
 def coerce_int(name: str, value: Any, *, minimum: int | None = None, maximum: int | None = None) -> int:
-    """Convert ``value`` (an int or a string of digits from a template) to int, within bounds."""
+    """Convert ``value`` (an int, or text from a template) to int, within bounds.
+
+    An integral float, or its text (``2.0``, ``"2.0"``: what a UI param typed as a JSON-schema
+    integer can render as), is converted; ``2.5``, NaN and the infinities are refused.
+    """
     if isinstance(value, bool):
         raise SpecError(name, value, "an integer is required, not a boolean")
     if isinstance(value, str):
         text = value.strip()
         try:
             value = int(text)
-        except ValueError as e:
-            raise SpecError(name, text, "an integer is required") from e
-    elif isinstance(value, float) and value.is_integer():
+        except ValueError:
+            try:
+                value = float(text)
+            except ValueError as e:
+                raise SpecError(name, text, "an integer is required") from e
+    if isinstance(value, float):
+        if not value.is_integer():  # NaN and inf are not integers either
+            raise SpecError(name, value, "an integer is required")
         value = int(value)
     if not isinstance(value, int):
         raise SpecError(name, value, "an integer is required")
@@ -52,13 +62,11 @@ def coerce_int(name: str, value: Any, *, minimum: int | None = None, maximum: in
     return value
 
 
-def coerce_float(name: str, value: Any, *, minimum: float = 0.0) -> float:
-    try:
-        number = float(value)
-    except (TypeError, ValueError) as e:
-        raise SpecError(name, value, "a number is required") from e
+def coerce_float(name: str, value: Any, *, minimum: float = 0.0, maximum: float = 1e9) -> float:
+    """A finite number in (minimum, maximum]."""
+    number = grammar.finite(name, value, minimum=minimum, maximum=maximum)
     if number <= minimum:
-        raise SpecError(name, value, f"must be greater than {minimum}")
+        raise SpecError(name, value, f"must be greater than {minimum:g}")
     return number
 
 
@@ -90,9 +98,5 @@ def coerce_argv(name: str, value: Any) -> list[str]:
 def coerce_env(name: str, value: Any) -> dict[str, str]:
     value = mapping_arg(name, value, not_json="a mapping of strings (or a JSON object string) is required",
                         not_mapping="a mapping of variable name to string is required")
-    env = {}
-    for key, item in value.items():
-        if not isinstance(key, str) or not key or "=" in key or "\0" in key:
-            raise SpecError(f"{name} key", key, "a variable name without '=' or NUL")
-        env[key] = str(item)
-    return env
+    return {grammar.env_name(f"{name} key", key): grammar.env_value(f"{name}[{key!r}]", item)
+            for key, item in value.items()}

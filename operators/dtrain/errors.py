@@ -19,6 +19,10 @@ class SpecError(DTrainError, ValueError):
         self.allowed = allowed
         super().__init__(f"{field}={value!r} is invalid: {allowed}")
 
+    def __reduce__(self):
+        # Rebuilt from its three fields (it crosses process boundaries: pools, Airflow's task runner).
+        return type(self), (self.field, self.value, self.allowed)
+
 
 class LaunchError(DTrainError):
     """A launched job failed. Carries the failing rank's exit code and output tail."""

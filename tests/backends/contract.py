@@ -102,6 +102,19 @@ class BackendContract:
         assert any("failing on purpose" in line for line in result.tail)
         self.assert_nothing_left(infra, result.job_id)
 
+    def test_a_child_that_left_the_session_dies_with_the_job(self, infra, tmp_path):
+        """A rank's ``setsid`` child outlives the rank (re-parented to init): teardown still finds
+        it by the job id in its environment, on every host."""
+        spec = self.spec(infra, tmp_path, "--escape")
+        lines: list[str] = []
+        result = Launcher(spec, sink=lines.append).run()
+        assert result.exit_code == 0, "\n".join(lines[-40:])
+        out = tmp_path / "out"
+        escaped = [int((out / name).read_text()) for name in os.listdir(out) if name.startswith("escaped")]
+        assert len(escaped) == self.nodes * self.procs_per_node
+        assert poll_until(lambda: alive(escaped) == [], 30), f"escaped children still running: {alive(escaped)}"
+        self.assert_nothing_left(infra, result.job_id)
+
     def test_stop_leaves_no_process(self, infra, tmp_path):
         spec = self.spec(infra, tmp_path, "--hang")
         lines: list[str] = []

@@ -84,3 +84,24 @@ def test_arguments_with_shell_metacharacters_reach_the_script_verbatim(out_dir, 
     assert len(records) == 2
     assert all(r["argv"] == hostile for r in records.values())
     assert not pwned.exists()
+
+
+def test_every_rank_line_reaches_the_cli_whole(tmp_path):
+    """4 ranks x 3,000 lines through `dtrain launch`: no two lines glued, none lost or cut."""
+    import re
+
+    lines_per_rank = 3000
+    proc = subprocess.run(
+        [os.path.join(os.path.dirname(sys.executable), "dtrain"), "launch", "--nodes", "2", "--procs-per-node", "2",
+         "--run-dir", str(tmp_path / "run"), "--", script("chatty.py"), str(lines_per_rank)],
+        capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    pattern = re.compile(r"\[node\d rank(\d)\] chatty rank=(\d) line=(\d+) x{200} end")
+    seen: dict[int, list[int]] = {r: [] for r in range(4)}
+    for line in proc.stdout.splitlines():
+        if "chatty" not in line:
+            continue
+        match = pattern.fullmatch(line)
+        assert match and match.group(1) == match.group(2), f"a damaged line: {line[:300]!r}"
+        seen[int(match.group(2))].append(int(match.group(3)))
+    assert all(sorted(numbers) == list(range(lines_per_rank)) for numbers in seen.values())

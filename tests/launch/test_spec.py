@@ -106,3 +106,82 @@ def test_spec_is_checked_before_any_process_starts(tmp_path):
     with pytest.raises(SpecError):
         LaunchSpec(command=OK, nodes=0, run_dir=str(run_dir))
     assert not run_dir.exists()
+
+
+HOSTILE_ENV_KEYS = ["$(touch /tmp/dtrain-pwned)X", "BAD KEY", "1X", "A\nB", "A=B", "", "X\0", "ÄX", "X;Y", "X\n"]
+CONTRACT_KEYS = ["MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE", "RANK", "LOCAL_RANK", "NODE_RANK", "GROUP_RANK",
+                 "DTRAIN_RUN_DIR", "DTRAIN_JOB_ID", "PET_NODE_RANK", "SLURM_NODEID", "OMPI_COMM_WORLD_RANK",
+                 "TORCHELASTIC_RESTART_COUNT"]
+
+
+@pytest.mark.parametrize("key", HOSTILE_ENV_KEYS)
+def test_env_keys_follow_the_shell_grammar(key):
+    with pytest.raises(SpecError) as err:
+        LaunchSpec(command=OK, env={key: "1"})
+    assert err.value.field == "env key" and "^[A-Za-z_][A-Za-z0-9_]*$" in err.value.allowed
+
+
+@pytest.mark.parametrize("key", CONTRACT_KEYS)
+def test_contract_variables_cannot_be_overridden(key):
+    with pytest.raises(SpecError) as err:
+        LaunchSpec(command=OK, env={key: "7"})
+    assert err.value.field == "env key" and "does not set itself" in err.value.allowed
+
+
+@pytest.mark.parametrize("value", ["nan", "inf", "-inf", float("nan"), 0.5, 0, -1, "1e12", "soon"])
+def test_rdzv_timeout_is_a_finite_number_of_seconds(value):
+    with pytest.raises(SpecError) as err:
+        LaunchSpec(command=OK, rdzv_timeout=value)
+    assert err.value.field == "rdzv_timeout"
+
+
+@pytest.mark.parametrize("value, expected", [("2.0", 2), (2.0, 2), (" 3 ", 3)])
+def test_integral_floats_from_rendered_params_are_converted(value, expected):
+    assert LaunchSpec(command=OK, nodes=value).nodes == expected
+
+
+@pytest.mark.parametrize("value", ["2.5", 2.5, "nan", float("inf"), True])
+def test_non_integral_node_counts_are_refused(value):
+    with pytest.raises(SpecError) as err:
+        LaunchSpec(command=OK, nodes=value)
+    assert err.value.field == "nodes"
+
+
+def test_a_deeply_nested_deepspeed_config_is_refused_without_recursion(tmp_path):
+    deep = "{\"a\": " * 100_000 + "1" + "}" * 100_000
+    path = tmp_path / "ds.json"
+    path.write_text(deep)
+    for value in (deep, str(path)):
+        with pytest.raises(SpecError) as err:
+            resolve_deepspeed_config(value, 1)
+        assert err.value.field == "deepspeed_config" and "levels of nesting" in err.value.allowed
+    nested: dict = {"train_batch_size": 1}
+    node = nested
+    for _ in range(1000):
+        node["x"] = {}
+        node = node["x"]
+    with pytest.raises(SpecError, match="levels of nesting"):
+        resolve_deepspeed_config(nested, 1)
+    strings = '{"train_batch_size": 1, "note": "' + "[{" * 1000 + '"}'  # brackets inside a string do not nest
+    assert resolve_deepspeed_config(strings, 1)["train_batch_size"] == 1
+
+
+@pytest.mark.parametrize("argv, field", [
+    (["--env", "$(touch {p})X=1"], "env key"),
+    (["--env", "NODE_RANK=5"], "env key"),
+    (["--rdzv-timeout", "nan"], "rdzv_timeout"),
+    (["--rdzv-timeout", "0.5"], "rdzv_timeout"),
+    (["--backend", "slurm", "--env", "A\nB=1"], "env key"),
+])
+def test_cli_refuses_bad_input_with_exit_2_before_creating_anything(tmp_path, argv, field):
+    import os
+    import subprocess
+    import sys
+
+    pwned, run_dir = tmp_path / "pwned", tmp_path / "run"
+    argv = [a.format(p=pwned) for a in argv]
+    proc = subprocess.run([os.path.join(os.path.dirname(sys.executable), "dtrain"), "launch", *argv,
+                           "--run-dir", str(run_dir), "--", *OK], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2, proc.stderr
+    assert f"{field}=" in proc.stderr and "Traceback" not in proc.stderr
+    assert not run_dir.exists() and not pwned.exists()

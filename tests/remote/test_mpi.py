@@ -96,3 +96,14 @@ def test_dtrain_launch_mpi_on_this_host_passes_options_and_exit_status(tmp_path)
     refused = subprocess.run([dtrain, "launch", "--distribution", "mpi", "--mpi-option=--mca plm_rsh_agent /bin/sh",
                               "--", *train_command("--start-only")], capture_output=True, text=True, timeout=60)
     assert refused.returncode != 0 and "plm_rsh_agent" in refused.stderr
+
+
+def test_a_run_dir_with_blanks_is_refused_before_anything_is_created(ssh_cluster, tmp_path):
+    from dtrain.errors import SpecError
+
+    run_dir = tmp_path / "with blank"
+    with pytest.raises(SpecError) as err:
+        LaunchSpec(command=["true"], nodes=2, procs_per_node=2, backend="ssh", distribution="mpi", device="cpu",
+                   backend_options={"hostfile": ssh_cluster.hostfile(2), **ssh_cluster.ssh_settings()},
+                   run_dir=str(run_dir))
+    assert err.value.field == "run_dir" and not run_dir.exists()

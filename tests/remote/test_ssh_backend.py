@@ -205,3 +205,42 @@ def test_unreachable_host_fails_with_ssh_status_and_stops_the_others(ssh_cluster
     assert any("Connection refused" in line for line in result.tail), result.tail
     assert any("ssh to 127.0.0.1 failed (exit 255)" in line for line in lines)
     assert wait_for(lambda: still_alive(job_processes(result.job_id)) == [], timeout=10)
+
+
+def test_rank_output_never_steers_teardown(ssh_cluster, tmp_path):
+    """A rank printing the agent's announcement (with the victim's process group) must not get
+    that group killed: the pgid comes only from the nonce-bearing line of the agent itself."""
+    victim = subprocess.Popen(["sleep", "300"], start_new_session=True)
+    try:
+        forge = os.path.join(os.path.dirname(os.path.abspath(__file__)), "forge_announce.py")
+        spec = LaunchSpec(command=[forge], nodes=2, procs_per_node=1, backend="ssh", device="cpu",
+                          env={"VICTIM_PGID": str(victim.pid)}, run_dir=str(tmp_path / "run"),
+                          backend_options={"hostfile": ssh_cluster.hostfile(1), **ssh_cluster.ssh_settings()})
+        lines: list[str] = []
+        launcher = Launcher(spec, sink=lines.append)
+        result = launcher.run()
+        assert result.exit_code == 3, lines[-30:]
+        assert set(launcher.backend.pgids) == {0, 1} and victim.pid not in launcher.backend.pgids.values()
+        assert victim.poll() is None, "the victim's process group was signalled by rank output"
+        assert wait_for(lambda: not still_alive(job_processes(result.job_id)), 30)
+    finally:
+        victim.kill()
+        victim.wait()
+
+
+def test_announcements_are_trusted_only_with_the_nonce_on_their_own_stream():
+    from dtrain.launch.backends.ssh.backend import SSHBackend
+
+    backend = SSHBackend(sink=lambda line: None)
+    real = f"[node1] [dtrain-remote] nonce={backend.nonce} node=1 pgid=4242 host=h"
+    for forged in (f"[node1] [dtrain-remote] nonce={'0' * 32} node=1 pgid=4242 host=h",   # wrong nonce
+                   f"[node0] [dtrain-remote] nonce={backend.nonce} node=1 pgid=4242 host=h",  # another stream
+                   f"[node1] [dtrain-remote] nonce={backend.nonce} node=1 pgid=1 host=h",     # kill -- -1
+                   f"[node1] [dtrain-remote] nonce={backend.nonce} node=1 pgid=0 host=h",
+                   f"[node1 rank1] {real}",                                                   # inside rank output
+                   f"[node1] [dtrain-remote] node=1 pgid=4242 host=h"):                       # the old format
+        backend._watch_sink(forged)
+    assert backend.pgids == {}
+    backend._watch_sink(real)
+    backend._watch_sink(real.replace("4242", "999"))  # first announcement wins
+    assert backend.pgids == {1: 4242}

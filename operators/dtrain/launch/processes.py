@@ -13,6 +13,7 @@ import collections
 import os
 import signal
 import subprocess
+import sys
 import threading
 import time
 from dataclasses import dataclass, field
@@ -37,8 +38,15 @@ LineSink = Callable[[str], None]
 TAIL_LINES = 40
 
 
+_STDOUT_LOCK = threading.Lock()
+
+
 def print_sink(line: str) -> None:
-    print(line, flush=True)
+    """Write one whole line to stdout. Every node has its own reader thread, and ``print`` writes
+    the text and the newline separately: without one locked write per line, two ranks' lines glue."""
+    with _STDOUT_LOCK:
+        sys.stdout.write(line + "\n")
+        sys.stdout.flush()
 
 
 @dataclass
@@ -53,8 +61,10 @@ class NodeProcess:
 class NodeSupervisor:
     """Starts ``argvs[i]`` for node i and watches them until all succeed or one fails."""
 
-    def __init__(self, sink: LineSink = print_sink, poll_interval: float = 0.02, grace_seconds: float = 5.0):
+    def __init__(self, sink: LineSink = print_sink, poll_interval: float = 0.02, grace_seconds: float = 5.0,
+                 job_id: str | None = None):
         self.sink = sink
+        self.job_id = job_id  # teardown also stops processes of the job that left the tree
         self.poll_interval = poll_interval
         self.grace_seconds = grace_seconds
         self.nodes: list[NodeProcess] = []
@@ -151,6 +161,10 @@ class NodeSupervisor:
                 node.proc.wait(timeout=2.0)
             except subprocess.TimeoutExpired:
                 node.proc.kill()
+        if self.job_id:
+            from dtrain.launch.proctree import kill_job
+
+            kill_job(self.job_id, self.grace_seconds)
         self._drain()
 
     def _snapshot(self) -> list[psutil.Process]:

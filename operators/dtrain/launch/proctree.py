@@ -1,16 +1,30 @@
-"""Stop a whole process tree on this host: SIGTERM every descendant, then SIGKILL what is left.
+"""Stop a job's processes on this host: its process tree, and whatever escaped the tree.
 
 Descendants are signalled one by one rather than by process group, because torchrun gives
-each worker a session of its own. Used on remote hosts by the SSH agents.
+each worker a session of its own. A process that left the tree (``setsid`` and its parent
+gone: re-parented to init) is still found by the ``DTRAIN_JOB_ID`` it inherited in its
+environment. Used by the local supervisor, the SSH agents, the detached nodes and every
+Slurm node task (``python -m dtrain.launch.proctree reap JOB_ID``).
 """
 
 from __future__ import annotations
 
+import argparse
+import os
 import signal
+import sys
 
 
-def kill_tree(root, grace: float) -> None:
-    """``root`` is a psutil.Process; it is not signalled itself, only its descendants."""
+def kill_tree(root, grace: float, job_id: str | None = None, node: int | None = None) -> None:
+    """``root`` is a psutil.Process; it is not signalled itself, only its descendants, and then,
+    with ``job_id``, every other process of that job (and ``node``) on this host: those that
+    left the tree."""
+    _kill_descendants(root, grace)
+    if job_id:
+        kill_job(job_id, grace, node)
+
+
+def _kill_descendants(root, grace: float) -> None:
     import psutil
 
     for attempt in range(2):
@@ -32,3 +46,78 @@ def kill_tree(root, grace: float) -> None:
                     proc.kill()
                 except psutil.NoSuchProcess:
                     pass
+
+
+def job_processes(job_id: str, node: int | None = None) -> list:
+    """This user's processes on this host whose environment says ``DTRAIN_JOB_ID=job_id`` (and
+    ``DTRAIN_NODE_INDEX=node`` when given: two nodes of a job may share a host), except this
+    process and its ancestors (a launcher may carry the variables itself)."""
+    return processes_where(lambda environ: environ.get("DTRAIN_JOB_ID") == job_id
+                           and (node is None or environ.get("DTRAIN_NODE_INDEX") == str(node)))
+
+
+def processes_where(predicate) -> list:
+    """This user's live processes on this host whose environment satisfies ``predicate``, except
+    this process and its ancestors."""
+    import psutil
+
+    me = psutil.Process()
+    spared = {me.pid, *(p.pid for p in me.parents())}
+    found = []
+    for proc in psutil.process_iter(["pid"]):
+        if proc.pid in spared:
+            continue
+        try:
+            if predicate(proc.environ()) and proc.status() != psutil.STATUS_ZOMBIE:
+                found.append(proc)
+        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+            continue
+    return found
+
+
+def kill_job(job_id: str, grace: float, node: int | None = None) -> int:
+    """SIGTERM every process of the job (or of its ``node``) on this host, SIGKILL what is left
+    after ``grace``; returns how many there were."""
+    victims = job_processes(job_id, node)
+    kill_processes(victims, grace)
+    return len(victims)
+
+
+def kill_processes(victims: list, grace: float) -> None:
+    """SIGTERM each of ``victims`` (psutil.Process), SIGKILL those left after ``grace`` seconds."""
+    import psutil
+
+    for proc in victims:
+        _signal(proc, signal.SIGTERM)
+    _, alive = psutil.wait_procs(victims, timeout=grace)
+    for proc in alive:
+        _signal(proc, signal.SIGKILL)
+    psutil.wait_procs(alive, timeout=2.0)
+
+
+def _signal(proc, signum: int) -> None:
+    import psutil
+
+    try:
+        proc.send_signal(signum)
+    except psutil.NoSuchProcess:
+        pass
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m dtrain.launch.proctree")
+    sub = parser.add_subparsers(dest="verb", required=True)
+    reap = sub.add_parser("reap", help="stop every process of a job left on this host")
+    reap.add_argument("job_id")
+    reap.add_argument("--node", type=int, help="only this node's processes (DTRAIN_NODE_INDEX)")
+    reap.add_argument("--grace", type=float, default=5.0)
+    args = parser.parse_args(argv)
+    count = kill_job(args.job_id, args.grace, args.node)
+    if count:
+        print(f"[dtrain] stopped {count} process(es) of job {args.job_id} left on {os.uname().nodename}",
+              file=sys.stderr, flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

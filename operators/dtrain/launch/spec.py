@@ -14,7 +14,8 @@ import shutil
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
 
-from dtrain.args import coerce_argv, coerce_env, coerce_float, coerce_int, mapping_arg
+from dtrain import grammar
+from dtrain.args import coerce_argv, coerce_env, coerce_int, mapping_arg
 from dtrain.errors import SpecError
 from dtrain.launch.backends import backend_for, get_backend_class
 from dtrain.launch.deepspeed_config import resolve_deepspeed_config
@@ -120,7 +121,8 @@ class LaunchSpec:
                                                 not_mapping="a mapping of the backend's options"))
         self.env = coerce_env("env", self.env)
         self.rdzv_port = coerce_int("rdzv_port", self.rdzv_port, minimum=0, maximum=65535)
-        self.rdzv_timeout = coerce_float("rdzv_timeout", self.rdzv_timeout)
+        # torchrun takes whole seconds: below 1 it would be 0 and fail late in the rendezvous.
+        self.rdzv_timeout = grammar.finite("rdzv_timeout", self.rdzv_timeout, minimum=1, maximum=7 * 86400)
         self.max_restarts = coerce_int("max_restarts", self.max_restarts, minimum=0, maximum=100)
         self.device = str(self.device).strip().lower()
         if self.device not in DEVICES:

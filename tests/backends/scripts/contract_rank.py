@@ -1,8 +1,10 @@
 """The contract suite's training script: records this rank's env contract, argv and pid in
 $OUT_DIR/rank<RANK>.json; --fail R C makes rank R exit C once every rank is up; --hang keeps
-the other ranks (or all, without --fail) alive until stopped."""
+the other ranks (or all, without --fail) alive until stopped; --escape starts a child that
+leaves the rank's session (setsid) and outlives the rank, its pid in $OUT_DIR/escaped<RANK>."""
 import json
 import os
+import subprocess
 import sys
 import time
 
@@ -15,6 +17,12 @@ if args[:1] == ["--fail"]:
     fail, args = (int(args[1]), int(args[2])), args[3:]
 if args[:1] == ["--hang"]:
     hang, args = True, args[1:]
+if args[:1] == ["--escape"]:
+    args = args[1:]
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(300)"], start_new_session=True,
+                             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    with open(os.path.join(os.environ["OUT_DIR"], f"escaped{os.environ['RANK']}"), "w") as fh:
+        fh.write(str(child.pid))
 out, rank, world = os.environ["OUT_DIR"], int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
 record = {"env": {k: os.environ.get(k) for k in KEYS}, "argv": args, "pid": os.getpid()}
 tmp = os.path.join(out, f".rank{rank}.tmp")

@@ -103,6 +103,17 @@ class ToyBackend(Backend):
         return JobStatus("RUNNING", False)
 
     def cancel(self, handle):
+        from dtrain.launch.proctree import kill_job
+
+        self._stop_ranks(handle)
+        kill_job(handle.job_id, 5.0)  # what the ranks started outside their sessions
+
+    def release(self, handle):
+        from dtrain.launch.proctree import kill_job
+
+        kill_job(handle.job_id, 5.0)  # a finished job leaves nothing behind either
+
+    def _stop_ranks(self, handle):
         alive = self._alive(handle)
         for proc in alive:
             try:

@@ -61,6 +61,7 @@ class LocalBackend(Backend):
         request = self.dryrun(job, detached=detached)
         base_env = {**os.environ, **request.env}
         envs = [dict(base_env, DTRAIN_NODE_INDEX=str(i)) for i in range(len(request.argvs))]
+        self.supervisor.job_id = job.job_id  # teardown also finds what left the tree
         self.supervisor.start(request.argvs, envs, cwd=job.spec.workdir)
         return JobHandle(backend=self.name, job_id=job.job_id, backend_job_id=job.job_id, run_dir=job.run_dir,
                          world_size=job.spec.world_size, submitted_at=time.time(),

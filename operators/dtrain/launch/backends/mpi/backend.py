@@ -69,6 +69,10 @@ class MPIBackend(Backend):
                                                  "use backend='ssh' with a hostfile for several")
         if shutil.which("mpirun") is None:
             raise SpecError("distribution", "mpi", f"OpenMPI's mpirun on PATH ({cls.install_hint})")
+        remote = not get_backend_class(spec.backend).single_host
+        if remote and spec.run_dir is not None and any(c.isspace() for c in str(spec.run_dir)):
+            # mpirun splits its rsh agent (ssh -F <run_dir>/mpi/ssh_config) on blanks.
+            raise SpecError("run_dir", spec.run_dir, "a path without blanks for mpirun over ssh")
 
     def _mpirun_sink(self, line: str) -> None:
         # The supervisor prefixes lines that are not a rank's with its node index; here the
@@ -114,6 +118,7 @@ class MPIBackend(Backend):
             _write_private(path, text)
         argv = list(request.argvs[0])
         self.sink("[dtrain] mpirun: " + " ".join(argv[: argv.index("-m") - 1]))
+        self.supervisor.job_id = job.job_id  # teardown also finds what left the tree
         self.supervisor.start([argv], [mpirun_env({**os.environ, **request.env})], cwd=job.spec.workdir)
         return JobHandle(backend=self.name, job_id=job.job_id, backend_job_id=job.job_id, run_dir=job.run_dir,
                          world_size=job.spec.world_size, submitted_at=time.time())

@@ -27,6 +27,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import secrets
 import shlex
 import shutil
 import subprocess
@@ -46,7 +47,9 @@ from dtrain.launch.spec import LaunchSpec
 from dtrain.launch.torchrun import Static, agent_argv
 
 REMOTE_AGENT = "dtrain.launch.backends.ssh.remote_agent"
-ANNOUNCE_RE = re.compile(r"\[dtrain-remote\] node=(\d+) pgid=(\d+)")
+# The remote agent's announcement, as the supervisor tags it (node index from the ssh client's
+# own stream), carrying the job's secret nonce; anything else is rank output.
+ANNOUNCE_RE = re.compile(r"\[node(\d+)\] \[dtrain-remote\] nonce=([0-9a-f]{32}) node=(\d+) pgid=(\d+) host=\S+")
 PORT_PROBE = "import socket; s = socket.socket(); s.bind(('', 0)); print(s.getsockname()[1])"
 LOOPBACK_PREFIXES = ("127.", "localhost", "::1")
 DETACHED_POLL_INTERVAL = 2.0
@@ -160,6 +163,7 @@ class SSHBackend(Backend):
     def __init__(self, sink=None, grace_seconds: float = 5.0):
         super().__init__(**({"sink": sink} if sink else {}))
         self.grace_seconds = grace_seconds
+        self.nonce = secrets.token_hex(16)  # known to this launcher and the agents only
         self.supervisor = SSHNodeSupervisor(self._watch_sink, grace_seconds=grace_seconds)
         self.pgids: dict[int, int] = {}
         self.hosts: list[HostEntry] = []
@@ -232,7 +236,7 @@ class SSHBackend(Backend):
                                                pgid_file=os.path.join(job.run_dir, "remote", f"node{i}.pgid"),
                                                workdir=workdir, grace=self.grace_seconds, agent=agent)
             argvs.append(tuple(ssh_argv(settings, host, command)))
-            payloads.append(json.dumps({"env": node_env(job, hosts, i, port)}) + "\n")
+            payloads.append(json.dumps({"env": node_env(job, hosts, i, port), "nonce": self.nonce}) + "\n")
         return DryRunRequest(backend=self.name, argvs=tuple(argvs), stdin=tuple(payloads),
                              env={"MASTER_ADDR": hosts[0].address, "MASTER_PORT": str(port)})
 
@@ -314,10 +318,17 @@ class SSHBackend(Backend):
     # -- blocking-mode teardown -----------------------------------------------------------------
 
     def _watch_sink(self, line: str) -> None:
-        match = ANNOUNCE_RE.search(line)
-        if match:
-            self.pgids[int(match.group(1))] = int(match.group(2))
+        match = ANNOUNCE_RE.fullmatch(line)
+        if match and self._trusted(*match.groups()):
+            self.pgids[int(match.group(1))] = int(match.group(4))
+            return  # the nonce stays out of the logs
         self.sink(line)
+
+    def _trusted(self, stream: str, nonce: str, node: str, pgid: str) -> bool:
+        """Only the agent knows the nonce; its node must be the stream's; the group id must be a
+        real one (never 0 or 1: ``kill -- -1`` signals everything); first announcement wins."""
+        return (secrets.compare_digest(nonce, self.nonce) and stream == node and int(pgid) > 1
+                and int(stream) not in self.pgids)
 
     def _remote_signal(self, signal_name: str, indexes: Sequence[int]) -> None:
         """``kill -SIG -- -PGID`` on each host, over ssh, in parallel (best effort: the lifeline backs it)."""

@@ -31,7 +31,7 @@ import sys
 import threading
 import time
 
-from dtrain.launch.proctree import kill_tree
+from dtrain.launch.proctree import kill_job, kill_tree
 
 ANNOUNCE = "[dtrain-detached]"
 TAIL_LINES = 40
@@ -109,16 +109,16 @@ def _daemon(args: argparse.Namespace, env: dict[str, str]) -> None:
 
         def on_signal(signum, _frame):
             stopped.append(signum)
-            threading.Thread(target=kill_tree, args=(me, args.grace), daemon=True).start()
+            threading.Thread(target=kill_tree, args=(me, args.grace, args.job_id, args.node), daemon=True).start()
 
         for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
             signal.signal(signum, on_signal)
         child = subprocess.Popen(args.agent, env=environ, cwd=args.workdir or None, stdin=subprocess.DEVNULL)
         if stopped:  # a stop raced the start: the agent must not outlive it
-            kill_tree(me, args.grace)
+            kill_tree(me, args.grace, args.job_id, args.node)
         raw = child.wait()
         code = 128 - raw if raw < 0 else raw
-        kill_tree(me, args.grace)  # anything the agent left behind goes too
+        kill_tree(me, args.grace, args.job_id, args.node)  # anything the agent left behind goes too, in or out of the tree
     except BaseException as e:  # the record must be written whatever happened
         print(f"{ANNOUNCE} node={args.node}: {e!r}", flush=True)
     finally:
@@ -187,7 +187,8 @@ def status(run_dir: str, node: int, tail: int = TAIL_LINES) -> dict:
 def stop(run_dir: str, node: int, grace: float = 5.0) -> dict:
     import psutil
 
-    daemon = _daemon_process(_read_json(paths(run_dir, node)["state"]))
+    state = _read_json(paths(run_dir, node)["state"])
+    daemon = _daemon_process(state)
     if daemon is not None:
         try:
             descendants = daemon.children(recursive=True)
@@ -201,6 +202,8 @@ def stop(run_dir: str, node: int, grace: float = 5.0) -> dict:
                 proc.kill()
         except psutil.NoSuchProcess:
             pass
+    if state and state.get("job_id"):  # a lost daemon leaves no tree to walk: find the job's processes
+        kill_job(str(state["job_id"]), 1.0, node)
     return status(run_dir, node, 0)
 
 

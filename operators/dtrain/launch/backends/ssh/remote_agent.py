@@ -4,8 +4,10 @@ The SSH backend starts this over ssh, once per host. It
 
 * makes itself a session and process-group leader (``setsid``; sshd usually already
   did), so the whole node can be signalled with ``kill -TERM -- -PGID``;
-* announces that pgid on stdout (``[dtrain-remote] node=N pgid=P``, which the
-  launcher reads from the stream) and in ``--pgid-file``;
+* announces that pgid on stdout (``[dtrain-remote] nonce=X node=N pgid=P``, which the
+  launcher reads from the stream) and in ``--pgid-file``. ``X`` is the job's secret nonce,
+  read from stdin with the environment and never passed to the agent's children, so a
+  rank printing a look-alike line cannot steer the launcher's teardown;
 * reads one JSON line from stdin with the job's environment, so variables (possibly
   secrets) never appear in an argv, on this host or the launcher's;
 * runs the torchrun agent (argv, no shell) in its process group and exits with its code;
@@ -69,8 +71,9 @@ def read_line(fd: int, limit: int = 1 << 20) -> str:
 
 
 class RemoteNode:
-    def __init__(self, args: argparse.Namespace):
+    def __init__(self, args: argparse.Namespace, nonce: str = ""):
         self.args = args
+        self.nonce = nonce
         self.child: subprocess.Popen | None = None
         self.stopping = threading.Event()
         self.done = threading.Event()
@@ -83,7 +86,8 @@ class RemoteNode:
             with open(tmp, "w", encoding="utf-8") as fh:
                 fh.write(f"{pgid}\n")
             os.replace(tmp, self.args.pgid_file)
-        print(f"{ANNOUNCE} node={self.args.node} pgid={pgid} host={socket.gethostname()}", flush=True)
+        print(f"{ANNOUNCE} nonce={self.nonce} node={self.args.node} pgid={pgid} host={socket.gethostname()}",
+              flush=True)
 
     def start(self, env: dict[str, str]) -> None:
         environ = dict(os.environ)
@@ -116,7 +120,7 @@ class RemoteNode:
     def _kill_tree(self) -> None:
         import psutil
 
-        kill_tree(psutil.Process(), self.args.grace)
+        kill_tree(psutil.Process(), self.args.grace, self.args.job_id, self.args.node)  # and what left the tree
 
     def wait(self) -> int:
         code = self.child.wait()
@@ -136,13 +140,14 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(list(sys.argv[1:] if argv is None else argv))
     if os.getpgrp() != os.getpid():
         os.setsid()
-    node = RemoteNode(args)
     line = read_line(0)
     try:
-        env = json.loads(line)["env"] if line.strip() else {}
-    except (ValueError, KeyError, TypeError) as e:
+        payload = json.loads(line) if line.strip() else {}
+        env, nonce = dict(payload.get("env", {})), str(payload.get("nonce", ""))
+    except (ValueError, KeyError, TypeError, AttributeError) as e:
         print(f"{ANNOUNCE} node={args.node}: bad environment line on stdin ({e})", file=sys.stderr, flush=True)
         return 2
+    node = RemoteNode(args, nonce)
     for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         signal.signal(signum, lambda s, _f: node.stop(f"signal {s}"))
     node.announce()

@@ -1,0 +1,78 @@
+"""The grammar of every value that reaches a shell script, a remote command or a file name.
+
+One place, used by every backend and capability: each check is a full match (``re.fullmatch``,
+so ``$`` can never match before a trailing newline) against an allow-list alphabet, and a
+refusal is a :class:`~dtrain.errors.SpecError` naming the field, the value and what is allowed
+(exit status 2 from the CLI, before anything is created).
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from typing import Any
+
+from dtrain.errors import SpecError
+
+#: a POSIX shell variable name: what ``export NAME=...`` and ``env`` accept unquoted
+ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+#: names safe in an #SBATCH line or a job/account name
+NAME = re.compile(r"[A-Za-z0-9_.+-]{1,128}")
+#: a Slurm partition, or a comma-separated list of them
+PARTITION = re.compile(r"[A-Za-z0-9_.-]{1,64}(,[A-Za-z0-9_.-]{1,64})*")
+#: Slurm's --time formats: M, M:S, H:M:S, D-H, D-H:M, D-H:M:S; or UNLIMITED/INFINITE
+SLURM_TIME = re.compile(r"\d+|\d+:\d{1,2}|\d+:\d{1,2}:\d{1,2}|\d+-\d{1,2}|\d+-\d{1,2}:\d{1,2}"
+                        r"|\d+-\d{1,2}:\d{1,2}:\d{1,2}|UNLIMITED|INFINITE")
+#: an absolute path that needs no quoting in a line another program parses itself
+PLAIN_PATH = re.compile(r"/[A-Za-z0-9_./+@:=,-]*")
+#: an option value in a safe alphabet (no quotes, blanks, $, newline)
+OPTION_VALUE = re.compile(r"[A-Za-z0-9_.,:=@/+%-]+")
+
+#: variables of the environment contract and of the launcher: set per rank, never by the user
+CONTRACT_VARIABLES = frozenset({
+    "MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE", "RANK", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "NODE_RANK",
+    "GROUP_RANK", "GROUP_WORLD_SIZE", "ROLE_RANK", "ROLE_WORLD_SIZE", "TORCHELASTIC_RESTART_COUNT",
+    "TORCHELASTIC_RUN_ID", "TF_CONFIG", "AZ_BATCH_MASTER_NODE",
+})
+CONTRACT_PREFIXES = ("DTRAIN_", "OMPI_COMM_WORLD_", "PET_", "SLURM_")
+
+
+def check(field: str, value: Any, pattern: re.Pattern, allowed: str) -> str:
+    """``value`` as text if all of it matches ``pattern``, else SpecError naming field, value, allowed."""
+    text = value if isinstance(value, str) else str(value)
+    if pattern.fullmatch(text) is None:
+        raise SpecError(field, value, allowed)
+    return text
+
+
+def env_name(field: str, name: Any) -> str:
+    """A variable name a user may set for the ranks: shell grammar, and not a contract variable."""
+    if not isinstance(name, str):
+        raise SpecError(field, name, "a variable name (text)")
+    check(field, name, ENV_NAME, "a variable name: a letter or _, then letters, digits or _ "
+                                 "(^[A-Za-z_][A-Za-z0-9_]*$)")
+    if name in CONTRACT_VARIABLES or name.startswith(CONTRACT_PREFIXES):
+        raise SpecError(field, name, "a variable the launcher does not set itself (the env contract: "
+                                     f"{', '.join(sorted(CONTRACT_VARIABLES))} and {', '.join(CONTRACT_PREFIXES)}*)")
+    return name
+
+
+def env_value(field: str, value: Any) -> str:
+    """A variable's value: any text but NUL (which no environment can hold)."""
+    text = str(value)
+    if "\0" in text:
+        raise SpecError(field, "<not shown>", "a value without NUL characters")
+    return text
+
+
+def finite(field: str, value: Any, *, minimum: float, maximum: float) -> float:
+    """A finite number within [minimum, maximum] (NaN and the infinities are refused)."""
+    if isinstance(value, bool):
+        raise SpecError(field, value, "a number, not a boolean")
+    try:
+        number = float(value.strip() if isinstance(value, str) else value)
+    except (TypeError, ValueError) as e:
+        raise SpecError(field, value, "a number") from e
+    if not math.isfinite(number) or not minimum <= number <= maximum:
+        raise SpecError(field, value, f"a finite number between {minimum:g} and {maximum:g}")
+    return number
