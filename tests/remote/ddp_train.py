@@ -50,7 +50,7 @@ def main() -> int:
         "env": {k: os.environ.get(k) for k in CONTRACT},
         "argv": sys.argv[1:], "host": os.uname().nodename, "pid": os.getpid(), "started": started,
         "node_index": os.environ.get("DTRAIN_NODE_INDEX"), "tf_config": tf_config(),
-        "mpi_option": os.environ.get("DTRAIN_TEST_MPI_OPTION"),
+        "mpi_option": os.environ.get("TEST_MPI_OPTION"),
     }
     path = os.path.join(run_dir, "reports", f"rank{rank}.json")
     if args.start_only:

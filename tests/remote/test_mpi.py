@@ -30,7 +30,7 @@ def mpi_spec(cluster, tmp_path, command, **kw) -> LaunchSpec:
     return LaunchSpec(command=command, nodes=2, procs_per_node=2, backend="ssh", distribution="mpi", device="cpu",
                       backend_options={"hostfile": cluster.hostfile(2), **cluster.ssh_settings()},
                       run_dir=str(tmp_path / "run"),
-                      mpi_options=["--oversubscribe", "-x DTRAIN_TEST_MPI_OPTION=passed-through"], **kw)
+                      mpi_options=["--oversubscribe", "-x TEST_MPI_OPTION=passed-through"], **kw)
 
 
 def test_mpirun_trains_ddp_on_two_hosts_with_the_env_mapped(ssh_cluster, tmp_path):
@@ -80,7 +80,7 @@ def test_dtrain_launch_mpi_on_this_host_passes_options_and_exit_status(tmp_path)
     def launch(run_dir, *script_args):
         return subprocess.run([dtrain, "launch", "--distribution", "mpi", "--procs-per-node", "2", "--device", "cpu",
                                "--run-dir", str(run_dir), "--mpi-option=--oversubscribe",
-                               "--mpi-option=-x DTRAIN_TEST_MPI_OPTION=from-cli", "--",
+                               "--mpi-option=-x TEST_MPI_OPTION=from-cli", "--",
                                *train_command("--start-only", *script_args)],
                               capture_output=True, text=True, timeout=120)
 

@@ -4,7 +4,10 @@ command string, mpirun's argv and environment, the generated ssh_config, TF_CONF
 from __future__ import annotations
 
 import json
+import os
 import shlex
+import shutil
+import subprocess
 
 import pytest
 
@@ -18,6 +21,7 @@ from dtrain.launch.tf_config import cluster_spec, tf_config_env, tf_config_for_r
 from dtrain.launch.torchrun import Static, agent_argv
 
 PY = "/opt/venv/bin/python"
+needs_mpirun = pytest.mark.skipif(shutil.which("mpirun") is None, reason="OpenMPI's mpirun not installed")
 
 
 def test_ssh_argv_per_host_user_and_port_win_over_the_settings():
@@ -85,6 +89,13 @@ def test_mpirun_env_allows_root_only_for_root():
     ("--mca btl_tcp_if_include lo --bind-to core", ["--mca", "btl_tcp_if_include", "lo", "--bind-to", "core"]),
     (["-mca pml ob1", "--tag-output"], ["-mca", "pml", "ob1", "--tag-output"]),
     (["-x 'MSG=a b'"], ["-x", "MSG=a b"]),
+    (["-x NCCL_DEBUG", "--x NCCL_SOCKET_IFNAME=eth0"], ["-x", "NCCL_DEBUG", "--x", "NCCL_SOCKET_IFNAME=eth0"]),
+    ("-mca btl ^openib --gmca btl_tcp_if_include 10.0.0.0/8",
+     ["-mca", "btl", "^openib", "--gmca", "btl_tcp_if_include", "10.0.0.0/8"]),
+    ("--mca pml ucx --mca pml_ucx_devices mlx5_*", ["--mca", "pml", "ucx", "--mca", "pml_ucx_devices", "mlx5_*"]),
+    ("--map-by ppr:2:node:PE=4 --bind-to core:overload-allowed --cpus-per-proc 4 -oversubscribe -v",
+     ["--map-by", "ppr:2:node:PE=4", "--bind-to", "core:overload-allowed", "--cpus-per-proc", "4",
+      "-oversubscribe", "-v"]),
 ])
 def test_allowed_mpi_options(options, tokens):
     assert coerce_mpi_options(options) == tokens
@@ -104,6 +115,125 @@ def test_refused_mpi_options_are_named(options, value):
     with pytest.raises(SpecError) as err:
         coerce_mpi_options(options)
     assert err.value.field == "mpi_options" and err.value.value == value
+
+
+@pytest.mark.parametrize("options, value", [
+    # the review's reproductions: an MCA file of more parameters (orte_fork_agent = evil.sh in it),
+    # a component path, the fork agent by environment, a preloaded library
+    (["--mca mca_base_param_files /tmp/evil/params.conf"], "--mca mca_base_param_files"),
+    (["--mca mca_base_component_path /tmp/evil"], "--mca mca_base_component_path"),
+    (["-x OMPI_MCA_orte_fork_agent=/tmp/evil.sh"], "OMPI_MCA_orte_fork_agent"),
+    (["-x LD_PRELOAD=/tmp/evil.so"], "LD_PRELOAD"),
+    # variants: other spellings, other MCA parameters by name or by environment
+    (["-mca mca_base_param_files /tmp/p.conf"], "-mca mca_base_param_files"),
+    (["--gmca mca_base_param_files /tmp/p.conf"], "--gmca mca_base_param_files"),
+    (["--mca orte_fork_agent /tmp/evil.sh"], "--mca orte_fork_agent"),
+    (["--mca mca_base_env_list LD_PRELOAD=/tmp/evil.so"], "--mca mca_base_env_list"),
+    (["--mca opal_event_include x --mca btl self"], "--mca opal_event_include"),
+    (["--mca BTL self"], "--mca BTL"),
+    (["--x OMPI_MCA_orte_fork_agent=/tmp/evil.sh"], "OMPI_MCA_orte_fork_agent"),
+    (["-x OMPI_MCA_mca_base_param_files=/tmp/p.conf"], "OMPI_MCA_mca_base_param_files"),
+    (["-x OMPI_MCA_plm_rsh_agent"], "OMPI_MCA_plm_rsh_agent"),  # forwarded from mpirun's environment
+    (["-x OPAL_PREFIX=/tmp/evil"], "OPAL_PREFIX"),
+    (["-x PMIX_MCA_mca_base_component_path=/tmp"], "PMIX_MCA_mca_base_component_path"),
+    (["-x LD_LIBRARY_PATH=/tmp/evil"], "LD_LIBRARY_PATH"),
+    (["-x LD_AUDIT=/tmp/evil.so"], "LD_AUDIT"),
+    (["-x PATH=/tmp/evil:/usr/bin"], "PATH"),
+    (["-x PYTHONPATH=/tmp/evil"], "PYTHONPATH"),
+    (["-x PYTHONSTARTUP=/tmp/evil.py"], "PYTHONSTARTUP"),
+    (["-x BASH_ENV=/tmp/evil.sh"], "BASH_ENV"),
+    (["-x RANK=0"], "RANK"),                      # the env contract
+    (["-x MASTER_ADDR=evil.example"], "MASTER_ADDR"),
+    (["-x DTRAIN_RUN_DIR=/tmp"], "DTRAIN_RUN_DIR"),
+    (["-x OMPI_COMM_WORLD_RANK=0"], "OMPI_COMM_WORLD_RANK"),
+    (["-x SLURM_PROCID=0"], "SLURM_PROCID"),
+    (["-x =x"], ""),
+    # mpirun 4.1 resolves no abbreviation: these are unknown to it, and refused here
+    (["--oversub"], "--oversub"),
+    (["--mc btl self"], "--mc"),
+    (["--launch-a /tmp/evil"], "--launch-a"),
+    # forms mpirun reads otherwise, or options that name a file or a program
+    (["-vq"], "-vq"),
+    (["--mca=btl self"], "--mca=btl"),
+    (["---mca btl self"], "---mca"),
+    (["-am /tmp/p.conf"], "-am"),
+    (["--tune /tmp/p.conf"], "--tune"),
+    (["--app /tmp/appfile"], "--app"),
+    (["--hostfile /tmp/hosts"], "--hostfile"),
+    (["--wdir /tmp"], "--wdir"),
+    (["--path /tmp/evil"], "--path"),
+    (["--preload-files /tmp/f"], "--preload-files"),
+    (["--output-filename /tmp/o"], "--output-filename"),
+    (["--debugger /tmp/evil"], "--debugger"),
+    (["--", "/tmp/evil"], "--"),
+    (["/tmp/evil"], "/tmp/evil"),
+    # values: never an option, only the alphabet
+    (["--bind-to -x"], "-x"),
+    (["--map-by", "ppr:1:node;id"], "ppr:1:node;id"),
+    (["--mca btl -x"], "-x"),
+    (["--mca btl 'self\n'"], "self\n"),
+    (["--cpus-per-proc 0"], "0"),
+])
+def test_mpi_options_that_could_run_a_program_are_refused(options, value):
+    with pytest.raises(SpecError) as err:
+        coerce_mpi_options(options)
+    assert err.value.field == "mpi_options" and err.value.value == value
+
+
+def test_mpirun_argv_rechecks_options_and_refuses_openmpi_variables_in_the_exported_env():
+    """mpirun_argv does not trust its caller: the user's options are checked again, and an
+    exported variable of OpenMPI's own (which sits in mpirun's environment too, where mpirun reads
+    it: OMPI_MCA_orte_fork_agent there runs the agent) is refused."""
+    with pytest.raises(SpecError) as err:
+        mpirun_argv(nodes=1, procs_per_node=1, python=PY, command=["t.py"], export=[],
+                    user_options=["--mca", "mca_base_param_files", "/tmp/p.conf"])
+    assert err.value.field == "mpi_options"
+    for name in ("OMPI_MCA_orte_fork_agent", "OPAL_PREFIX", "PMIX_MCA_x", "A B", "$(id)"):
+        with pytest.raises(SpecError) as err:
+            mpirun_argv(nodes=1, procs_per_node=1, python=PY, command=["t.py"], export=["MASTER_ADDR", name])
+        assert err.value.field == "env key" and err.value.value == name
+
+
+@needs_mpirun
+def test_mpi_backend_refuses_an_openmpi_variable_in_the_job_env(tmp_path):
+    """The same bypass through the spec's env: the job's variables are also mpirun's own. Refused
+    when the spec is validated, before a run directory exists."""
+    (tmp_path / "t.py").write_text("")
+    with pytest.raises(SpecError) as err:
+        LaunchSpec(command=["t.py"], nodes=1, procs_per_node=1, backend="local", distribution="mpi",
+                   device="cpu", workdir=str(tmp_path), run_dir=str(tmp_path / "run"),
+                   env={"OMPI_MCA_orte_fork_agent": "/tmp/evil.sh"})
+    assert err.value.value == "OMPI_MCA_orte_fork_agent" and not (tmp_path / "run").exists()
+
+
+def _mpirun(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(["mpirun", *args], capture_output=True, text=True, timeout=60,
+                          env=mpirun_env({k: v for k, v in os.environ.items() if not k.startswith("OMPI_MCA_")}))
+
+
+@needs_mpirun
+def test_the_real_mpirun_resolves_no_abbreviation_and_reads_single_dash_long_options():
+    """What option_name assumes, asked of the installed mpirun (OpenMPI 4.1): a prefix is an
+    unknown option; -NAME is --NAME; --x is -x."""
+    for token in ("--oversub", "--mc", "--bind-t", "--mca=btl"):
+        proc = _mpirun(token, "btl", "self", "-np", "1", "true")
+        assert proc.returncode != 0 and f'unknown option "{token}"' in proc.stderr, proc.stderr
+    proc = _mpirun("-oversubscribe", "-mca", "btl", "self", "-bind-to", "none", "--x", "DTRAIN_PROBE=1",
+                   "-np", "1", "printenv", "DTRAIN_PROBE")
+    assert proc.returncode == 0 and proc.stdout.strip() == "1", proc.stderr
+
+
+@needs_mpirun
+def test_accepted_mpi_options_run_with_the_real_mpirun():
+    options = coerce_mpi_options([
+        "--oversubscribe --report-bindings --tag-output --timestamp-output --display-map --display-allocation",
+        "--use-hwthread-cpus -v -q --bind-to none --map-by slot --rank-by slot",
+        "--mca btl ^openib -mca pml ob1 --gmca btl_tcp_if_include lo --mca btl_vader_single_copy_mechanism none",
+        "--mca orte_base_help_aggregate 0 --mca mpi_warn_on_fork 0 --mca rmaps_base_oversubscribe 1",
+        "-x NCCL_DEBUG=VERSION",
+    ])
+    proc = _mpirun(*options, "-np", "1", "printenv", "NCCL_DEBUG")
+    assert proc.returncode == 0 and proc.stdout.strip().endswith("VERSION"), proc.stderr
 
 
 def test_generated_ssh_config_and_mpi_hostfile():

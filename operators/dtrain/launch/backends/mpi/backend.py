@@ -26,7 +26,7 @@ import time
 from dtrain.errors import LaunchError, SpecError
 from dtrain.launch.backends import get_backend_class
 from dtrain.launch.backends.base import Backend, DryRunRequest, JobHandle, JobStatus
-from dtrain.launch.backends.mpi.render import coerce_mpi_options, mpirun_argv, mpirun_env
+from dtrain.launch.backends.mpi.render import check_export_names, coerce_mpi_options, mpirun_argv, mpirun_env
 from dtrain.launch.job import Job
 from dtrain.launch.processes import NodeSupervisor
 from dtrain.launch.spec import LaunchSpec
@@ -64,6 +64,7 @@ class MPIBackend(Backend):
         if spec.backend == cls.name:
             cls.check_option_names(spec.backend_options)
         spec.mpi_options = coerce_mpi_options(spec.mpi_options)
+        check_export_names(spec.env)  # they also sit in mpirun's own environment
         if get_backend_class(spec.backend).single_host and spec.nodes != 1:
             raise SpecError("nodes", spec.nodes, f"1 for mpirun on this host (backend={spec.backend!r}); "
                                                  "use backend='ssh' with a hostfile for several")

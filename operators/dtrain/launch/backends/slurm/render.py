@@ -25,6 +25,7 @@ import sys
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
 
+from dtrain import grammar
 from dtrain.args import coerce_int, mapping_arg
 from dtrain.errors import DTrainError, LaunchError, SpecError
 from dtrain.launch.backends.base import JobStatus
@@ -42,18 +43,95 @@ STATE_EXIT_CODES = {"CANCELLED": 143, "TIMEOUT": 124, "PREEMPTED": 143, "OUT_OF_
 UNKNOWN_JOB_EXIT_CODE = 1
 MAX_POLL_ERRORS = 5  # consecutive failed polls before the job is given up (and cancelled)
 
-_NAME = re.compile(r"^[A-Za-z0-9_.+-]{1,128}$")
-_PARTITION = re.compile(r"^[A-Za-z0-9_.-]{1,64}(,[A-Za-z0-9_.-]{1,64})*$")
-# Slurm's --time formats: M, M:S, H:M:S, D-H, D-H:M, D-H:M:S; or UNLIMITED/INFINITE.
-_TIME = re.compile(r"^(\d+|\d+:\d{1,2}|\d+:\d{1,2}:\d{1,2}|\d+-\d{1,2}|\d+-\d{1,2}:\d{1,2}|\d+-\d{1,2}:\d{1,2}:\d{1,2}"
-                   r"|UNLIMITED|INFINITE)$")
-# An extra sbatch option: --name or --name=value, value in a safe alphabet (no quotes, spaces, $).
-_EXTRA = re.compile(r"^--[a-z][a-z-]*(=[A-Za-z0-9_.,:=@/+%-]+)?$")
-# What may appear in the --output path on an #SBATCH line (sbatch does its own, partial quoting).
-_PATH = re.compile(r"^/[A-Za-z0-9_./+@:=,-]*$")
-# Options that the backend sets itself and that an extra option must not override.
-_RESERVED = ("--nodes", "--ntasks", "--ntasks-per-node", "--output", "--error", "--job-name", "--parsable",
-             "--wrap", "--export", "--chdir", "--partition", "--time", "--account", "--gpus-per-node")
+# Every long option of sbatch (Slurm 22.05.8, the version installed here), as its getopt_long
+# sees them: listed by asking the real sbatch about every prefix ("sbatch --ex=1 --wrap true" ->
+# "option '--ex=1' is ambiguous; possibilities: '--exclude' '--exclusive' '--export'
+# '--export-file' '--extra-node-info'", then longer prefixes until each resolved). Used only to
+# resolve an abbreviation the way sbatch does; what a user may add is EXTRA_SBATCH_ALLOWED.
+SBATCH_LONG_OPTIONS = frozenset({
+    "account", "acctg-freq", "array", "batch", "bb", "bbf", "begin", "chdir", "cluster",
+    "cluster-constraint", "clusters", "comment", "constraint", "container", "context", "contiguous",
+    "core-spec", "cores-per-socket", "cpu-freq", "cpus-per-gpu", "cpus-per-task", "deadline", "delay-boot",
+    "dependency", "distribution", "error", "exclude", "exclusive", "export", "export-file",
+    "extra-node-info", "get-user-env", "gid", "gpu-bind", "gpu-freq", "gpus", "gpus-per-node",
+    "gpus-per-socket", "gpus-per-task", "gres", "gres-flags", "help", "hint", "hold", "ignore-pbs", "input",
+    "job-name", "kill-on-invalid-dep", "licenses", "mail-type", "mail-user", "mcs-label", "mem", "mem-bind",
+    "mem-per-cpu", "mem-per-gpu", "mincpus", "network", "nice", "no-kill", "no-requeue", "nodefile",
+    "nodelist", "nodes", "ntasks", "ntasks-per-core", "ntasks-per-gpu", "ntasks-per-node",
+    "ntasks-per-socket", "ntasks-per-tres", "open-mode", "output", "overcommit", "oversubscribe", "parsable",
+    "partition", "power", "prefer", "priority", "profile", "propagate", "qos", "quiet", "reboot", "requeue",
+    "reservation", "signal", "sockets-per-node", "spread-job", "switches", "tasks-per-node", "test-only",
+    "thread-spec", "threads-per-core", "time", "time-min", "tmp", "uid", "usage", "use-min-nodes", "verbose",
+    "version", "wait", "wait-all-nodes", "wckey", "wrap",
+})
+# What a job may add with extra_sbatch (the resolved name -> whether it takes a value: "required",
+# "optional" or "none", as sbatch's getopt_long table says). Only scheduling requests and labels:
+# nothing that changes the output/error/input files, the working directory, the environment
+# export, the script or a job array, the user/group, the cluster the job goes to, sbatch's own
+# output (which the backend parses) or its blocking, nor anything naming a file or a program
+# (--export-file, --bbf, --container, --nodefile, ...), nor the layout the backend sets itself
+# (nodes, tasks, GPUs per node, partition, time, account, job name).
+EXTRA_SBATCH_ALLOWED = {
+    "begin": "required", "comment": "required", "constraint": "required", "contiguous": "none",
+    "cores-per-socket": "required", "cpus-per-gpu": "required", "cpus-per-task": "required",
+    "deadline": "required", "dependency": "required", "exclude": "required", "exclusive": "optional",
+    "gpus": "required", "gres": "required", "gres-flags": "required", "hint": "required",
+    "kill-on-invalid-dep": "required", "licenses": "required", "mail-type": "required", "mem": "required",
+    "mem-per-cpu": "required", "mem-per-gpu": "required", "mincpus": "required", "nice": "optional",
+    "no-requeue": "none", "nodelist": "required", "prefer": "required", "qos": "required",
+    "requeue": "none", "reservation": "required", "signal": "required", "sockets-per-node": "required",
+    "switches": "required", "threads-per-core": "required", "time-min": "required", "tmp": "required",
+    "wckey": "required",
+}
+# Options the backend writes itself (named in a refusal, so the user knows why).
+BACKEND_SBATCH = ("job-name", "nodes", "ntasks-per-node", "gpus-per-node", "time", "partition", "account",
+                  "output", "parsable")
+# An extra option as written, --name[=value]; every rendered #SBATCH directive is re-checked with
+# the same grammar at render time (a Job or options built by hand); node lists hold names only;
+# the interpreter on the nodes is shlex.quote'd in the script, but one line of it.
+_EXTRA = _DIRECTIVE = grammar.LONG_OPTION
+_NODE_LIST, _COMMAND = grammar.NODE_LIST, grammar.COMMAND_LINE
+_EXTRA_ALLOWED_TEXT = ("one of " + ", ".join(f"--{name}" for name in sorted(EXTRA_SBATCH_ALLOWED))
+                       + ", written --option or --option=value (letters, digits, _ . , : = @ / + % -); "
+                       "an abbreviation is read the way sbatch reads it")
+
+
+def resolve_sbatch_option(name: str, item: str) -> str:
+    """The sbatch long option ``name`` means, the way getopt_long resolves it: an exact name wins,
+    else the one option it is a prefix of. An unknown or ambiguous name is a SpecError."""
+    if name in SBATCH_LONG_OPTIONS:
+        return name
+    matches = sorted(option for option in SBATCH_LONG_OPTIONS if option.startswith(name))
+    if len(matches) == 1:
+        return matches[0]
+    if matches:
+        raise SpecError("extra_sbatch", item, f"an unambiguous option: sbatch reads --{name} as any of "
+                                              f"{', '.join('--' + m for m in matches)}; allowed: {_EXTRA_ALLOWED_TEXT}")
+    raise SpecError("extra_sbatch", item, f"an sbatch option (--{name} is none); allowed: {_EXTRA_ALLOWED_TEXT}")
+
+
+def check_extra_sbatch(item: Any) -> str:
+    """One extra_sbatch entry, resolved and checked; returned with the option's full name, so
+    the script says exactly what sbatch reads whatever its version's other options."""
+    if not isinstance(item, str):
+        raise SpecError("extra_sbatch", item, f"text: {_EXTRA_ALLOWED_TEXT}")
+    grammar.check("extra_sbatch", item, _EXTRA, _EXTRA_ALLOWED_TEXT)
+    match = _EXTRA.fullmatch(item)
+    name, value = match.group(1), match.group(2)
+    option = resolve_sbatch_option(name, item)
+    takes = EXTRA_SBATCH_ALLOWED.get(option)
+    if takes is None:
+        why = ("which the backend sets itself" if option in BACKEND_SBATCH
+               else "which is not among the options a job may add")
+        raise SpecError("extra_sbatch", item, f"sbatch reads it as --{option}, {why}; allowed: {_EXTRA_ALLOWED_TEXT}")
+    if takes == "required" and value is None:
+        raise SpecError("extra_sbatch", item, f"--{option}=VALUE (it takes a value)")
+    if takes == "none" and value is not None:
+        raise SpecError("extra_sbatch", item, f"--{option} without a value")
+    if option in ("nodelist", "exclude"):
+        grammar.check("extra_sbatch", value, _NODE_LIST,
+                      f"--{option}=NODE[,NODE...] (letters, digits, _ . -; no '/', which makes Slurm read a file)")
+    return f"--{option}" if value is None else f"--{option}={value}"
 
 
 @dataclass(frozen=True)
@@ -89,29 +167,29 @@ class SlurmOptions:
         def clean(name: str, value, pattern: re.Pattern, allowed: str):
             if value is None or (isinstance(value, str) and not value.strip()):
                 return None
-            text = str(value).strip()
-            if not pattern.match(text):
-                raise SpecError(name, value, allowed)
-            return text
+            # Surrounding blanks (a rendered template's) are dropped; then all of it must match.
+            return grammar.check(name, str(value).strip(), pattern, allowed)
 
         set_ = object.__setattr__  # frozen: normalise in place once
-        set_(self, "partition", clean("partition", self.partition, _PARTITION,
+        set_(self, "partition", clean("partition", self.partition, grammar.PARTITION,
                                       "a Slurm partition name (letters, digits, _ . -), or a comma-separated list"))
-        set_(self, "time_limit", clean("time_limit", self.time_limit, _TIME,
+        set_(self, "time_limit", clean("time_limit", self.time_limit, grammar.SLURM_TIME,
                                        "a Slurm time: minutes, M:S, H:M:S, D-H, D-H:M, D-H:M:S or UNLIMITED"))
-        set_(self, "account", clean("account", self.account, _NAME, "an account name (letters, digits, _ . + -)"))
-        set_(self, "job_name", clean("job_name", self.job_name, _NAME, "a job name (letters, digits, _ . + -)"))
+        set_(self, "account", clean("account", self.account, grammar.NAME, "an account name (letters, digits, _ . + -)"))
+        set_(self, "job_name", clean("job_name", self.job_name, grammar.NAME, "a job name (letters, digits, _ . + -)"))
         if self.gpus_per_node is not None:
             set_(self, "gpus_per_node", coerce_int("gpus_per_node", self.gpus_per_node, minimum=0, maximum=1024))
-        extra = [self.extra_sbatch] if isinstance(self.extra_sbatch, str) else list(self.extra_sbatch or ())
-        for item in extra:
-            if not isinstance(item, str) or not _EXTRA.match(item):
-                raise SpecError("extra_sbatch", item, "--option or --option=value (letters, digits, _ . , : = @ / + % -)")
-            if item.split("=", 1)[0] in _RESERVED:
-                raise SpecError("extra_sbatch", item, f"an option the backend does not set itself (not {', '.join(_RESERVED)})")
-        set_(self, "extra_sbatch", tuple(extra))
-        if self.python is not None and (not str(self.python).strip() or "\0" in str(self.python)):
-            raise SpecError("python", self.python, "a path to the Python interpreter on the compute nodes")
+        try:
+            extra = [self.extra_sbatch] if isinstance(self.extra_sbatch, str) else list(self.extra_sbatch or ())
+        except TypeError as e:
+            raise SpecError("extra_sbatch", self.extra_sbatch, "a list of --option[=value] strings") from e
+        set_(self, "extra_sbatch", tuple(check_extra_sbatch(item) for item in extra))
+        if self.python is not None:
+            if not str(self.python).strip():
+                raise SpecError("python", self.python, "a path to the Python interpreter on the compute nodes")
+            set_(self, "python", grammar.check("python", self.python, _COMMAND,
+                                               "a path to the Python interpreter on the compute nodes "
+                                               "(no newline, NUL or other control character)"))
         try:
             poll = float(self.poll_interval)
         except (TypeError, ValueError) as e:
@@ -161,10 +239,9 @@ def requested_gpus(job: Job, options: SlurmOptions) -> int:
 
 
 def check_run_dir(run_dir: str) -> None:
-    if not _PATH.match(run_dir):
-        raise SpecError("run_dir", run_dir,
-                        "for the slurm backend, an absolute path of letters, digits and _ . / + @ : = , - "
-                        "(it appears on an #SBATCH --output line)")
+    grammar.check("run_dir", run_dir, grammar.PLAIN_PATH,
+                  "for the slurm backend, an absolute path of letters, digits and _ . / + @ : = , - "
+                  "(it appears on an #SBATCH --output line)")
 
 
 def node_argv(job: Job, python: str) -> list[str]:
@@ -174,8 +251,16 @@ def node_argv(job: Job, python: str) -> list[str]:
 
 
 # Runs inside every srun task: the per-node values exist only there. A constant: no user value in it.
+# The agent runs as a child rather than by exec, so that when it ends (or scancel's SIGTERM
+# arrives) whatever the job left on this node outside the agent's tree (a rank's setsid child,
+# re-parented to init) is stopped by the job id and node index it carries: slurmd's
+# proctrack/linuxproc follows parent links and would lose it. "$1" is the agent's interpreter.
 NODE_SHELL = ('export NODE_RANK="$SLURM_NODEID" DTRAIN_NODE_INDEX="$SLURM_NODEID" PET_NODE_RANK="$SLURM_NODEID" '
-              'PET_MASTER_ADDR="$MASTER_ADDR" PET_MASTER_PORT="$MASTER_PORT"; exec "$@"')
+              'PET_MASTER_ADDR="$MASTER_ADDR" PET_MASTER_PORT="$MASTER_PORT"; py="$1"; '
+              'reap() { "$py" -m dtrain.launch.proctree reap "$DTRAIN_JOB_ID" --node "$SLURM_NODEID"; }; '
+              '"$@" & agent=$!; '
+              'trap \'kill -TERM "$agent" 2>/dev/null; wait "$agent"; reap; exit 143\' TERM INT HUP; '
+              'wait "$agent"; status=$?; reap; exit "$status"')
 
 _ADDR_FUNCTION = """\
 # A node's address: its NodeAddr in slurm.conf, else DNS; node names need not resolve.
@@ -187,6 +272,15 @@ dtrain_node_addr() {
 }"""
 
 
+def export_line(name: str, value: str) -> str:
+    """``export NAME=VALUE`` for the script. The name is not quoted (a shell cannot quote one), so
+    it is checked against the shell grammar of a name here too, whatever built the Job; the value
+    is quoted, and NUL (which no environment can hold) is refused."""
+    grammar.check("env key", name, grammar.ENV_NAME, "a variable name: a letter or _, then letters, digits or _ "
+                                                     "(^[A-Za-z_][A-Za-z0-9_]*$)")
+    return f"export {name}={shlex.quote(grammar.env_value(f'env[{name!r}]', value))}"
+
+
 def render_sbatch(job: Job, options: SlurmOptions, *, workdir: str | None = None) -> str:
     """The complete sbatch script for ``job``. Pure: the same inputs give the same text."""
     spec = job.spec
@@ -194,6 +288,8 @@ def render_sbatch(job: Job, options: SlurmOptions, *, workdir: str | None = None
     python = options.python or sys.executable
     workdir = spec.workdir or workdir or os.getcwd()
     gpus = requested_gpus(job, options)
+    if not options.job_name:
+        grammar.check("job_id", job.job_id, grammar.NAME, "a job id (letters, digits, _ . + -): it is the --job-name")
     directives = [
         f"--job-name={options.job_name or job.job_id}",
         f"--nodes={spec.nodes}",
@@ -205,8 +301,11 @@ def render_sbatch(job: Job, options: SlurmOptions, *, workdir: str | None = None
         f"--output={log_path(job.run_dir, '%j')}",
         *options.extra_sbatch,
     ]
+    for directive in directives:  # the options and the Job are not trusted to come validated
+        grammar.check("sbatch directive", directive, _DIRECTIVE,
+                      "--option or --option=value (letters, digits, _ . , : = @ / + % -) on an #SBATCH line")
     q = shlex.quote
-    exports = [f"export {name}={q(value)}" for name, value in sorted(job.rank_env.items())]
+    exports = [export_line(name, value) for name, value in sorted(job.rank_env.items())]
     port = str(options.master_port) if options.master_port else "$((20000 + SLURM_JOB_ID % 20000))"
     srun = ["srun", f"--nodes={spec.nodes}", f"--ntasks={spec.nodes}", "--ntasks-per-node=1",
             "--kill-on-bad-exit=1", "bash", "-c", NODE_SHELL, "dtrain-node"]
