@@ -27,6 +27,20 @@ SLURM_TIME = re.compile(r"\d+|\d+:\d{1,2}|\d+:\d{1,2}:\d{1,2}|\d+-\d{1,2}|\d+-\d
 PLAIN_PATH = re.compile(r"/[A-Za-z0-9_./+@:=,-]*")
 #: an option value in a safe alphabet (no quotes, blanks, $, newline)
 OPTION_VALUE = re.compile(r"[A-Za-z0-9_.,:=@/+%-]+")
+#: a long option as written, ``--name`` or ``--name=value`` (groups: name, value)
+LONG_OPTION = re.compile(r"--([a-z][a-z0-9-]*)(?:=(" + OPTION_VALUE.pattern + "))?")
+#: a node list (Slurm's --nodelist/--exclude): names only; with a "/" Slurm reads a file instead
+NODE_LIST = re.compile(r"[A-Za-z0-9_.-]{1,64}(,[A-Za-z0-9_.-]{1,64})*")
+#: one line of a command (a path to an interpreter...): no control character, newline or NUL
+COMMAND_LINE = re.compile(r"[^\x00-\x1f\x7f]+")
+#: an MCA value: a component list ("^openib", "self,tcp"), an interface or CIDR list, a policy
+#: ("core:overload-allowed", "ppr:2:node:PE=4"), a device glob ("mlx5_*"), a number or a boolean;
+#: never starting with "-" (it would read as an option)
+MCA_VALUE = re.compile(r"\^?[A-Za-z0-9_*][A-Za-z0-9_.,:/*=+-]*")
+#: the value of mpirun's --bind-to/--map-by/--rank-by ("none", "ppr:4:node:PE=2")
+POLICY_VALUE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.,:=+-]*")
+#: a small positive count (mpirun's --cpus-per-proc)
+COUNT_VALUE = re.compile(r"[1-9][0-9]{0,3}")
 
 #: variables of the environment contract and of the launcher: set per rank, never by the user
 CONTRACT_VARIABLES = frozenset({

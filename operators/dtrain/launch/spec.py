@@ -120,6 +120,8 @@ class LaunchSpec:
                                                 not_json="a mapping (or a JSON object string)",
                                                 not_mapping="a mapping of the backend's options"))
         self.env = coerce_env("env", self.env)
+        if self.job_id is not None:  # the rendezvous id, a Slurm job name, part of file names
+            self.job_id = grammar.check("job_id", self.job_id, grammar.NAME, "letters, digits and _ . + - (1-128)")
         self.rdzv_port = coerce_int("rdzv_port", self.rdzv_port, minimum=0, maximum=65535)
         # torchrun takes whole seconds: below 1 it would be 0 and fail late in the rendezvous.
         self.rdzv_timeout = grammar.finite("rdzv_timeout", self.rdzv_timeout, minimum=1, maximum=7 * 86400)

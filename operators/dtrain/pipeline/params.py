@@ -111,6 +111,17 @@ def _check_one(name: str, value: Any, schema: Mapping[str, Any]) -> Any:
     return value
 
 
+def _on_this_worker(backend: Any) -> bool:
+    """Whether the backend starts every rank on this worker (the registry knows; no name is compared)."""
+    from dtrain.errors import DTrainError
+    from dtrain.launch.backends import get_backend_class
+
+    try:
+        return backend is not None and get_backend_class(str(backend)).single_host
+    except DTrainError:
+        return False  # an unknown backend is refused by the schema or the spec, with its own message
+
+
 def check_params(params: Mapping[str, Any], schemas: Mapping[str, Mapping[str, Any]], *,
                  environ: Mapping[str, str] | None = None, cpus: int | None = None,
                  gpus: int | None = None) -> dict[str, Any]:
@@ -133,7 +144,7 @@ def check_params(params: Mapping[str, Any], schemas: Mapping[str, Mapping[str, A
         except SpecError as e:
             raise ParamError(e.field, e.value, e.allowed) from None
     nodes, procs = values.get("nodes"), values.get("procs_per_node")
-    if values.get("backend") == "local" and nodes is not None and procs is not None:
+    if _on_this_worker(values.get("backend")) and nodes is not None and procs is not None:
         limit, why = local_rank_limit(environ, cpus=cpus, gpus=gpus)
         ranks = nodes * procs
         if ranks > limit:
