@@ -238,7 +238,7 @@ def test_announcements_are_trusted_only_with_the_nonce_on_their_own_stream():
                    f"[node1] [dtrain-remote] nonce={backend.nonce} node=1 pgid=1 host=h",     # kill -- -1
                    f"[node1] [dtrain-remote] nonce={backend.nonce} node=1 pgid=0 host=h",
                    f"[node1 rank1] {real}",                                                   # inside rank output
-                   f"[node1] [dtrain-remote] node=1 pgid=4242 host=h"):                       # the old format
+                   "[node1] [dtrain-remote] node=1 pgid=4242 host=h"):                       # the old format
         backend._watch_sink(forged)
     assert backend.pgids == {}
     backend._watch_sink(real)
