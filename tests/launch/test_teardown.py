@@ -89,3 +89,21 @@ def test_failed_launch_cli_exit_code_is_the_ranks(out_dir):
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 42, proc.stderr[-2000:]
     assert "rank failing on purpose" in proc.stderr
+
+
+def test_a_failed_node_reports_its_last_lines_even_when_its_reader_lags():
+    """The node exits before its reader thread has read its last lines (here a slow sink holds the
+    reader back): the failure must still carry them, since they say why it failed."""
+    from dtrain.launch.processes import NodeSupervisor
+
+    def slow_sink(line: str) -> None:
+        time.sleep(0.5)
+
+    supervisor = NodeSupervisor(slow_sink)
+    code = "print('starting', flush=True); print('the reason it failed', flush=True); raise SystemExit(3)"
+    try:
+        supervisor.start([[sys.executable, "-c", code]], [dict(os.environ)])
+        exit_code, node = supervisor.wait(expected=1)
+        assert exit_code == 3 and list(node.tail) == ["starting", "the reason it failed"]
+    finally:
+        supervisor.teardown()

@@ -104,6 +104,8 @@ class NodeSupervisor:
         codes = [n.proc.poll() for n in nodes]
         for node, code in zip(nodes, codes):
             if code not in (None, 0):
+                if node.reader is not None:  # its last lines (why it failed) may still be in the pipe
+                    node.reader.join(timeout=5)
                 return True, code, node
         if len(nodes) == expected and all(c == 0 for c in codes):
             self._drain()
