@@ -2,7 +2,7 @@
 
 The blocking SSH backend keeps an ssh session per host open as a lifeline; a deferred
 task cannot (its worker is gone while it waits), so here each host runs
-:mod:`dtrain.launch.detached_node`: ``start`` returns as soon as the node's daemon
+:mod:`.detached_node`: ``start`` returns as soon as the node's daemon
 runs, ``status`` reports it (running / exited with a code / lost), ``stop`` ends its
 whole tree. Hosts, rendezvous, agent argv and the env (sent over stdin) are built with
 the SSH backend's own functions, so both modes launch the same job.
