@@ -61,3 +61,20 @@ def rank_records(out_dir) -> dict[int, dict]:
                 record = json.load(fh)
             records[int(record["env"]["RANK"])] = record
     return records
+
+
+HEAVY_LIBRARIES = frozenset({"torch", "deepspeed", "s3fs", "boto3", "botocore", "numpy"})
+
+
+def heavy_libraries_imported_by(*modules: str) -> list[str]:
+    """The heavy libraries a fresh interpreter has imported after importing ``modules`` (DAG parsing
+    and operator imports must stay cheap)."""
+    import json
+    import subprocess
+    import sys
+
+    code = (f"import json, sys; import {', '.join(modules)}; "
+            "print(json.dumps(sorted({m.split('.')[0] for m in sys.modules})))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    return sorted(HEAVY_LIBRARIES & set(json.loads(out.stdout.strip().splitlines()[-1])))
