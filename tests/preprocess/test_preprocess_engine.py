@@ -299,7 +299,7 @@ def test_operator_on_kill_stops_its_workers(tmp_path, digits_raw, monkeypatch):
     thread = threading.Thread(target=lambda: errors.append(_capture(op.execute, {})))
     thread.start()
     def pool_workers():  # not multiprocessing's resource tracker, which lives as long as this process
-        return [p for p in psutil.Process().children() if "spawn_main" in " ".join(p.cmdline())]
+        return [p for p in psutil.Process().children() if "spawn_main" in command_line(p)]
 
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline and len(pool_workers()) < 2:
@@ -313,6 +313,17 @@ def test_operator_on_kill_stops_its_workers(tmp_path, digits_raw, monkeypatch):
     _, alive = psutil.wait_procs(workers, timeout=20)
     assert alive == []
     assert not list((tmp_path / "out").glob("parts/*/_partition.json"))  # the partition is not marked done
+
+
+def command_line(proc) -> str:
+    """Its command line, or "" for a child that is gone or a zombie (another fixture's child of
+    this process may exit at any time, and a zombie has no command line to read)."""
+    import psutil
+
+    try:
+        return " ".join(proc.cmdline())
+    except (psutil.NoSuchProcess, psutil.ZombieProcess, psutil.AccessDenied):
+        return ""
 
 
 def _capture(fn, *args):
