@@ -83,6 +83,11 @@ class LaunchSpec:
             checked against an allow-list (nothing that makes mpirun run another program).
         parameter_servers: distribution ``tensorflow``: how many of the ranks are ``ps`` tasks
             in TF_CONFIG (legacy TF 1.x); the others are workers.
+        hang_timeout: seconds a rank may go without progress (a line printed, a metrics record,
+            a ``heartbeat()``) before the job is declared hung: every rank's stack is dumped,
+            the job torn down, and the launch fails with exit code 124; None turns it off.
+        stop_grace: seconds a rank has, after SIGTERM (a stop, a preemption), to save a
+            checkpoint and exit before it is killed.
     """
 
     command: Sequence[str]
@@ -103,6 +108,8 @@ class LaunchSpec:
     mpi_options: Sequence[str] | str | None = None
     parameter_servers: int = 0
     backend_options: Mapping[str, Any] = field(default_factory=dict)
+    hang_timeout: float | None = None
+    stop_grace: float = 30.0
     resolved_deepspeed_config: dict[str, Any] | None = field(default=None, init=False, repr=False)
     #: what the backend's validate() parsed from its options (e.g. the ssh host entries)
     resolved: Any = field(default=None, init=False, repr=False, compare=False)
@@ -126,6 +133,9 @@ class LaunchSpec:
         # torchrun takes whole seconds: below 1 it would be 0 and fail late in the rendezvous.
         self.rdzv_timeout = grammar.finite("rdzv_timeout", self.rdzv_timeout, minimum=1, maximum=7 * 86400)
         self.max_restarts = coerce_int("max_restarts", self.max_restarts, minimum=0, maximum=100)
+        if self.hang_timeout is not None:
+            self.hang_timeout = grammar.finite("hang_timeout", self.hang_timeout, minimum=1, maximum=7 * 86400)
+        self.stop_grace = grammar.finite("stop_grace", self.stop_grace, minimum=0, maximum=3600)
         self.device = str(self.device).strip().lower()
         if self.device not in DEVICES:
             raise SpecError("device", self.device, f"one of {', '.join(DEVICES)}")
