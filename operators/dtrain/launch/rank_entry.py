@@ -7,7 +7,10 @@ torchrun (or mpirun) starts this in place of the user's command, on every rank. 
   kernel kill it if this wrapper dies (PR_SET_PDEATHSIG), so no rank outlives its agent;
 * streams the command's stdout and stderr line by line, prefixed ``[nodeN rankR]``;
 * writes an exit record (code, time, whether it was told to stop, last lines) into
-  ``$DTRAIN_RUN_DIR/exits`` so the launcher can name the rank that failed first.
+  ``$DTRAIN_RUN_DIR/exits`` so the launcher can name the rank that failed first;
+* marks the rank as progressing whenever it prints a line, and, when the launcher asks for
+  stack dumps (a hang), makes sure this rank's dump exists: the training helper's own, or
+  ``py-spy dump`` of the command, or a note saying why there is none (see dtrain.launch.hang).
 
 Stdlib only, and imported by nothing heavy: it is on every rank's start-up path.
 """
@@ -18,12 +21,14 @@ import collections
 import ctypes
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
 import threading
 import time
 
+from dtrain.launch import hang
 from dtrain.launch.env_contract import contract_from_env
 
 TAIL_LINES = 40
@@ -54,13 +59,19 @@ class RankProcess:
         self.tail: collections.deque[str] = collections.deque(maxlen=TAIL_LINES)
         self.tail_lock = threading.Lock()
         self.stop_signal: int | None = None
+        run_dir = environ.get("DTRAIN_RUN_DIR")
+        self.progress = hang.ProgressToucher(hang.progress_dir(run_dir), environ.get("RANK", "x")) if run_dir else None
         self.proc = subprocess.Popen(
             resolve_argv(command), env=environ, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
             preexec_fn=_die_with_parent,
         )
+        if self.progress is not None:
+            self.progress.touch()  # started: from now on, silence counts (see dtrain.launch.hang)
 
     def _pump(self, source, sink) -> None:
         for line in iter(source.readline, b""):
+            if self.progress is not None:
+                self.progress.touch()
             with self.tail_lock:
                 self.tail.append(line.decode(errors="replace").rstrip("\n"))
             sink.write(self.prefix + line if line.endswith(b"\n") else self.prefix + line + b"\n")
@@ -90,10 +101,45 @@ class RankProcess:
         for t in pumps:
             t.start()
         threading.Thread(target=self.watch_parent, daemon=True).start()
+        if self.environ.get(hang.HANG_DIR_ENV):
+            threading.Thread(target=self.ensure_stack_dump, args=(self.environ[hang.HANG_DIR_ENV],),
+                             daemon=True).start()
         code = self.proc.wait()
         for t in pumps:
             t.join(timeout=5)
         return 128 - code if code < 0 else code
+
+    def ensure_stack_dump(self, directory: str) -> None:
+        """Once the launcher asks, give this rank's stack: the helper's dump if it answers in time,
+        else py-spy's view of the command from outside, else a note saying why there is none."""
+        while not os.path.lexists(hang.request_path(directory)):
+            if self.proc.poll() is not None:
+                return
+            time.sleep(0.5)
+        rank = self.environ.get("RANK", "x")
+        target = hang.stack_path(directory, rank)
+        deadline = time.monotonic() + hang.HELPER_DUMP_WAIT_S
+        while time.monotonic() < deadline:
+            if os.path.lexists(target):
+                return
+            time.sleep(0.2)
+        try:
+            hang.write_private(target, self.outside_stack().encode())
+        except OSError:
+            pass
+
+    def outside_stack(self) -> str:
+        header = f"# pid {self.proc.pid}, rank {self.environ.get('RANK', '?')}: dumped from outside by its wrapper\n"
+        py_spy = shutil.which("py-spy", path=os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", ""))
+        if py_spy is None:
+            return header + ("no stack: the command did not answer (it does not call dtrain.training.init_distributed) "
+                             "and py-spy is not installed (pip install py-spy)\n")
+        try:
+            done = subprocess.run([py_spy, "dump", "--pid", str(self.proc.pid)], capture_output=True, timeout=30)
+        except (OSError, subprocess.TimeoutExpired) as e:
+            return header + f"py-spy dump failed: {e}\n"
+        output = (done.stdout + done.stderr).decode(errors="replace")
+        return header + f"$ py-spy dump --pid {self.proc.pid}\n" + output[-hang.MAX_STACK_CHARS:]
 
     def write_exit_record(self, exit_code: int) -> None:
         run_dir = self.environ.get("DTRAIN_RUN_DIR")

@@ -7,8 +7,13 @@ job's state lives in the backend, not in the trigger, so a trigger rebuilt from
 :meth:`serialize` after a triggerer restart re-attaches to the same job.
 
 The event payload (:func:`event_payload`): ``status``
-(``success`` | ``failed`` | ``error``), ``handle``, ``state``, ``exit_code``,
-``failed_node``, ``reason`` and ``tail`` (the last lines of the job's output).
+(``success`` | ``failed`` | ``error`` | ``hung``), ``handle``, ``state``, ``exit_code``,
+``failed_node``, ``reason`` and ``tail`` (the last lines of the job's output); a ``hung``
+event also carries ``hang``, the :class:`~dtrain.launch.hang.HangVerdict` as primitives.
+
+With ``hang_timeout`` the trigger also watches the ranks' progress between polls (files in
+the run directory, see :mod:`dtrain.launch.hang`): a hung job gets its stacks dumped and is
+cancelled by the trigger, which then reports it.
 
 ``on_kill`` (a user marked the deferred task failed/success or cleared it) cancels the job
 on every host; a triggerer restart does not call it, so the job keeps running.
@@ -17,11 +22,13 @@ on every host; a triggerer restart does not call it, so the job keeps running.
 from __future__ import annotations
 
 import asyncio
+import time
 from typing import Any, AsyncIterator, Mapping
 
 from airflow.triggers.base import BaseTrigger, TriggerEvent
 
 from dtrain.errors import DTrainError
+from dtrain.launch import hang
 from dtrain.launch.backends import JobHandle, JobStatus, get_backend_class
 from dtrain.launch.backends.base import MAX_POLL_ERRORS
 
@@ -33,6 +40,11 @@ def event_payload(handle: JobHandle, status: JobStatus) -> dict[str, Any]:
             "tail": [str(line) for line in status.tail]}
 
 
+def hung_payload(handle: JobHandle, verdict: hang.HangVerdict) -> dict[str, Any]:
+    return {"status": "hung", "handle": handle.to_dict(), "state": "HUNG", "exit_code": hang.HANG_EXIT_CODE,
+            "failed_node": None, "reason": verdict.message(), "tail": [], "hang": verdict.to_dict()}
+
+
 def error_payload(handle: JobHandle, reason: str) -> dict[str, Any]:
     return {"status": "error", "handle": handle.to_dict(), "state": "UNKNOWN", "exit_code": None,
             "failed_node": None, "reason": reason, "tail": []}
@@ -41,17 +53,19 @@ def error_payload(handle: JobHandle, reason: str) -> dict[str, Any]:
 class DistributedJobTrigger(BaseTrigger):
     """Poll a submitted training job (any backend with detached jobs) every ``poll_interval`` seconds."""
 
-    def __init__(self, handle: Mapping[str, Any], poll_interval: float = 10.0):
+    def __init__(self, handle: Mapping[str, Any], poll_interval: float = 10.0, hang_timeout: float | None = None):
         super().__init__()
         self.handle = JobHandle.from_dict(handle)
         backend_cls = get_backend_class(self.handle.backend)
         if not backend_cls.supports_detached:
             raise DTrainError(f"backend={self.handle.backend!r} jobs do not outlive their submitter: cannot be deferred")
         self.poll_interval = float(poll_interval)
+        self.hang_timeout = None if hang_timeout is None else float(hang_timeout)
 
     def serialize(self) -> tuple[str, dict[str, Any]]:
         return (f"{type(self).__module__}.{type(self).__qualname__}",
-                {"handle": self.handle.to_dict(), "poll_interval": self.poll_interval})
+                {"handle": self.handle.to_dict(), "poll_interval": self.poll_interval,
+                 "hang_timeout": self.hang_timeout})
 
     def _backend(self):
         return get_backend_class(self.handle.backend)(sink=self.log.info)
@@ -87,7 +101,34 @@ class DistributedJobTrigger(BaseTrigger):
                 if payload is not None:
                     yield TriggerEvent(payload)
                     return
-            await asyncio.sleep(self.poll_interval)
+            verdict = await self._hang_verdict()
+            if verdict is not None:
+                await self._backend().async_cancel(self.handle)
+                yield TriggerEvent(hung_payload(self.handle, verdict))
+                return
+            await asyncio.sleep(self.poll_interval if self.hang_timeout is None
+                                else min(self.poll_interval, hang.poll_interval(self.hang_timeout)))
+
+    async def _hang_verdict(self) -> hang.HangVerdict | None:
+        """With hang_timeout: the verdict once a rank has been silent that long (its stacks
+        collected first), else None. Progress is read from files: cheap enough for the loop."""
+        if self.hang_timeout is None:
+            return None
+        detector = hang.HangDetector(self.handle.run_dir, self.handle.world_size, self.hang_timeout,
+                                     since=self.handle.submitted_at)
+        last, now = detector.progress(), time.time()
+        silent = detector.silent(last, now)
+        if not silent:
+            return None
+        self.log.warning("no progress from rank(s) %s for %g s: asking every rank for its stack", silent,
+                         self.hang_timeout)
+        detector.request_dumps()
+        deadline = time.monotonic() + hang.DUMP_WAIT_S
+        while len(detector.dumped()) < detector.world_size and time.monotonic() < deadline:
+            await asyncio.sleep(0.2)
+        verdict = detector.verdict(last, now)
+        self.log.error("%s", verdict.message())
+        return verdict
 
     async def on_kill(self) -> None:
         # Only a user's action on the deferred task gets here (not a triggerer restart).

@@ -1,0 +1,404 @@
+"""Hang detection: which rank stopped making progress, every rank's stack, then a diagnosis.
+
+A rank makes progress while it prints a line (its per-rank wrapper touches
+``<run_dir>/progress/rank<R>``, at most once a second), writes a metrics record
+(``<run_dir>/metrics/rank<R>.jsonl``) or calls :func:`dtrain.training.heartbeat`
+(which touches the progress file). Everything goes through files in the run
+directory, which every backend already shares with the launcher (checkpoints and
+exit records live there too), so one watcher serves every backend.
+
+When any rank has been silent for ``hang_timeout`` seconds -- the whole job
+stalled, or one rank stuck while others wait for it or run ahead -- :class:`HangWatch`
+
+1. writes ``<run_dir>/hang/request``; each rank answers by writing its stack to
+   ``hang/rank<R>.txt`` (a thread that :func:`dtrain.training.init_distributed`
+   started, which also writes torch's flight recorder to ``hang/rank<R>.fr.json``;
+   for a script that does not use the helper, the per-rank wrapper runs
+   ``py-spy dump`` when it is installed, or says why there is no stack);
+2. names the stuck rank(s): from the flight recorder, the ranks that never entered
+   the newest collective their peers wait in; without it, from the stacks, the ranks
+   whose main thread is not waiting in a collective; failing both, the ranks silent longest;
+3. hands a :class:`HangVerdict` to the launcher, which tears the job down and
+   fails with :data:`HANG_EXIT_CODE`.
+
+Stdlib only: the per-rank wrapper and the training helper import this module.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Any, Callable
+
+#: exit code of a launch torn down because it hung (as timeout(1) reports a command it stopped)
+HANG_EXIT_CODE = 124
+#: how long the watcher waits for the ranks' stack dumps before it gives up on the missing ones
+DUMP_WAIT_S = 20.0
+#: a rank's wrapper waits this long for the in-process dump before it falls back to py-spy
+HELPER_DUMP_WAIT_S = 5.0
+#: flight recorder entries kept per process group when hang detection is on
+FLIGHT_RECORDER_ENTRIES = "2000"
+#: ranks whose last progress is within this many seconds of the oldest count as silent longest
+SILENCE_TIE_S = 2.0
+#: a flight recorder dump larger than this is not read (a rank's files are untrusted input)
+MAX_RECORDER_BYTES = 32 * 1024 * 1024
+#: an outside stack dump (py-spy) keeps at most this many characters
+MAX_STACK_CHARS = 256 * 1024
+
+HANG_DIR_ENV = "DTRAIN_HANG_DIR"
+PROGRESS_DIR_ENV = "DTRAIN_PROGRESS_DIR"
+
+
+def hang_dir(run_dir: str) -> str:
+    return os.path.join(run_dir, "hang")
+
+
+def progress_dir(run_dir: str) -> str:
+    return os.path.join(run_dir, "progress")
+
+
+def request_path(directory: str) -> str:
+    return os.path.join(directory, "request")
+
+
+def stack_path(directory: str, rank: int | str) -> str:
+    return os.path.join(directory, f"rank{rank}.txt")
+
+
+def flight_recorder_path(directory: str, rank: int | str) -> str:
+    return os.path.join(directory, f"rank{rank}.fr.json")
+
+
+def rank_env(run_dir: str, environ: dict[str, str]) -> dict[str, str]:
+    """What every rank gets when hang detection is on: where to answer a dump request, where
+    to record progress, and a flight recorder (gloo and NCCL; NCCL also dumps on its own
+    watchdog timeout). A value the user set is kept."""
+    directory = hang_dir(run_dir)
+    env = {
+        HANG_DIR_ENV: directory,
+        "TORCH_FR_BUFFER_SIZE": FLIGHT_RECORDER_ENTRIES,
+        "TORCH_NCCL_TRACE_BUFFER_SIZE": FLIGHT_RECORDER_ENTRIES,
+        "TORCH_NCCL_DUMP_ON_TIMEOUT": "1",
+        "TORCH_FR_DUMP_TEMP_FILE": os.path.join(directory, "nccl_trace_rank_"),
+    }
+    return {name: value for name, value in env.items() if name not in environ}
+
+
+def write_private(path: str, data: bytes) -> None:
+    """Write ``data`` to ``path`` atomically, never through a symlink someone planted: the
+    temporary file is created exclusively without following links, then renamed over."""
+    tmp = f"{os.path.join(os.path.dirname(path), '.' + os.path.basename(path))}.{os.getpid()}.tmp"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+    try:
+        os.write(fd, data)
+    finally:
+        os.close(fd)
+    os.replace(tmp, path)
+
+
+def read_bounded(path: str, limit: int) -> bytes | None:
+    """A rank-written file's bytes, or None when it is missing, a symlink, or over ``limit``."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+    except OSError:
+        return None
+    with os.fdopen(fd, "rb") as fh:
+        raw = fh.read(limit + 1)
+    return raw if len(raw) <= limit else None
+
+
+class ProgressToucher:
+    """Marks a rank as making progress: touches ``<progress dir>/rank<R>`` at most once per
+    ``every`` seconds (an mtime the watcher reads), so a chatty rank costs one syscall a second."""
+
+    def __init__(self, directory: str, rank: int | str, every: float = 1.0):
+        self.path = os.path.join(directory, f"rank{rank}")
+        self.every = every
+        self._last = float("-inf")
+        self._lock = threading.Lock()
+
+    def touch(self) -> None:
+        now = time.monotonic()
+        with self._lock:
+            if now - self._last < self.every:
+                return
+            self._last = now
+        try:
+            os.makedirs(os.path.dirname(self.path), exist_ok=True)
+            fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW, 0o644)
+            try:
+                os.utime(fd)
+            finally:
+                os.close(fd)
+        except OSError:
+            pass  # progress marking must never break a rank
+
+
+def last_progress(run_dir: str, rank: int) -> float | None:
+    """Wall-clock time of the rank's latest sign of life, None when it has shown none."""
+    latest = None
+    for path in (os.path.join(progress_dir(run_dir), f"rank{rank}"),
+                 os.path.join(run_dir, "metrics", f"rank{rank}.jsonl")):
+        try:
+            mtime = os.stat(path, follow_symlinks=False).st_mtime
+        except OSError:
+            continue
+        latest = mtime if latest is None else max(latest, mtime)
+    return latest
+
+
+def job_progress(run_dir: str, world_size: int, since: float) -> dict[int, float]:
+    """Each rank's last progress, once the job runs; {} before any rank of it has started.
+
+    Signs older than ``since`` are an earlier attempt's. Until the first rank starts (its
+    wrapper marks it at once), the job is queued or its agents are still meeting, which is not
+    a hang: a queued Slurm job may wait for hours, and rendezvous has its own timeout. From
+    then on, a rank that never showed a sign of life is silent since the first one started.
+    """
+    seen = {rank: last_progress(run_dir, rank) for rank in range(world_size)}
+    known = {rank: when for rank, when in seen.items() if when is not None and when >= since}
+    if not known:
+        return {}
+    started = min(known.values())
+    return {rank: known.get(rank, started) for rank in range(world_size)}
+
+
+def silent_ranks(last: dict[int, float], now: float, timeout: float) -> list[int]:
+    """Ranks whose last progress is ``timeout`` seconds old or older."""
+    return sorted(rank for rank, when in last.items() if now - when >= timeout)
+
+
+def newest_collective(flight_recorder: dict[str, Any]) -> tuple[int, str] | None:
+    """(sequence id, name) of the newest collective a rank entered on its default process
+    group, from torch's flight recorder dump (``_dump_fr_trace_json``)."""
+    best: tuple[int, str] | None = None
+    for entry in flight_recorder.get("entries") or ():
+        if not isinstance(entry, dict) or entry.get("is_p2p"):
+            continue
+        group = entry.get("process_group") or ["", ""]
+        if str(entry.get("pg_id", group[0])) not in ("0",):
+            continue
+        seq = entry.get("collective_seq_id")
+        if isinstance(seq, int) and (best is None or seq > best[0]):
+            best = (seq, printable(entry.get("profiling_name") or "collective"))
+    return best
+
+
+def printable(value: Any, limit: int = 80) -> str:
+    """A rank-written name fit for a log line: printable ASCII, bounded."""
+    text = "".join(ch if " " <= ch <= "~" else "?" for ch in str(value))
+    return text[:limit]
+
+
+@dataclass
+class HangVerdict:
+    """What the launcher reports when a job hung (primitives only: it goes to XCom)."""
+
+    stuck_ranks: list[int]
+    silent_s: dict[str, float]
+    timeout_s: float
+    reason: str
+    stacks: dict[str, str] = field(default_factory=dict)
+    flight_recorder: dict[str, str] = field(default_factory=dict)
+    missing_stacks: list[int] = field(default_factory=list)
+    detected_after_s: float = 0.0
+    detected_at: float = 0.0
+
+    def message(self) -> str:
+        ranks = ", ".join(str(r) for r in self.stuck_ranks)
+        paths = ", ".join(self.stacks[k] for k in sorted(self.stacks, key=int)) or "none written"
+        return (f"hang detected: rank(s) {ranks} stuck ({self.reason}); no progress for "
+                f"{self.timeout_s:g} s (hang_timeout); stack dumps: {paths}")
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+# Frames of a main thread that waits for its peers: a torch.distributed collective, DDP's
+# gradient all-reduce inside backward, DeepSpeed's communication layer.
+WAITING_FRAMES = ("distributed_c10d.py", "torch/nn/parallel/distributed.py", "_engine_run_backward",
+                  "deepspeed/comm/")
+
+
+def main_thread_stack(text: str) -> str:
+    """The main thread's part of a stack dump (the helper's format or py-spy's)."""
+    for marker in ("[main]:", '"MainThread"'):
+        start = text.find(marker)
+        if start >= 0:
+            end = text.find("\nThread ", start)
+            return text[start:] if end < 0 else text[start:end]
+    return text
+
+
+def waiting_in_collective(stack: str) -> bool:
+    main = main_thread_stack(stack)
+    return any(frame in main for frame in WAITING_FRAMES)
+
+
+def diagnose(last: dict[int, float], now: float, timeout: float, recorders: dict[int, dict[str, Any]],
+             stacks: dict[int, str] | None = None) -> tuple[list[int], str]:
+    """Name the stuck rank(s) and say why. The flight recorder is the better witness: a rank
+    that never entered the collective its peers are blocked in is the one holding them up.
+    Next, the stacks: ranks whose main thread is not waiting in a collective while others are.
+    Failing both, the rank(s) silent longest."""
+    stacks = stacks or {}
+    newest = {rank: newest_collective(fr) for rank, fr in recorders.items()}
+    known = {rank: seq for rank, seq in newest.items() if seq is not None}
+    if len(known) == len(last) and len(known) > 1:
+        top_seq, top_name = max(known.values())
+        behind = sorted(rank for rank, (seq, _) in known.items() if seq < top_seq)
+        if behind:
+            waiting = sorted(set(known) - set(behind))
+            return behind, (f"never entered collective #{top_seq} ({top_name}) that rank(s) "
+                            f"{', '.join(map(str, waiting))} wait in")
+    if len(stacks) == len(last) and len(stacks) > 1:
+        waiting = sorted(rank for rank, text in stacks.items() if waiting_in_collective(text))
+        if waiting and len(waiting) < len(stacks):
+            return sorted(set(stacks) - set(waiting)), (f"not in a collective, while rank(s) "
+                                                         f"{', '.join(map(str, waiting))} wait in one")
+    oldest = min(last.values())
+    stuck = sorted(rank for rank, when in last.items() if when - oldest <= SILENCE_TIE_S)
+    if len(stuck) == len(last):
+        return stuck, "no rank made progress"
+    return stuck, "silent the longest while other ranks went on"
+
+
+class HangDetector:
+    """The steps of hang detection, without a thread or an event loop of its own, so the
+    launcher's watch thread and the deferrable trigger's async loop share them.
+
+    Args:
+        run_dir: the job's run directory (shared with every node).
+        world_size: ranks to watch, 0..world_size-1.
+        timeout: seconds of silence that make a hang.
+        since: when the job started (a rank without progress yet is silent since then).
+    """
+
+    def __init__(self, run_dir: str, world_size: int, timeout: float, since: float):
+        self.run_dir = run_dir
+        self.directory = hang_dir(run_dir)
+        self.world_size = world_size
+        self.timeout = timeout
+        self.since = since
+
+    def clear_previous(self) -> None:
+        """An earlier attempt's request would make new ranks dump at once, and its stacks would
+        pass for this attempt's: remove them (unlinking never follows a link)."""
+        os.makedirs(self.directory, exist_ok=True)
+        for name in os.listdir(self.directory):
+            try:
+                os.unlink(os.path.join(self.directory, name))
+            except (IsADirectoryError, PermissionError, FileNotFoundError):
+                continue
+
+    def progress(self) -> dict[int, float]:
+        return job_progress(self.run_dir, self.world_size, self.since)
+
+    def silent(self, last: dict[int, float], now: float) -> list[int]:
+        return silent_ranks(last, now, self.timeout) if last else []
+
+    def request_dumps(self) -> None:
+        write_private(request_path(self.directory), json.dumps({"time": time.time()}).encode())
+
+    def dumped(self) -> set[int]:
+        return {r for r in range(self.world_size) if os.path.isfile(stack_path(self.directory, r))}
+
+    def verdict(self, last: dict[int, float], now: float) -> HangVerdict:
+        """Read the dumps, name the stuck rank(s), and record the verdict next to the stacks."""
+        stacks = self.dumped()
+        recorders = self._read_recorders()
+        stuck, reason = diagnose(last, now, self.timeout, recorders, self._read_stacks(stacks))
+        verdict = HangVerdict(
+            stuck_ranks=stuck, silent_s={str(rank): round(now - when, 1) for rank, when in last.items()},
+            timeout_s=self.timeout, reason=reason,
+            stacks={str(r): stack_path(self.directory, r) for r in sorted(stacks)},
+            flight_recorder={str(r): flight_recorder_path(self.directory, r) for r in sorted(recorders)},
+            missing_stacks=sorted(set(range(self.world_size)) - stacks),
+            detected_after_s=round(now - min(last.values()), 1), detected_at=now,
+        )
+        write_private(os.path.join(self.directory, "verdict.json"), json.dumps(verdict.to_dict(), indent=2).encode())
+        return verdict
+
+    def _read_stacks(self, ranks: set[int]) -> dict[int, str]:
+        texts = {}
+        for rank in ranks:
+            raw = read_bounded(stack_path(self.directory, rank), MAX_STACK_CHARS * 2)
+            if raw is not None:
+                texts[rank] = raw.decode(errors="replace")
+        return texts
+
+    def _read_recorders(self) -> dict[int, dict[str, Any]]:
+        recorders = {}
+        for rank in range(self.world_size):
+            raw = read_bounded(flight_recorder_path(self.directory, rank), MAX_RECORDER_BYTES)
+            try:
+                data = json.loads(raw) if raw is not None else None
+            except ValueError:
+                continue
+            if isinstance(data, dict):
+                recorders[rank] = data
+        return recorders
+
+
+def poll_interval(timeout: float) -> float:
+    """How often to look at the progress files: a tenth of the timeout, 0.2 to 5 s."""
+    return max(0.2, min(5.0, timeout / 10))
+
+
+class HangWatch:
+    """A daemon thread next to whatever waits for the job (the launcher): on a hang it collects
+    every rank's stack, then calls ``on_hang`` with the :class:`HangVerdict`; ``on_hang`` must
+    tear the job down.
+
+    Args:
+        run_dir, world_size, timeout: as :class:`HangDetector`.
+        on_hang: called once, from the watch thread, with the verdict.
+        sink: where the diagnosis is logged.
+        dump_wait: seconds to wait for every rank's stack dump.
+    """
+
+    def __init__(self, run_dir: str, world_size: int, timeout: float, on_hang: Callable[[HangVerdict], None],
+                 sink: Callable[[str], None] = print, dump_wait: float = DUMP_WAIT_S, interval: float | None = None):
+        self.detector = HangDetector(run_dir, world_size, timeout, since=time.time())
+        self.on_hang = on_hang
+        self.sink = sink
+        self.dump_wait = dump_wait
+        self.interval = interval if interval is not None else poll_interval(timeout)
+        self.verdict: HangVerdict | None = None
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> "HangWatch":
+        self.detector.since = time.time() - 1  # file systems with whole-second mtimes
+        self.detector.clear_previous()
+        self._thread = threading.Thread(target=self._run, name="dtrain-hang-watch", daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join(timeout=self.dump_wait + 10)
+
+    def _run(self) -> None:
+        detector = self.detector
+        while not self._stop.wait(self.interval):
+            last, now = detector.progress(), time.time()
+            silent = detector.silent(last, now)
+            if not silent:
+                continue
+            self.sink(f"[dtrain] no progress from rank(s) {silent} for {detector.timeout:g} s: "
+                      "asking every rank for its stack")
+            detector.request_dumps()
+            deadline = time.monotonic() + self.dump_wait
+            while len(detector.dumped()) < detector.world_size and time.monotonic() < deadline:
+                if self._stop.wait(0.2):
+                    return
+            self.verdict = detector.verdict(last, now)
+            self.sink(f"[dtrain] {self.verdict.message()}")
+            if not self._stop.is_set():
+                self.on_hang(self.verdict)
+            return
