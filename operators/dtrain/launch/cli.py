@@ -25,6 +25,9 @@ def register(subparsers) -> None:
     p.add_argument("--backend", default="local", help=f"one of {', '.join(backend_names())} (default local)")
     p.add_argument("--deepspeed-config", metavar="FILE", help="DeepSpeed JSON config (validated before launch)")
     p.add_argument("--max-restarts", type=int, default=0, help="torchrun worker restarts after a failure")
+    p.add_argument("--hang-timeout", type=float, default=None, metavar="SECONDS",
+                   help="declare the job hung when a rank shows no progress (a printed line, a metrics record, "
+                        "a heartbeat) for SECONDS: dump every rank's stack, stop the job, exit 124 (default: off)")
     p.add_argument("--rdzv-port", type=int, default=0, help="rendezvous port (default: a free port per job)")
     p.add_argument("--rdzv-timeout", type=float, default=300.0, help="seconds for all nodes to join")
     p.add_argument("--device", default="auto", choices=("auto", "cpu", "gpu"))
@@ -81,6 +84,7 @@ def run(args: argparse.Namespace) -> int:
         max_restarts=args.max_restarts, rdzv_port=args.rdzv_port, rdzv_timeout=args.rdzv_timeout,
         device=args.device, run_dir=args.run_dir, env=parse_env(args.env), gpus_per_node=args.gpus_per_node,
         mpi_options=args.mpi_options, parameter_servers=args.parameter_servers, backend_options=backend_options(args),
+        hang_timeout=args.hang_timeout,
     )
     if args.dry_run:
         return dry_run(spec)
@@ -93,6 +97,8 @@ def run(args: argparse.Namespace) -> int:
     for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         signal.signal(signum, on_signal)
     result = launcher.run()
+    if result.hang:
+        print(f"[dtrain] {result.hang['message']}", file=sys.stderr)
     if not result.ok and result.tail:
         print(f"[dtrain] last lines of rank {result.failed_rank}:", file=sys.stderr)
         for line in result.tail[-20:]:
