@@ -25,12 +25,21 @@ class SpecError(DTrainError, ValueError):
 
 
 class LaunchError(DTrainError):
-    """A launched job failed. Carries the failing rank's exit code and output tail."""
+    """A launched job failed. Carries the failing rank's exit code and output tail, and the
+    backend's final job state when it reports one (``PREEMPTED``, ``NODE_FAIL``, ``LOST``...):
+    what :mod:`dtrain.launch.retry` reads to decide whether a retry can help."""
 
-    def __init__(self, message: str, exit_code: int, rank: int | None = None, tail: list[str] | None = None):
+    def __init__(self, message: str, exit_code: int, rank: int | None = None, tail: list[str] | None = None,
+                 state: str | None = None):
+        self.summary = message
         self.exit_code = exit_code
         self.rank = rank
         self.tail = list(tail or [])
+        self.state = state
         detail = "\n".join(self.tail)
         source = f"rank {rank}" if rank is not None else "the job"
         super().__init__(message + (f"\nlast lines of {source}:\n{detail}" if detail else ""))
+
+    def __reduce__(self):
+        # Rebuilt from its fields, not from the formatted message (it may cross process boundaries).
+        return type(self), (self.summary, self.exit_code, self.rank, self.tail, self.state)

@@ -26,11 +26,11 @@ from typing import Any, Mapping
 
 from dtrain.errors import DTrainError, LaunchError, SpecError
 from dtrain.launch.backends import JobHandle, backend_for, detachable_backend_names, get_backend_class
-from dtrain.launch.job import prepare_job
+from dtrain.launch.hang import HANG_EXIT_CODE
 from dtrain.launch.spec import LaunchSpec
 
 SUBMISSION_KEY = "_dtrain_submission"  # attribute on the operator: the handle on_kill cancels
-EVENT_STATUSES = ("success", "failed", "error")
+EVENT_STATUSES = ("success", "failed", "error", "hung")
 DEFAULT_POLL_INTERVAL = 10.0
 # Backend job ids appear in file names: a conservative alphabet, whatever the backend.
 _JOB_ID = re.compile(r"^[A-Za-z0-9_.+-]{1,128}$")
@@ -61,9 +61,11 @@ def defer_job(operator, spec: LaunchSpec, context: Mapping | None = None, sink=N
         raise SpecError("deferrable", True, f"a backend whose jobs outlive the worker ({', '.join(detachable_backend_names())}); "
                                             f"backend={spec.backend!r} with distribution={spec.distribution!r} "
                                             f"runs on {backend_cls.name!r}, which cannot")
-    backend = backend_cls(sink=sink or operator.log.info)
-    job = prepare_job(spec)
-    handle = backend.submit(job, detached=True)
+    from dtrain.launch.launcher import Launcher
+
+    sink = sink or operator.log.info
+    # The launcher prepares the job as a durable submission does (the ranks' env included).
+    handle = Launcher(spec, sink=sink, backend=backend_cls(sink=sink)).submit_detached()
     write_submission(handle)
     setattr(operator, SUBMISSION_KEY, handle.to_dict())
     ti = (context or {}).get("ti")
@@ -72,7 +74,8 @@ def defer_job(operator, spec: LaunchSpec, context: Mapping | None = None, sink=N
     from dtrain.launch.trigger import DistributedJobTrigger
 
     trigger = DistributedJobTrigger(handle=handle.to_dict(),
-                                    poll_interval=float(handle.data.get("poll_interval", DEFAULT_POLL_INTERVAL)))
+                                    poll_interval=float(handle.data.get("poll_interval", DEFAULT_POLL_INTERVAL)),
+                                    hang_timeout=spec.hang_timeout)
     event = trigger.poll_once()
     if event is not None:  # never defer for a job that is already over
         return resume_job(operator, event)
@@ -122,23 +125,33 @@ def resume_job(operator, event: Any) -> dict[str, Any]:
     if handle.backend_job_id != handle.job_id:
         where += f" ({handle.job_id})"
     if event["status"] == "error":
-        raise LaunchError(f"lost track of {where}: {event.get('reason')}", 1, tail=event["tail"])
+        raise LaunchError(f"lost track of {where}: {event.get('reason')}", 1, tail=event["tail"], state="LOST")
+    if event["status"] == "hung":  # the trigger saw no progress, collected the stacks and cancelled the job
+        stuck = [r for r in (event.get("hang") or {}).get("stuck_ranks") or [] if isinstance(r, int)]
+        raise LaunchError(f"{where} {event.get('reason')}", HANG_EXIT_CODE, stuck[0] if stuck else None,
+                          event["tail"], "HUNG")
     if event["status"] == "failed":
         failure = first_failure(os.path.join(run_dir, "exits"))
         summary = f"{where} ended {event.get('state')}"
         if failure is None:  # no rank ran to its end (bad interpreter, node failure...): the job log says why
             error = LaunchError(f"{summary} with exit code {result.exit_code}; last lines of the job log:\n"
-                                + "\n".join(event["tail"]), result.exit_code)
+                                + "\n".join(event["tail"]), result.exit_code, state=_state(event))
             error.tail = event["tail"]
             raise error
         # Name the rank that failed first, with its own output.
         raise LaunchError(f"{summary}: rank {failure['rank']} failed first with exit code {failure['exit_code']}",
-                          failure["exit_code"], failure["rank"], failure["tail"] or event["tail"])
+                          failure["exit_code"], failure["rank"], failure["tail"] or event["tail"], _state(event))
     log = getattr(operator, "log", None)
     if log is not None:
         log.info("%s succeeded: world_size=%s in %.1fs, metrics=%s", where, result.world_size, result.duration_s,
                  result.metrics)
     return result.to_xcom() | {f"{handle.backend}_job_id": handle.backend_job_id}
+
+
+def _state(event: Mapping[str, Any]) -> str | None:
+    """The backend's final state from an event (what the retry policy reads), if it is a word."""
+    state = event.get("state")
+    return state if isinstance(state, str) and state.replace("_", "").isalnum() and len(state) <= 32 else None
 
 
 def kill_job(operator) -> None:

@@ -1,0 +1,157 @@
+"""Re-attach after a worker crash: the engine side of the operator's durable (non-deferrable) mode.
+
+A blocking task holds its job through its own process: when the worker dies (SIGKILL, a lost
+machine) Airflow retries the task, and a retry that simply launched again would run a second
+job next to the first one, which may still be training. In durable mode the operator instead
+
+1. submits the job *detached* (``backend.submit(job, detached=True)``, as deferrable mode does:
+   a Slurm job, or one ``detached_node`` daemon per SSH host, outlives the worker), writes the
+   handle into the run directory (the submission record) and, through Airflow's
+   ``ResumableJobMixin``, into the task state store;
+2. follows the job from the worker by polling (:class:`Following`, run by
+   :meth:`dtrain.launch.launcher.Launcher.attach`): same output streaming, failure records,
+   teardown and result as a blocking run;
+3. on a retry, reads the handle back and asks the backend where the job is
+   (:func:`recorded_status`): still running -> follow it; ended well -> take its result;
+   ended badly -> stop whatever of it may still run, then submit afresh (resuming from the
+   checkpoint in the same run directory).
+
+No Airflow import: the operator maps these onto the mixin's methods. The stored value is only
+trusted when the run directory holds the same submission record (:func:`recorded_handle`): a
+value edited through the REST API cannot make the task poll or cancel anything else.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any, Callable
+
+from dtrain.errors import DTrainError, LaunchError
+from dtrain.launch.backends import Backend, BackendOutcome, JobHandle, JobStatus
+from dtrain.launch.deferrable import DEFAULT_POLL_INTERVAL, submission_path, write_submission
+
+# What get_job_status reports to the mixin: "<verdict>:<backend state>".
+ACTIVE, SUCCEEDED, ENDED, NOT_OURS = "active", "succeeded", "ended", "not-ours"
+LOST_EXIT_CODE = 255  # as ssh reports a connection it lost: retry.py reads it as a lost node
+TAIL_LINES = 40
+
+__all__ = ["Following", "recorded_handle", "recorded_status", "status_word", "is_active", "is_succeeded",
+           "write_submission"]
+
+
+def status_word(status: JobStatus) -> str:
+    """The mixin's status string for ``status``. A job the backend could not be asked about counts
+    as active: reconnecting (and giving up after repeated failed polls) never doubles a job,
+    submitting again might."""
+    if not status.done:
+        return f"{ACTIVE}:{status.state}"
+    return f"{SUCCEEDED if status.ok else ENDED}:{status.state}"
+
+
+def is_active(word: str) -> bool:
+    return word.startswith(f"{ACTIVE}:")
+
+
+def is_succeeded(word: str) -> bool:
+    return word.startswith(f"{SUCCEEDED}:")
+
+
+def recorded_handle(value: Any, backend: str, run_dir: str) -> JobHandle:
+    """The handle ``value`` (from the task state store) if it names a job this task submitted:
+    the backend and run directory this try would use, and the submission record written there
+    at submission. Raises DTrainError saying why not."""
+    handle = JobHandle.from_dict(value)
+    if handle.backend != backend or os.path.abspath(handle.run_dir) != os.path.abspath(run_dir):
+        raise DTrainError(f"the recorded job ({handle.backend} in {handle.run_dir}) is not this task's "
+                          f"({backend} in {run_dir})")
+    try:
+        with open(submission_path(handle), encoding="utf-8") as fh:
+            record = json.load(fh)
+    except (OSError, ValueError) as e:
+        raise DTrainError(f"no submission record for {handle.backend} job {handle.backend_job_id} "
+                          f"in {handle.run_dir}") from e
+    if record != handle.to_dict():
+        raise DTrainError(f"the recorded {handle.backend} job {handle.backend_job_id} does not match "
+                          "its submission record")
+    return handle
+
+
+def recorded_status(backend: Backend, value: Any, run_dir: str, warn: Callable[[str], Any]) -> str:
+    """Where the recorded job is now, as :func:`status_word`; ``not-ours:`` when the value is not a
+    job this task submitted (then it is neither polled nor cancelled, and a new job is submitted).
+    A job that ended badly is cancelled first: with SSH, the other nodes of a job whose node
+    failed may still run (the worker that would have stopped them is gone)."""
+    try:
+        handle = recorded_handle(value, backend.name, run_dir)
+    except DTrainError as e:
+        warn(f"[dtrain] not re-attaching: {e}")
+        return f"{NOT_OURS}:"
+    try:
+        status = backend.poll(handle)
+    except DTrainError as e:
+        status = JobStatus(state="UNKNOWN", done=False, reason=str(e), reachable=False)
+    word = status_word(status)
+    if status.done and not status.ok:
+        warn(f"[dtrain] {handle.backend} job {handle.backend_job_id} of an earlier try ended {status.state} "
+             f"(exit {status.exit_code}); stopping what may remain of it before a new submission")
+        backend.cancel(handle)
+    return word
+
+
+class Following:
+    """A backend whose ``run(job)`` follows the submitted job ``handle`` names instead of starting
+    one: :meth:`Backend.run` without the submit. Everything else is the wrapped backend's, so
+    :class:`~dtrain.launch.launcher.Launcher` (its watch, ``terminate``, result) works unchanged."""
+
+    def __init__(self, backend: Backend, handle: JobHandle):
+        self.backend = backend
+        self.handle = handle
+        self.state = ""  # the job's final state, once it ended
+        self.lines = 0  # output lines the backend streamed while following
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.backend, name)
+
+    def run(self, job: Any = None) -> BackendOutcome:
+        backend, handle = self.backend, self.handle
+        # Remote polls (scontrol, ssh to every host) at the pace the submission chose, not the
+        # local default: the re-attaching backend never ran submit().
+        backend.poll_interval = float(handle.data.get("poll_interval", DEFAULT_POLL_INTERVAL))
+        sink = backend.sink
+        backend.sink = self._counting(sink)
+        try:
+            status = backend._wait(handle)
+        except DTrainError as e:  # lost track: the backend could not be asked, poll after poll
+            self.state = "LOST"
+            self._stop()
+            raise LaunchError(str(e), LOST_EXIT_CODE, state=self.state) from e
+        except BaseException:
+            self._stop()  # whatever went wrong here, the job must not run on unwatched
+            raise
+        finally:
+            backend.sink = sink
+        if status is None or not status.ok:
+            backend.cancel(handle)  # a failed node: stop the others; stopped: stop everything
+        self._stop(cancel=False)
+        if status is None:
+            return BackendOutcome(exit_code=-1, stopped=True)
+        self.state = status.state
+        if not self.lines:  # a backend that does not stream (detached SSH): its last lines at least
+            for line in backend.logs(handle, TAIL_LINES):
+                sink(line)
+        code = status.exit_code if status.exit_code is not None else (0 if status.ok else 1)
+        tail = [] if status.ok else list(status.tail)
+        return BackendOutcome(exit_code=code, node_index=status.failed_node, tail=tail)
+
+    def _counting(self, sink: Callable[[str], Any]) -> Callable[[str], Any]:
+        def emit(line: str) -> None:
+            self.lines += 1
+            sink(line)
+        return emit
+
+    def _stop(self, cancel: bool = True) -> None:
+        if cancel:
+            self.backend.cancel(self.handle)
+        self.backend.follow(self.handle)
+        self.backend.release(self.handle)
