@@ -18,7 +18,6 @@ import pytest
 from dtrain.errors import SpecError
 from dtrain.launch import hang
 from dtrain.launch.spec import LaunchSpec
-from tests.remote.conftest import ssh_cluster  # noqa: F401 (TEMP)
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(os.path.dirname(HERE))
@@ -208,3 +207,55 @@ def test_cli_refuses_a_bad_hang_timeout_before_anything_starts(tmp_path):
     run = launch_cli(tmp_path / "never", "--hang-timeout", "0")
     assert run.returncode == 2 and "hang_timeout=0.0 is invalid" in run.stderr
     assert not (tmp_path / "never").exists()
+
+
+def test_operator_fails_naming_the_stuck_rank_with_the_verdict_in_xcom(airflow_db, tmp_path):
+    from tests.conftest import load_test_dag
+
+    dag = load_test_dag("hang_dags.py", "hang_test")
+    dag_run = dag.test(run_conf={"hang_timeout": str(TIMEOUT), "run_dir": str(tmp_path)})
+    ti = next(t for t in dag_run.get_task_instances() if t.task_id == "train")
+    assert ti.state == "failed"
+    verdict = ti.xcom_pull(task_ids="train", key="hang")
+    assert verdict["stuck_ranks"] == [1] and sorted(verdict["stacks"]) == ["0", "1"]
+    assert "rank(s) 1 stuck" in verdict["message"]
+    assert verdict["detected_at"] - went_silent_at(str(tmp_path)) <= DETECTION_BOUND
+
+
+def test_operator_turns_hang_detection_on_by_default_and_off_with_none():
+    from dtrain.launch.operator import DEFAULT_HANG_TIMEOUT, DistributedTrainingOperator
+
+    on = DistributedTrainingOperator(task_id="a", command=[HANG_TRAIN], device="cpu")
+    off = DistributedTrainingOperator(task_id="b", command=[HANG_TRAIN], device="cpu", hang_timeout=None)
+    assert on.build_spec({"run_id": "r"}).hang_timeout == DEFAULT_HANG_TIMEOUT == 1800
+    assert off.build_spec({"run_id": "r"}).hang_timeout is None
+
+
+def test_deferred_ssh_job_hang_is_caught_by_the_trigger(ssh_cluster, tmp_path):
+    """Deferrable mode: the trigger (rebuilt from its kwargs, as a triggerer would) watches the
+    progress files, collects the stacks, cancels the job on both hosts, and the task fails with 124."""
+    from airflow.sdk.exceptions import TaskDeferred
+
+    from dtrain.errors import LaunchError
+    from dtrain.launch.deferrable import defer_job
+    from dtrain.launch.operator import DistributedTrainingOperator
+    from tests.slurm.test_ssh_deferrable import first_event, job_pids, rebuilt
+
+    spec = LaunchSpec(command=["python", HANG_TRAIN, "--silent-rank", "2", "--silent-step", "4"], nodes=2,
+                      procs_per_node=2, backend="ssh", device="cpu", run_dir=str(tmp_path), hang_timeout=TIMEOUT,
+                      env={"GLOO_SOCKET_IFNAME": "lo"}, workdir=REPO,
+                      backend_options={"hostfile": ssh_cluster.hostfile(2), **ssh_cluster.ssh_settings()})
+    op = DistributedTrainingOperator(task_id="train", command=spec.command, backend="ssh", deferrable=True)
+    with pytest.raises(TaskDeferred) as deferred:
+        defer_job(op, spec, context={})
+    trigger = rebuilt(deferred.value.trigger)
+    assert trigger.hang_timeout == TIMEOUT
+    trigger.poll_interval = 0.5
+    event = first_event(trigger, timeout=180)
+    assert event["status"] == "hung" and event["hang"]["stuck_ranks"] == [2]
+    assert event["hang"]["detected_at"] - went_silent_at(str(tmp_path)) <= DETECTION_BOUND
+    assert sorted(event["hang"]["stacks"]) == ["0", "1", "2", "3"]
+    assert not job_pids(event["handle"]["job_id"])  # cancelled on both hosts
+    with pytest.raises(LaunchError) as failure:
+        op.execute_complete({}, event)
+    assert failure.value.exit_code == hang.HANG_EXIT_CODE and "rank(s) 2 stuck" in str(failure.value)

@@ -266,6 +266,18 @@ def diagnose(last: dict[int, float], now: float, timeout: float, recorders: dict
     return stuck, "silent the longest while other ranks went on"
 
 
+def clear_previous(run_dir: str) -> None:
+    """An earlier attempt's request would make new ranks dump at once, and its stacks would pass
+    for this attempt's: remove them before the job starts (unlinking never follows a link)."""
+    directory = hang_dir(run_dir)
+    os.makedirs(directory, exist_ok=True)
+    for name in os.listdir(directory):
+        try:
+            os.unlink(os.path.join(directory, name))
+        except (IsADirectoryError, PermissionError, FileNotFoundError):
+            continue
+
+
 class HangDetector:
     """The steps of hang detection, without a thread or an event loop of its own, so the
     launcher's watch thread and the deferrable trigger's async loop share them.
@@ -285,14 +297,7 @@ class HangDetector:
         self.since = since
 
     def clear_previous(self) -> None:
-        """An earlier attempt's request would make new ranks dump at once, and its stacks would
-        pass for this attempt's: remove them (unlinking never follows a link)."""
-        os.makedirs(self.directory, exist_ok=True)
-        for name in os.listdir(self.directory):
-            try:
-                os.unlink(os.path.join(self.directory, name))
-            except (IsADirectoryError, PermissionError, FileNotFoundError):
-                continue
+        clear_previous(self.run_dir)
 
     def progress(self) -> dict[int, float]:
         return job_progress(self.run_dir, self.world_size, self.since)

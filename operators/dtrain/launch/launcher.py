@@ -11,7 +11,8 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from dtrain.errors import LaunchError
-from dtrain.launch.backends import Backend, BackendOutcome, backend_for
+from dtrain.launch import hang
+from dtrain.launch.backends import Backend, BackendOutcome, JobHandle, backend_for
 from dtrain.launch.job import Job, prepare_job
 from dtrain.launch.processes import LineSink, print_sink
 from dtrain.launch.spec import LaunchSpec
@@ -34,18 +35,23 @@ class LaunchResult:
     metrics: dict[str, Any] = field(default_factory=dict)
     stall: dict[str, Any] = field(default_factory=dict)
     stopped: bool = False
+    hang: dict[str, Any] = field(default_factory=dict)
+    state: str = ""  # the backend's final job state when it reports one (PREEMPTED, NODE_FAIL...)
 
     @property
     def ok(self) -> bool:
         return self.exit_code == 0
 
     def raise_for_status(self) -> None:
+        if self.hang:
+            raise LaunchError(f"job {self.job_id} {self.hang['message']}", self.exit_code,
+                              (self.hang["stuck_ranks"] or [None])[0], self.tail)
         if self.stopped:
-            raise LaunchError(f"job {self.job_id} was stopped", self.exit_code)
+            raise LaunchError(f"job {self.job_id} was stopped", self.exit_code, state=self.state or None)
         if not self.ok:
             where = f"rank {self.failed_rank}" if self.failed_rank is not None else f"node {self.failed_node}"
             raise LaunchError(f"job {self.job_id} failed: {where} exited with {self.exit_code}",
-                              self.exit_code, self.failed_rank, self.tail)
+                              self.exit_code, self.failed_rank, self.tail, self.state or None)
 
     def to_xcom(self) -> dict[str, Any]:
         """Primitives only: what the operator pushes to XCom."""
@@ -87,17 +93,24 @@ class Launcher:
         self.backend = backend or backend_for(spec)(sink=sink)
         self.job: Job | None = None
         self._terminated = threading.Event()
+        self.hang_verdict: hang.HangVerdict | None = None
 
-    def run(self) -> LaunchResult:
-        self.job = job = prepare_job(self.spec)
+    def run(self, job: Job | None = None) -> LaunchResult:
+        """Run the spec to its end. ``job``: one already prepared (:meth:`attach` passes the job a
+        handle names, whose exit records must survive); default: a new one."""
+        self.job = job = job or prepare_job(self.spec)
         self.sink(f"[dtrain] job {job.job_id}: {self.spec.nodes} node(s) x {self.spec.procs_per_node} proc(s), "
                   f"distribution={self.spec.distribution}, backend={self.spec.backend}, run_dir={job.run_dir}")
         started = time.monotonic()
+        watch = self._watch_for_hangs(job)
         try:
             outcome = self.backend.run(job)
         except LaunchError as e:  # the job could not start (a host unreachable, sbatch refused)
             self.sink(f"[dtrain] {e}")
             outcome = BackendOutcome(exit_code=e.exit_code or 1, tail=e.tail or [str(e).splitlines()[0]])
+        finally:
+            if watch is not None:
+                watch.stop()
         duration = time.monotonic() - started
         result = LaunchResult(
             job_id=job.job_id, run_dir=job.run_dir, world_size=self.spec.world_size,
@@ -106,7 +119,11 @@ class Launcher:
             metrics=read_metrics(job.metrics_dir),
         )
         self._report_stalls(result)
-        if outcome.stopped or self._terminated.is_set():
+        if self.hang_verdict is not None:
+            result.exit_code = hang.HANG_EXIT_CODE
+            result.hang = {**self.hang_verdict.to_dict(), "message": self.hang_verdict.message()}
+            result.failed_rank = (self.hang_verdict.stuck_ranks or [None])[0]
+        elif outcome.stopped or self._terminated.is_set():
             result.exit_code, result.stopped = STOPPED_EXIT_CODE, True
         elif outcome.exit_code != 0:
             failure = first_failure(job.exits_dir)
@@ -118,8 +135,22 @@ class Launcher:
             else:
                 result.failed_node, result.tail = outcome.node_index, outcome.tail
         self.sink(f"[dtrain] job {job.job_id} finished: exit_code={result.exit_code} in {result.duration_s:.1f}s"
-                  + (f" (rank {result.failed_rank} failed first)" if result.failed_rank is not None else ""))
+                  + (f" (hung: rank(s) {', '.join(map(str, result.hang['stuck_ranks']))} stuck)" if result.hang
+                     else f" (rank {result.failed_rank} failed first)" if result.failed_rank is not None else ""))
         return result
+
+    def _watch_for_hangs(self, job: Job) -> hang.HangWatch | None:
+        """With ``hang_timeout`` set, give every rank the dump/flight-recorder env and watch
+        its progress; a hang tears the job down (see dtrain.launch.hang)."""
+        if self.spec.hang_timeout is None:
+            return None
+        job.rank_env.update(hang.rank_env(job.run_dir, job.rank_env))
+        return hang.HangWatch(job.run_dir, self.spec.world_size, self.spec.hang_timeout,
+                              on_hang=self._on_hang, sink=self.sink).start()
+
+    def _on_hang(self, verdict: hang.HangVerdict) -> None:
+        self.hang_verdict = verdict
+        self.backend.terminate()
 
     def _report_stalls(self, result: LaunchResult) -> None:
         """Per-rank step time, data-wait fraction and samples/s, with the CPUBottleneck and
@@ -138,6 +169,29 @@ class Launcher:
     def terminate(self) -> None:
         self._terminated.set()
         self.backend.terminate()
+
+    # -- detached jobs: submitted by one process, followed by it or by a later one -----------------
+
+    def submit_detached(self) -> JobHandle:
+        """Start the job so that it outlives this process (a worker crash leaves it running), and
+        return its handle; :meth:`attach` follows it, here or after a restart."""
+        self.job = job = prepare_job(self.spec)
+        if self.spec.hang_timeout is not None:  # the ranks report progress to the watch attach() starts
+            hang.clear_previous(job.run_dir)
+            job.rank_env.update(hang.rank_env(job.run_dir, job.rank_env))
+        return self.backend.submit(job, detached=True)
+
+    def attach(self, handle: JobHandle) -> LaunchResult:
+        """Follow the job ``handle`` names until it ends, with :meth:`run`'s watch, teardown and
+        result; output and failure records are read from its run directory."""
+        from dtrain.launch.resumable import Following
+
+        backend = self.backend.backend if isinstance(self.backend, Following) else self.backend
+        following = self.backend = Following(backend, handle)
+        result = self.run(job=Job(spec=self.spec, job_id=handle.job_id, run_dir=handle.run_dir))
+        result.state = following.state
+        result.duration_s = round(time.time() - handle.submitted_at, 3)  # the job's, not this follower's
+        return result
 
 
 def launch(spec: LaunchSpec, sink: LineSink = print_sink) -> LaunchResult:

@@ -4,6 +4,18 @@ Declarative at parse time: ``__init__`` stores arguments and does no I/O and no
 validation of templated values; ``execute`` renders, converts and validates them
 (so Params typed in the UI work), launches, streams every rank's output into the
 task log, and returns the result through XCom. ``on_kill`` tears down every rank.
+
+Three ways to wait for the job (docs/airflow-faults.md):
+
+* deferrable: submit, then wait in the triggerer (:mod:`dtrain.launch.deferrable`);
+* durable (default where the backend's jobs outlive the worker: ssh, slurm): submit detached,
+  record the handle in Airflow's task state store (``ResumableJobMixin``) and poll from the
+  worker; a retry after a worker crash re-attaches to the job instead of starting a second one
+  (:mod:`dtrain.launch.resumable`);
+* blocking (local, mpirun, or ``durable=False``): the job lives and dies with the worker.
+
+Failures are classified for Airflow's retry policy (:mod:`dtrain.launch.retry`): bad input
+fails without retrying, preemption / a lost node / a communication error / a hang retries.
 """
 
 from __future__ import annotations
@@ -13,17 +25,23 @@ import re
 from typing import Any, Sequence
 
 from airflow.configuration import conf
-from airflow.sdk import BaseOperator
+from airflow.sdk import BaseOperator, ResumableJobMixin
 
 from dtrain.launch.job import dtrain_home
+from dtrain.launch.retry_policy import TrainingRetryPolicy
 from dtrain.links import LINKS
+
+_DEFAULT_POLICY: Any = object()  # tells "no retry_policy given" from an explicit None
+# Half an hour without a printed line, a metrics record or a heartbeat from a rank: almost
+# always stuck, and gloo's/NCCL's own collective timeout is as long (docs/hangs.md).
+DEFAULT_HANG_TIMEOUT = 1800.0
 
 
 def _safe(part: str) -> str:
     return re.sub(r"[^A-Za-z0-9_.=-]+", "_", part)
 
 
-class DistributedTrainingOperator(BaseOperator):
+class DistributedTrainingOperator(ResumableJobMixin, BaseOperator):
     """Run a training command on ``nodes`` x ``procs_per_node`` ranks with the env contract.
 
     Args:
@@ -45,20 +63,35 @@ class DistributedTrainingOperator(BaseOperator):
             ``$DTRAIN_HOME/runs/<dag_id>/<run_id>/<task_id>``, so an Airflow retry of the same
             run resumes from its checkpoint and other runs never share it.
         device, gpus_per_node, rdzv_timeout, workdir: as in :class:`dtrain.launch.spec.LaunchSpec`.
+        hang_timeout: seconds a rank may show no progress (a printed line, a metrics record, a
+            ``heartbeat()``) before the job is declared hung: every rank's stack is dumped, the job
+            stopped, and the task fails naming the stuck rank(s), with the verdict in XCom (key
+            ``hang``); default 1800; None turns it off (templated; docs/hangs.md).
+        stop_grace: seconds a rank has after SIGTERM (a stop, a preemption) to save a checkpoint
+            before it is killed (default 30; docs/preemption.md).
         mpi_options: distribution ``mpi``: extra mpirun options (allow-listed).
         parameter_servers: distribution ``tensorflow``: how many ranks are ``ps`` tasks.
         deferrable: submit the job, then wait in the triggerer instead of a worker slot (backends
             whose jobs outlive the worker: ssh, slurm; see dtrain.launch.deferrable). Default:
             Airflow's ``[operators] default_deferrable``, as the providers do.
+        durable: (``ResumableJobMixin``, default True) on backends whose jobs outlive the worker,
+            submit detached and record the job in the task state store, so that a retry after a
+            worker crash re-attaches to it (or takes its result if it already succeeded) instead of
+            running it twice. False: the job is tied to the worker process, as with ``local``.
+        retry_policy: Airflow's retry policy; default :class:`TrainingRetryPolicy` (bad input fails
+            at once, transient faults retry; ``retries`` still bounds the tries). None: no policy.
     """
 
     template_fields: Sequence[str] = (
         "command", "nodes", "procs_per_node", "distribution", "env", "deepspeed_config", "run_dir",
-        "max_restarts", "backend", "backend_options", "mpi_options",
+        "max_restarts", "backend", "backend_options", "mpi_options", "hang_timeout",
     )
     template_fields_renderers = {"env": "json", "deepspeed_config": "json", "command": "py", "backend_options": "json"}
     ui_color = "#d7e9f7"
     operator_extra_links = tuple(LINKS)  # checkpoints, metrics, TensorBoard (operators/dtrain/links.py)
+    # Task state store key holding the submitted job's handle. Renaming it breaks the re-attach of
+    # retries already in flight (their value is stored under the old key).
+    external_id_key = "dtrain_job"
 
     def __init__(
         self,
@@ -76,13 +109,18 @@ class DistributedTrainingOperator(BaseOperator):
         device: str = "auto",
         gpus_per_node: int | None = None,
         rdzv_timeout: float = 300.0,
+        hang_timeout: float | str | None = DEFAULT_HANG_TIMEOUT,
+        stop_grace: float = 30.0,
         workdir: str | None = None,
         mpi_options: Sequence[str] | str | None = None,
         parameter_servers: int = 0,
         deferrable: bool = conf.getboolean("operators", "default_deferrable", fallback=False),
+        retry_policy: Any = _DEFAULT_POLICY,
         **kwargs: Any,
     ) -> None:
-        super().__init__(**kwargs)
+        if retry_policy is _DEFAULT_POLICY:
+            retry_policy = TrainingRetryPolicy()
+        super().__init__(retry_policy=retry_policy, **kwargs)
         self.command = command
         self.nodes = nodes
         self.procs_per_node = procs_per_node
@@ -96,11 +134,14 @@ class DistributedTrainingOperator(BaseOperator):
         self.device = device
         self.gpus_per_node = gpus_per_node
         self.rdzv_timeout = rdzv_timeout
+        self.hang_timeout = hang_timeout
+        self.stop_grace = stop_grace
         self.workdir = workdir
         self.mpi_options = mpi_options
         self.parameter_servers = parameter_servers
         self.deferrable = deferrable
         self._launcher = None
+        self._result: dict[str, Any] | None = None  # durable mode: the followed job's XCom result
         self.last_result: dict[str, Any] | None = None  # read by the extra links after success
 
     def default_run_dir(self, context) -> str:
@@ -120,6 +161,8 @@ class DistributedTrainingOperator(BaseOperator):
             gpus_per_node=self.gpus_per_node, rdzv_timeout=self.rdzv_timeout, workdir=self.workdir,
             mpi_options=self.mpi_options or None, parameter_servers=self.parameter_servers,
             backend_options=options_for(backend, self.backend_options),
+            hang_timeout=None if self.hang_timeout in (None, "", "None") else self.hang_timeout,
+            stop_grace=self.stop_grace,
         )
 
     def execute(self, context) -> dict[str, Any]:
@@ -131,8 +174,15 @@ class DistributedTrainingOperator(BaseOperator):
 
             return defer_job(self, spec, context)
         self._launcher = Launcher(spec, sink=self.log.info)
+        if self.durable and self._launcher.backend.supports_detached:
+            self._result = None
+            # The mixin returns poll_until_complete's value only when it reconnects; the result is
+            # kept on the operator instead, whichever way the job was reached (as Athena's does).
+            self.execute_resumable(context)
+            self.last_result = self._result
+            return self.last_result
         result = self._launcher.run()
-        result.raise_for_status()
+        self._raise_for_status(result, context)
         self.log.info("world_size=%s duration=%.1fs checkpoints=%s metrics=%s",
                       result.world_size, result.duration_s, result.checkpoint_dir, result.metrics)
         self.last_result = result.to_xcom()
@@ -144,11 +194,76 @@ class DistributedTrainingOperator(BaseOperator):
             self._launcher.terminate()
         from dtrain.launch.deferrable import kill_job
 
-        kill_job(self)  # a job submitted in deferrable mode: cancel it on every host
+        kill_job(self)  # a job submitted detached (deferrable or durable mode): cancel it on every host
+
+    # -- ResumableJobMixin (durable mode): how this operator submits, finds and follows its job ------
+
+    def submit_job(self, context) -> dict[str, Any]:
+        """Submit detached, record the handle in the run directory; the mixin stores what this returns."""
+        from dtrain.launch.resumable import write_submission
+
+        handle = self._launcher.submit_detached()
+        write_submission(handle)
+        self._track(handle, context)
+        return handle.to_dict()
+
+    def get_job_status(self, external_id, context) -> str:
+        from dtrain.launch.resumable import recorded_status
+
+        return recorded_status(self._launcher.backend, external_id, self._launcher.spec.run_dir, self.log.warning)
+
+    def is_job_active(self, status: str) -> bool:
+        from dtrain.launch.resumable import is_active
+
+        return is_active(status)
+
+    def is_job_succeeded(self, status: str) -> bool:
+        from dtrain.launch.resumable import is_succeeded
+
+        return is_succeeded(status)
+
+    def poll_until_complete(self, external_id, context) -> dict[str, Any]:
+        """Follow the job to its end (streaming its output); raise LaunchError if it failed."""
+        from dtrain.launch.resumable import recorded_handle
+
+        launcher = self._launcher
+        handle = recorded_handle(external_id, launcher.backend.name, launcher.spec.run_dir)
+        self._track(handle, context)
+        result = launcher.attach(handle)
+        self._raise_for_status(result, context)
+        self.log.info("world_size=%s duration=%.1fs checkpoints=%s metrics=%s",
+                      result.world_size, result.duration_s, result.checkpoint_dir, result.metrics)
+        self._result = result.to_xcom() | {f"{handle.backend}_job_id": handle.backend_job_id}
+        return self._result
+
+    def get_job_result(self, external_id, context) -> dict[str, Any]:
+        # Not followed yet: the job of an earlier try succeeded while no worker watched it. Reading
+        # its outcome is one poll (it is over) plus its output and records.
+        return self._result if self._result is not None else self.poll_until_complete(external_id, context)
+
+    def _raise_for_status(self, result, context) -> None:
+        """Fail the task if the job failed; a hang's verdict (stuck ranks, stack dump paths) goes
+        to XCom first, where a downstream task or a person can read it."""
+        ti = (context or {}).get("ti")
+        if result.hang and ti is not None:
+            ti.xcom_push(key="hang", value=result.hang)
+        result.raise_for_status()
+
+    def _track(self, handle, context) -> None:
+        """on_kill cancels this job from now on; the backend's job id goes to XCom at once."""
+        from dtrain.launch.deferrable import SUBMISSION_KEY
+
+        setattr(self, SUBMISSION_KEY, handle.to_dict())
+        ti = (context or {}).get("ti")
+        if ti is not None:
+            ti.xcom_push(key=f"{handle.backend}_job_id", value=handle.backend_job_id)
 
     def execute_complete(self, context, event: dict[str, Any] | None = None) -> dict[str, Any]:
         """Resumed by the trigger's event (deferrable mode): raise with the log tail on failure."""
         from dtrain.launch.deferrable import resume_job
 
+        ti = (context or {}).get("ti")
+        if isinstance(event, dict) and event.get("status") == "hung" and ti is not None:
+            ti.xcom_push(key="hang", value=event.get("hang"))
         self.last_result = resume_job(self, event)
         return self.last_result
