@@ -47,8 +47,10 @@ cd '/shared/my code' || exit 1
 export DTRAIN_DEVICE=gpu
 export DTRAIN_JOB_ID=dtrain-abc123
 export DTRAIN_RUN_DIR=/shared/runs/dtrain-abc123
+export DTRAIN_STOP_GRACE=30
 export HOSTILE='$(touch /tmp/pwned); `id` '"'"'quoted'"'"' "dq" 
  next'
+export TORCH_ELASTIC_SHUTDOWN_TIMEOUT=30
 export WANDB_MODE=offline
 # A node's address: its NodeAddr in slurm.conf, else DNS; node names need not resolve.
 dtrain_node_addr() {
@@ -63,10 +65,13 @@ MASTER_PORT=$((20000 + SLURM_JOB_ID % 20000))
 export MASTER_ADDR MASTER_PORT
 echo "[dtrain] slurm job $SLURM_JOB_ID on $SLURM_JOB_NODELIST: rendezvous $MASTER_NODE ($MASTER_ADDR:$MASTER_PORT)"
 srun --nodes=2 --ntasks=2 --ntasks-per-node=1 --kill-on-bad-exit=1 bash -c 'export NODE_RANK="$SLURM_NODEID" DTRAIN_NODE_INDEX="$SLURM_NODEID" PET_NODE_RANK="$SLURM_NODEID" PET_MASTER_ADDR="$MASTER_ADDR" PET_MASTER_PORT="$MASTER_PORT"; py="$1"; reap() { "$py" -m dtrain.launch.proctree reap "$DTRAIN_JOB_ID" --node "$SLURM_NODEID"; }; "$@" & agent=$!; trap '"'"'kill -TERM "$agent" 2>/dev/null; wait "$agent"; reap; exit 143'"'"' TERM INT HUP; wait "$agent"; status=$?; reap; exit "$status"' dtrain-node \
-  /opt/venv/bin/python -m torch.distributed.run --nnodes=2 --nproc-per-node=4 --rdzv-backend=static --rdzv-id=dtrain-abc123 --rdzv-conf=timeout=300 --max-restarts=0 --no-python /opt/venv/bin/python -m dtrain.launch.rank_entry train.py --lr 0.1 --tag '$(touch /tmp/pwned); `id` '"'"'quoted'"'"' "dq" 
+  /opt/venv/bin/python -m dtrain.launch.torchrun --nnodes=2 --nproc-per-node=4 --rdzv-backend=dtrain-static --rdzv-id=dtrain-abc123 --rdzv-conf=timeout=300 --max-restarts=0 --no-python /opt/venv/bin/python -m dtrain.launch.rank_entry train.py --lr 0.1 --tag '$(touch /tmp/pwned); `id` '"'"'quoted'"'"' "dq" 
  next'
 status=$?
 printf '%s\n' "$status" > /shared/runs/dtrain-abc123/slurm-"$SLURM_JOB_ID".exit.tmp && mv -f /shared/runs/dtrain-abc123/slurm-"$SLURM_JOB_ID".exit.tmp /shared/runs/dtrain-abc123/slurm-"$SLURM_JOB_ID".exit
+# After a stop the launcher asked for (it SIGTERMed the ranks, which saved and exited), its cancel
+# ends the job, so Slurm reports it CANCELLED rather than failed; bounded in case it never comes.
+if [ -e /shared/runs/dtrain-abc123/slurm-"$SLURM_JOB_ID".stop ]; then sleep 30; fi
 exit "$status"
 """
 

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 
 from dtrain.launch.net import free_port  # noqa: F401 (re-exported: where callers look for it)
 from dtrain.launch.spec import LaunchSpec
+from dtrain.launch.torchrun import AGENT_ENV
 
 
 def dtrain_home() -> str:
@@ -52,6 +53,7 @@ def prepare_job(spec: LaunchSpec, *, create: bool = True) -> Job:
         for name in os.listdir(job.exits_dir):
             os.unlink(os.path.join(job.exits_dir, name))
     env = {
+        **AGENT_ENV,  # read by the torchrun agents (restarts that work); harmless to the ranks
         "DTRAIN_JOB_ID": job_id,
         "DTRAIN_RUN_DIR": run_dir,
         "DTRAIN_CHECKPOINT_DIR": job.checkpoint_dir,

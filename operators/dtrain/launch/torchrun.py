@@ -1,26 +1,49 @@
-"""The one renderer of the torchrun agent command line. Pure: tested by exact comparison.
+"""The one renderer of the torchrun agent command line, and the agent entry point for fixed membership.
 
 Every backend that starts torchrun agents renders them here; only the rendezvous differs:
 
 * :class:`C10d` (local backend): dynamic c10d rendezvous at ``host:port``; node ranks are
-  assigned by the rendezvous.
-* :class:`Static` (ssh, slurm): membership is fixed by the backend, so the static
-  rendezvous with ``--node-rank`` makes NODE_RANK (and so RANK) follow the backend's node
-  order. ``endpoint``/``node_rank`` None leave them to torchrun's ``PET_MASTER_ADDR``,
+  assigned by the rendezvous. The agent is ``python -m torch.distributed.run``.
+* :class:`Static` (ssh, slurm): membership is fixed by the backend, so a static rendezvous
+  with ``--node-rank`` makes NODE_RANK (and so RANK) follow the backend's node order.
+  ``endpoint``/``node_rank`` None leave them to torchrun's ``PET_MASTER_ADDR``,
   ``PET_MASTER_PORT`` and ``PET_NODE_RANK`` variables (Slurm sets them per node at run time).
+  The agent is ``python -m dtrain.launch.torchrun``: torchrun itself, with the
+  ``dtrain-static`` rendezvous registered (torchrun's static one, restartable: see below).
 
 Each worker runs the per-rank wrapper (:mod:`dtrain.launch.rank_entry`) around the user's argv.
+
+Restarts (``max_restarts``; docs/restarts.md). A restarted worker must not find the previous
+attempt's keys in its rendezvous store: with torch 2.13 and gloo, init_process_group reads the
+dead ranks' addresses from them and fails ("Gloo connectFullMesh failed ... Connection
+refused") or hangs. torchrun's c10d rendezvous gets a fresh store per round when
+``TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1`` (:data:`AGENT_ENV`); its static rendezvous ignores
+that variable and hands the workers the same store at every restart, hence ``dtrain-static``.
+
+The rendering is pure (tested by exact comparison); torch is imported only by :func:`main`.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Union
+from typing import TYPE_CHECKING, Any, Union
 
 if TYPE_CHECKING:
     from dtrain.launch.spec import LaunchSpec
 
 RANK_ENTRY = ("-m", "dtrain.launch.rank_entry")
+TORCHRUN = ("-m", "torch.distributed.run")
+STATIC_AGENT = ("-m", "dtrain.launch.torchrun")  # torchrun with RESTARTABLE_STATIC registered (main below)
+RESTARTABLE_STATIC = "dtrain-static"
+
+# Environment every torchrun agent gets (through Job.rank_env, which every backend puts into the
+# agents' environment; a spec's own ``env`` may override it). By default torchrun's c10d
+# rendezvous shares its TCP store with the workers and keeps it across worker restarts; with
+# torch 2.13 and gloo the restarted ranks then read the previous attempt's addresses from it and
+# die in init_process_group ("Gloo connectFullMesh failed ... Connection refused") or hang there.
+# With this set, rank 0 of each restart round hosts a fresh store, so ``max_restarts`` really
+# restarts the workers and they resume from their checkpoint (tests/faults/test_restart.py).
+AGENT_ENV = {"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}
 
 
 @dataclass(frozen=True)
@@ -44,7 +67,7 @@ def rendezvous_args(spec: "LaunchSpec", job_id: str, rdzv: Rendezvous) -> list[s
     if isinstance(rdzv, C10d):
         return ["--rdzv-backend=c10d", f"--rdzv-endpoint={rdzv.host}:{rdzv.port}", f"--rdzv-id={job_id}",
                 f"--rdzv-conf=is_host={int(rdzv.is_host)},join_timeout={timeout}"]
-    args = ["--rdzv-backend=static"]
+    args = [f"--rdzv-backend={RESTARTABLE_STATIC}"]
     if rdzv.endpoint is not None:
         args.append(f"--rdzv-endpoint={rdzv.endpoint[0]}:{rdzv.endpoint[1]}")
     args += [f"--rdzv-id={job_id}", f"--rdzv-conf=timeout={timeout}"]
@@ -56,7 +79,7 @@ def rendezvous_args(spec: "LaunchSpec", job_id: str, rdzv: Rendezvous) -> list[s
 def agent_argv(spec: "LaunchSpec", *, python: str, job_id: str, rdzv: Rendezvous) -> list[str]:
     """The argv that starts one node's torchrun agent."""
     return [
-        python, "-m", "torch.distributed.run",
+        python, *(TORCHRUN if isinstance(rdzv, C10d) else STATIC_AGENT),
         f"--nnodes={spec.nodes}",
         f"--nproc-per-node={spec.procs_per_node}",
         *rendezvous_args(spec, job_id, rdzv),
@@ -64,3 +87,107 @@ def agent_argv(spec: "LaunchSpec", *, python: str, job_id: str, rdzv: Rendezvous
         "--no-python",
         python, *RANK_ENTRY, *spec.command,
     ]
+
+
+# -- the agent for fixed membership: ``python -m dtrain.launch.torchrun TORCHRUN_ARGS...`` ----------
+
+def restartable_static_handler(params: Any):
+    """torchrun's static rendezvous (fixed membership: every node knows its rank, node 0 hosts the
+    store at the endpoint), except that every round after the first gets a fresh store.
+
+    Round 0 is exactly torchrun's static rendezvous: one TCP store at the endpoint, hosted by
+    node 0's agent, shared with the workers. At a restart (round k >= 1) node 0's agent starts a
+    new store on a free port and publishes the port under a round key in the first store; the
+    other agents read it there (waiting for it up to the rendezvous timeout). The workers of round
+    k bootstrap from the new store, so no key of a dead attempt can mislead them; the previous
+    round's store closes with its last reference.
+
+    As in torchrun's static rendezvous, an agent starts a round when its own workers failed (no
+    node is told that another one restarts): with DDP a dead rank makes every other rank fail in
+    its next collective, so every node restarts, each once per failure, and the rounds agree.
+    """
+    import datetime
+
+    from torch.distributed import PrefixStore, TCPStore
+    from torch.distributed.elastic.rendezvous import RendezvousHandler, RendezvousInfo, RendezvousStoreInfo
+    from torch.distributed.elastic.rendezvous.utils import parse_rendezvous_endpoint
+
+    class RestartableStaticRendezvous(RendezvousHandler):
+        def __init__(self, addr: str, port: int, rank: int, world_size: int, run_id: str, timeout_s: int):
+            self.addr, self.port, self.rank, self.world_size, self.run_id = addr, port, rank, world_size, run_id
+            self.timeout = datetime.timedelta(seconds=timeout_s)
+            self._first = None  # round 0's store, where later rounds publish their store's port
+            self._current = None
+            self._round = 0
+
+        def get_backend(self) -> str:
+            return RESTARTABLE_STATIC
+
+        @property
+        def use_agent_store(self) -> bool:
+            return True
+
+        def next_rendezvous(self):
+            if self._first is None:
+                self._first = TCPStore(self.addr, self.port, self.world_size, self.rank == 0, self.timeout,
+                                       multi_tenant=True)
+            round_, self._round = self._round, self._round + 1
+            store, port = self._first, self.port
+            if round_:
+                key = f"dtrain/{self.run_id}/round{round_}/port"
+                if self.rank == 0:
+                    store = TCPStore(self.addr, 0, None, True, self.timeout, wait_for_workers=False,
+                                     multi_tenant=True)
+                    port = store.port
+                    self._first.set(key, str(port))
+                else:
+                    port = int(self._first.get(key).decode())
+                    store = TCPStore(self.addr, port, None, False, self.timeout)
+            self._current = store
+            return RendezvousInfo(PrefixStore(self.run_id, store), self.rank, self.world_size,
+                                  RendezvousStoreInfo(self.addr, port))
+
+        def is_closed(self) -> bool:
+            return False
+
+        def set_closed(self) -> None:
+            pass
+
+        def num_nodes_waiting(self) -> int:
+            return 0
+
+        def get_run_id(self) -> str:
+            return self.run_id
+
+        def shutdown(self) -> bool:
+            return True
+
+    addr, port = parse_rendezvous_endpoint(params.endpoint, default_port=-1)
+    if port == -1:
+        raise ValueError(f"{RESTARTABLE_STATIC} rendezvous: no port in endpoint {params.endpoint!r}")
+    return RestartableStaticRendezvous(addr, port, params.get_as_int("rank"), params.max_nodes, params.run_id,
+                                       params.get_as_int("timeout", 600))
+
+
+def main(argv: list[str] | None = None) -> None:
+    """torchrun (same arguments, same exit status) with :data:`RESTARTABLE_STATIC` registered.
+
+    torchrun fills in the endpoint (from ``--master-addr``/``--master-port``, i.e. PET_MASTER_*)
+    and the node rank (``--node-rank``, PET_NODE_RANK) only for its own ``static`` backend; done
+    here the same way for ``dtrain-static``."""
+    from torch.distributed import run as torchrun
+    from torch.distributed.elastic.multiprocessing.errors import record
+    from torch.distributed.elastic.rendezvous import rendezvous_handler_registry
+
+    rendezvous_handler_registry.register(RESTARTABLE_STATIC, restartable_static_handler)
+    args = torchrun.parse_args(argv)
+    if args.rdzv_backend == RESTARTABLE_STATIC:
+        if not args.rdzv_endpoint:
+            args.rdzv_endpoint = f"{args.master_addr}:{args.master_port or 29500}"
+        args.rdzv_conf = ",".join(filter(None, [args.rdzv_conf, f"rank={args.node_rank}"]))
+        args.node_rank = 0  # now in the rendezvous config; torchrun would warn that it ignores it
+    record(torchrun.run)(args)
+
+
+if __name__ == "__main__":
+    main()
