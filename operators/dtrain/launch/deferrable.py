@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import time
 from typing import Any, Mapping
 
@@ -28,27 +27,10 @@ from dtrain.errors import DTrainError, LaunchError, SpecError
 from dtrain.launch.backends import JobHandle, backend_for, detachable_backend_names, get_backend_class
 from dtrain.launch.hang import HANG_EXIT_CODE
 from dtrain.launch.spec import LaunchSpec
+from dtrain.launch.submission import DEFAULT_POLL_INTERVAL, submission_path, write_submission
 
 SUBMISSION_KEY = "_dtrain_submission"  # attribute on the operator: the handle on_kill cancels
 EVENT_STATUSES = ("success", "failed", "error", "hung")
-DEFAULT_POLL_INTERVAL = 10.0
-# Backend job ids appear in file names: a conservative alphabet, whatever the backend.
-_JOB_ID = re.compile(r"^[A-Za-z0-9_.+-]{1,128}$")
-
-
-def submission_path(handle: JobHandle) -> str:
-    if not _JOB_ID.match(handle.backend_job_id) or not _JOB_ID.match(handle.backend):
-        raise DTrainError(f"unexpected job handle: backend={handle.backend!r} job id={handle.backend_job_id!r}")
-    return os.path.join(handle.run_dir, f"{handle.backend}-{handle.backend_job_id}.submission.json")
-
-
-def write_submission(handle: JobHandle) -> None:
-    """The handle, in the run directory (temp file + rename): what an event must match."""
-    path = submission_path(handle)
-    tmp = f"{path}.{os.getpid()}.tmp"
-    with open(tmp, "w", encoding="utf-8") as fh:
-        json.dump(handle.to_dict(), fh)
-    os.replace(tmp, path)
 
 
 def defer_job(operator, spec: LaunchSpec, context: Mapping | None = None, sink=None) -> dict[str, Any]:

@@ -29,7 +29,7 @@ from typing import Any, Callable
 
 from dtrain.errors import DTrainError, LaunchError
 from dtrain.launch.backends import Backend, BackendOutcome, JobHandle, JobStatus
-from dtrain.launch.deferrable import DEFAULT_POLL_INTERVAL, submission_path, write_submission
+from dtrain.launch.submission import DEFAULT_POLL_INTERVAL, submission_path, write_submission
 
 # What get_job_status reports to the mixin: "<verdict>:<backend state>".
 ACTIVE, SUCCEEDED, ENDED, NOT_OURS = "active", "succeeded", "ended", "not-ours"
