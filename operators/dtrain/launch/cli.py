@@ -28,6 +28,9 @@ def register(subparsers) -> None:
     p.add_argument("--hang-timeout", type=float, default=None, metavar="SECONDS",
                    help="declare the job hung when a rank shows no progress (a printed line, a metrics record, "
                         "a heartbeat) for SECONDS: dump every rank's stack, stop the job, exit 124 (default: off)")
+    p.add_argument("--stop-grace", type=float, default=30.0, metavar="SECONDS",
+                   help="on a stop (SIGTERM, a preemption), seconds every rank has to save a checkpoint and exit "
+                        "before it is killed (default 30)")
     p.add_argument("--rdzv-port", type=int, default=0, help="rendezvous port (default: a free port per job)")
     p.add_argument("--rdzv-timeout", type=float, default=300.0, help="seconds for all nodes to join")
     p.add_argument("--device", default="auto", choices=("auto", "cpu", "gpu"))
@@ -84,7 +87,7 @@ def run(args: argparse.Namespace) -> int:
         max_restarts=args.max_restarts, rdzv_port=args.rdzv_port, rdzv_timeout=args.rdzv_timeout,
         device=args.device, run_dir=args.run_dir, env=parse_env(args.env), gpus_per_node=args.gpus_per_node,
         mpi_options=args.mpi_options, parameter_servers=args.parameter_servers, backend_options=backend_options(args),
-        hang_timeout=args.hang_timeout,
+        hang_timeout=args.hang_timeout, stop_grace=args.stop_grace,
     )
     if args.dry_run:
         return dry_run(spec)

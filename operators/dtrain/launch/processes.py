@@ -66,10 +66,14 @@ class NodeSupervisor:
         self.sink = sink
         self.job_id = job_id  # teardown also stops processes of the job that left the tree
         self.poll_interval = poll_interval
+        # Seconds between SIGTERM and SIGKILL in teardown(): a backend sets it from the spec's
+        # stop_grace at submit (a rank's time to save a checkpoint); spent only while one still runs.
         self.grace_seconds = grace_seconds
         self.nodes: list[NodeProcess] = []
         self._stop = threading.Event()
         self._lock = threading.Lock()
+        self._teardown_lock = threading.RLock()
+        self._tearing_down = False
         self.stop_reason: str | None = None
 
     def start(self, argvs: Sequence[Sequence[str]], envs: Sequence[Mapping[str, str]], cwd: str | None = None,
@@ -140,8 +144,26 @@ class NodeSupervisor:
                 continue
         return found
 
-    def teardown(self) -> None:
-        """SIGTERM every node's process group and every descendant; SIGKILL what is left after the grace period."""
+    def teardown(self, grace: float | None = None) -> None:
+        """SIGTERM every node's process group and every descendant; SIGKILL what is left after the
+        grace period (``grace``, default :attr:`grace_seconds`). The wait ends as soon as every
+        process is gone, so a job whose ranks exit at once is torn down at once.
+
+        Each process gets one SIGTERM from here: a node's process group is signalled as a whole
+        and the descendants outside it one by one (a torchrun agent that got SIGTERM twice cuts
+        its own wait for the workers short). Re-entrant calls (a signal handler interrupting a
+        teardown on the same thread) return at once; other threads wait for the running one.
+        """
+        with self._teardown_lock:
+            if self._tearing_down:
+                return  # this thread is already tearing down, below us on the stack
+            self._tearing_down = True
+            try:
+                self._teardown(self.grace_seconds if grace is None else grace)
+            finally:
+                self._tearing_down = False
+
+    def _teardown(self, grace: float) -> None:
         self._stop.set()
         for attempt in range(2):
             victims = self._snapshot()
@@ -149,12 +171,16 @@ class NodeSupervisor:
                 break
             with self._lock:
                 nodes = list(self.nodes)
+            groups = set()
             for node in nodes:
                 if node.proc.poll() is None:
                     _signal_group(node.proc.pid, signal.SIGTERM)
+                    groups.add(node.proc.pid)
             for proc in victims:
+                if attempt == 0 and _pgid(proc.pid) in groups:
+                    continue  # signalled with its node's group just now
                 _signal(proc, signal.SIGTERM)
-            _, alive = psutil.wait_procs(victims, timeout=self.grace_seconds if attempt == 0 else 1.0)
+            _, alive = psutil.wait_procs(victims, timeout=grace if attempt == 0 else 1.0)
             for proc in alive:
                 _signal(proc, signal.SIGKILL)
             psutil.wait_procs(alive, timeout=2.0)
@@ -166,7 +192,7 @@ class NodeSupervisor:
         if self.job_id:
             from dtrain.launch.proctree import kill_job
 
-            kill_job(self.job_id, self.grace_seconds)
+            kill_job(self.job_id, grace)
         self._drain()
 
     def _snapshot(self) -> list[psutil.Process]:
@@ -182,6 +208,24 @@ class NodeSupervisor:
         for node in self.nodes:
             if node.reader is not None:
                 node.reader.join(timeout=5)
+
+
+def stop_grace_env(grace: float) -> dict[str, str]:
+    """What a node's torchrun agent and its ranks get so that a stop gives each rank ``grace``
+    seconds. On SIGTERM the agent forwards it to its workers and SIGKILLs them after
+    TORCH_ELASTIC_SHUTDOWN_TIMEOUT whole seconds (read since pytorch/pytorch#172596, 2026; torch
+    2.13 here; older torchrun waits a fixed 30 s). The ranks read ``DTRAIN_STOP_GRACE``
+    (:mod:`dtrain.training.preemption`)."""
+    import math
+
+    return {"TORCH_ELASTIC_SHUTDOWN_TIMEOUT": str(math.ceil(grace)), "DTRAIN_STOP_GRACE": f"{grace:g}"}
+
+
+def _pgid(pid: int) -> int | None:
+    try:
+        return os.getpgid(pid)
+    except (ProcessLookupError, PermissionError):
+        return None
 
 
 def _signal_group(pid: int, signum: int) -> None:

@@ -1,6 +1,7 @@
-"""What a training script imports: init from the env contract, checkpoint/resume, metrics, LR scaling.
+"""What a training script imports: init from the env contract, checkpoint/resume, metrics, LR scaling,
+and a checkpoint on preemption (SIGTERM).
 
-    from dtrain.training import init_distributed, CheckpointManager, MetricsWriter, scaled_lr
+    from dtrain.training import init_distributed, CheckpointManager, MetricsWriter, PreemptionGuard, scaled_lr
 
 Submodules import torch lazily, so importing this package stays cheap.
 """
@@ -8,9 +9,12 @@ Submodules import torch lazily, so importing this package stays cheap.
 from dtrain.training.checkpoint import CheckpointManager
 from dtrain.training.dist import DistContext, init_distributed
 from dtrain.training.metrics import MetricsWriter, write_result
+from dtrain.training.preemption import STOP_EXIT_CODE, PreemptionGuard, StopRequest, stop_requested
 from dtrain.training.scaling import scaled_lr, warmup_factor
+from dtrain.training.watchdog import heartbeat
 
 __all__ = [
     "CheckpointManager", "DistContext", "init_distributed", "MetricsWriter", "write_result",
-    "scaled_lr", "warmup_factor",
+    "scaled_lr", "warmup_factor", "heartbeat",
+    "PreemptionGuard", "StopRequest", "stop_requested", "STOP_EXIT_CODE",
 ]

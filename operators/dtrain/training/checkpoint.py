@@ -4,6 +4,8 @@ A checkpoint is written to a hidden temp file in the checkpoint directory, fsync
 then renamed; the ``latest`` pointer is replaced last. A kill at any moment leaves
 either the previous checkpoint or the new one, never a half-written file that a
 resume would trust. An Airflow retry or a torchrun restart resumes from ``latest``.
+A stop (SIGTERM: :mod:`dtrain.training.preemption`) saves one more, for the step it stopped
+at, unless :attr:`CheckpointManager.last_saved_step` says that step was just saved.
 """
 
 from __future__ import annotations
@@ -44,6 +46,8 @@ class CheckpointManager:
         self.every_n_steps = every_n_steps
         self.keep = keep
         self.rank = rank
+        #: the step of the last save() / save_deepspeed() this process made (None: none yet)
+        self.last_saved_step: int | None = None
         os.makedirs(self.directory, exist_ok=True)
 
     def should_save(self, step: int) -> bool:
@@ -52,6 +56,7 @@ class CheckpointManager:
     def save(self, step: int, state: dict[str, Any]) -> str | None:
         """Write ``state`` for ``step`` (rank 0 only) and move the ``latest`` pointer to it."""
         if self.rank != 0:
+            self.last_saved_step = step  # on every rank: the step the job's checkpoint covers
             return None
         import torch
 
@@ -65,6 +70,7 @@ class CheckpointManager:
         os.replace(tmp, path)
         _atomic_write_text(os.path.join(self.directory, LATEST), name + "\n")
         self._prune()
+        self.last_saved_step = step
         return path
 
     def steps(self) -> list[int]:
@@ -108,6 +114,7 @@ class CheckpointManager:
     def save_deepspeed(self, engine, step: int, client_state: dict[str, Any] | None = None) -> None:
         engine.save_checkpoint(os.path.join(self.directory, "deepspeed"), tag=f"step-{step:08d}",
                                client_state={"step": step, **(client_state or {})})
+        self.last_saved_step = step
 
     def load_deepspeed(self, engine) -> dict[str, Any] | None:
         ds_dir = os.path.join(self.directory, "deepspeed")

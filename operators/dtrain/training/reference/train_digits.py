@@ -9,6 +9,12 @@ Run it on every rank through the launcher, for example
 It checkpoints every ``--checkpoint-every`` steps and resumes from the latest
 checkpoint when relaunched with the same run directory; it writes per-rank
 metrics and, on rank 0, ``result.json`` with the test accuracy.
+
+On SIGTERM (a preemption, a stop: dtrain.training.preemption) every rank finishes its
+current step, the ranks agree on the step to stop at, a checkpoint for that step is
+saved (unless the periodic one just covered it), rank 0 prints
+``preempted: checkpoint saved at step N`` and every rank exits 143; the relaunch
+resumes from step N.
 """
 
 from __future__ import annotations
@@ -22,6 +28,7 @@ import time
 from dtrain.training.checkpoint import CheckpointManager
 from dtrain.training.dist import init_distributed, shutdown
 from dtrain.training.metrics import MetricsWriter, write_result
+from dtrain.training.preemption import PreemptionGuard
 from dtrain.training.scaling import scaled_lr, warmup_factor
 
 
@@ -106,6 +113,9 @@ def main(argv: list[str] | None = None) -> int:
 
     torch.manual_seed(args.seed)
     ctx = init_distributed()
+    # From here SIGTERM asks for a checkpoint and a clean exit (before it, the default: a rank
+    # still joining the process group has nothing to save).
+    guard = PreemptionGuard()
     device = torch.device(ctx.device)
     dataset, test = train_dataset(args, args.seed)
     model = build_model(args.hidden).to(device)
@@ -164,49 +174,81 @@ def main(argv: list[str] | None = None) -> int:
             step = state["step"]
         train_model = torch.nn.parallel.DistributedDataParallel(model) if ctx.world_size > 1 else model
     resumed_from = step
-    if step and ctx.is_main:
-        print(f"resumed from checkpoint at step {step}")
+    if step:
+        ckpt.last_saved_step = step  # the checkpoint for this step exists
+        if ctx.is_main:
+            print(f"resumed from checkpoint at step {step}")
+
+    def save_checkpoint() -> None:
+        if args.deepspeed:
+            ckpt.save_deepspeed(train_model, step)  # every rank writes its shards
+        else:
+            ckpt.save(step, {"model": model.state_dict(), "optimizer": optimizer.state_dict(),
+                             "scheduler": scheduler.state_dict()})
 
     metrics = MetricsWriter(ctx.rank)
     loss_fn = torch.nn.CrossEntropyLoss()
     total_steps = steps_per_epoch * args.epochs
     loss = torch.tensor(0.0)
-    while step < total_steps:
-        epoch, skip = divmod(step, steps_per_epoch)
-        sampler.set_epoch(epoch)  # same order as the interrupted run, so a resume skips exactly what was done
-        batches = iter(loader)
-        for _ in range(skip):
-            next(batches)
-        while True:
-            waited = time.perf_counter()
-            try:
-                x, y = next(batches)
-            except StopIteration:
-                break
-            started = time.perf_counter()
-            x, y = x.to(device), y.to(device)
-            loss = loss_fn(train_model(x), y)
-            if args.deepspeed:
-                train_model.backward(loss)
-                train_model.step()
-            else:
-                optimizer.zero_grad(set_to_none=True)
-                loss.backward()
-                optimizer.step()
-                scheduler.step()
-            if args.step_sleep:
-                time.sleep(args.step_sleep)
-            step += 1
-            done = time.perf_counter()
-            metrics.log(step=step, epoch=epoch, loss=loss.item(), samples=len(y),
-                        step_time_s=done - waited, data_wait_s=started - waited)
-            if ckpt.should_save(step):
+    preempted = False
+    try:
+        while step < total_steps and not preempted:
+            epoch, skip = divmod(step, steps_per_epoch)
+            sampler.set_epoch(epoch)  # same order as the interrupted run, so a resume skips exactly what was done
+            batches = iter(loader)
+            for _ in range(skip):
+                next(batches)
+            while True:
+                waited = time.perf_counter()
+                try:
+                    x, y = next(batches)
+                except StopIteration:
+                    break
+                started = time.perf_counter()
+                x, y = x.to(device), y.to(device)
+                loss = loss_fn(train_model(x), y)
                 if args.deepspeed:
-                    ckpt.save_deepspeed(train_model, step)
+                    train_model.backward(loss)
+                    train_model.step()
                 else:
-                    ckpt.save(step, {"model": model.state_dict(), "optimizer": optimizer.state_dict(),
-                                     "scheduler": scheduler.state_dict()})
+                    optimizer.zero_grad(set_to_none=True)
+                    loss.backward()
+                    optimizer.step()
+                    scheduler.step()
+                if args.step_sleep:
+                    time.sleep(args.step_sleep)
+                step += 1
+                done = time.perf_counter()
+                metrics.log(step=step, epoch=epoch, loss=loss.item(), samples=len(y),
+                            step_time_s=done - waited, data_wait_s=started - waited)
+                if ckpt.should_save(step):
+                    save_checkpoint()
+                if guard.should_stop():  # SIGTERM on any rank: every rank stops after this same step
+                    preempted = True
+                    break
+    except Exception as e:
+        if not guard.stop_requested():
+            raise
+        # Told to stop, and a collective failed here: a peer left without agreeing on a step (it
+        # failed, or was killed outright). No coordinated checkpoint is possible (the periodic one
+        # stands); exit now rather than wait for the SIGKILL.
+        metrics.close()
+        if ctx.is_main:
+            print(f"stopped: a peer left before the ranks agreed on a step ({type(e).__name__}); "
+                  f"no checkpoint saved", flush=True)
+        guard.exit()  # no interpreter teardown: a process group whose peer is gone may abort in it
     metrics.close()
+    if preempted:
+        if guard.peers_lost:  # the same, seen by the agreement itself
+            if ctx.is_main:
+                print("stopped: a peer left before the ranks agreed on a step; no checkpoint saved", flush=True)
+            guard.exit()
+        if ckpt.last_saved_step != step:
+            save_checkpoint()
+        if ctx.is_main:
+            print(f"preempted: checkpoint saved at step {step}", flush=True)
+        shutdown()
+        return guard.exit_code
 
     accuracy = evaluate(model if not args.deepspeed else train_model.module, test, device)
     if ctx.world_size > 1:

@@ -3,6 +3,12 @@
 c10d rendezvous on 127.0.0.1 at a port chosen per job; each agent in its own session;
 teardown of every rank on any failure, stop, or signal. The agents are children of this
 process (they die with it: parent-death signal), so a local job cannot be detached.
+
+A stop gives every rank the spec's ``stop_grace`` between SIGTERM and SIGKILL (to save a
+checkpoint: :mod:`dtrain.training.preemption`): the supervisor waits that long, but only while a
+process of the job still runs, and each torchrun agent is told the same through
+``TORCH_ELASTIC_SHUTDOWN_TIMEOUT``. ``cancel(handle, grace=...)`` and ``terminate(grace=...)``
+take a shorter one (a hung job has nothing to save).
 """
 
 from __future__ import annotations
@@ -15,7 +21,7 @@ from typing import Sequence
 from dtrain.errors import SpecError
 from dtrain.launch.backends.base import Backend, DryRunRequest, JobHandle, JobStatus
 from dtrain.launch.job import Job
-from dtrain.launch.processes import NodeSupervisor
+from dtrain.launch.processes import NodeSupervisor, stop_grace_env
 from dtrain.launch.spec import LaunchSpec
 from dtrain.launch.torchrun import C10d, agent_argv
 
@@ -30,10 +36,12 @@ class LocalBackend(Backend):
     install_hint = "pip install 'airflow-dtrain[torch]'"
     single_host = True
 
-    def __init__(self, sink=None, python: str | None = None, grace_seconds: float = 5.0):
+    def __init__(self, sink=None, python: str | None = None, grace_seconds: float | None = None):
         super().__init__(**({"sink": sink} if sink else {}))
         self.python = python or sys.executable
-        self.supervisor = NodeSupervisor(self.sink, grace_seconds=grace_seconds)
+        #: seconds between SIGTERM and SIGKILL on a stop; None: the spec's stop_grace (set at submit)
+        self.grace_seconds = grace_seconds
+        self.supervisor = NodeSupervisor(self.sink, grace_seconds=5.0 if grace_seconds is None else grace_seconds)
 
     @classmethod
     def runner(cls, spec: LaunchSpec) -> str:
@@ -54,6 +62,7 @@ class LocalBackend(Backend):
                       for i in range(spec.nodes))
         # Simulated nodes talk over loopback whatever the host's interfaces are.
         env = {} if "GLOO_SOCKET_IFNAME" in os.environ else {"GLOO_SOCKET_IFNAME": "lo"}
+        env.update(stop_grace_env(self._grace(spec)))
         env.update(job.rank_env)
         return DryRunRequest(backend=self.name, argvs=argvs, env=env)
 
@@ -62,6 +71,7 @@ class LocalBackend(Backend):
         base_env = {**os.environ, **request.env}
         envs = [dict(base_env, DTRAIN_NODE_INDEX=str(i)) for i in range(len(request.argvs))]
         self.supervisor.job_id = job.job_id  # teardown also finds what left the tree
+        self.supervisor.grace_seconds = self._grace(job.spec)
         self.supervisor.start(request.argvs, envs, cwd=job.spec.workdir)
         return JobHandle(backend=self.name, job_id=job.job_id, backend_job_id=job.job_id, run_dir=job.run_dir,
                          world_size=job.spec.world_size, submitted_at=time.time(),
@@ -75,9 +85,14 @@ class LocalBackend(Backend):
                          failed_node=None if node is None else node.index,
                          tail=[] if node is None else list(node.tail))
 
-    def cancel(self, handle: JobHandle) -> None:
+    def _grace(self, spec: LaunchSpec) -> float:
+        return spec.stop_grace if self.grace_seconds is None else self.grace_seconds
+
+    def cancel(self, handle: JobHandle, grace: float | None = None) -> None:
+        """SIGTERM every process of the job, SIGKILL what still runs after ``grace`` seconds
+        (default: the spec's stop_grace); returns as soon as everything is gone."""
         self.supervisor.stop("cancel")
-        self.supervisor.teardown()
+        self.supervisor.teardown(grace)
 
     def logs(self, handle: JobHandle, lines: int = 40) -> list[str]:
         return [line for node in list(self.supervisor.nodes) for line in node.tail][-lines:]
@@ -85,12 +100,12 @@ class LocalBackend(Backend):
     def release(self, handle: JobHandle) -> None:
         self.supervisor.teardown()  # nothing left to stop after success; joins the reader threads
 
-    def terminate(self) -> None:
+    def terminate(self, grace: float | None = None) -> None:
         # Tear down here rather than only flagging run(): on_kill may be the last code the
         # task process runs before it is killed itself.
         super().terminate()
         self.supervisor.stop("terminate")
-        self.supervisor.teardown()
+        self.supervisor.teardown(grace)
 
     def pids(self) -> set[int]:
         return self.supervisor.pids()

@@ -6,6 +6,14 @@ returns the failing exit code and cancels with ``scancel``. A Slurm job outlives
 submitting process by nature, so every submission can be deferred or re-attached: the
 handle holds the Slurm job id and the run directory, where the batch script records
 srun's exit status. The pure part (options, script, parsing) is :mod:`.render`.
+
+A cancel gives the ranks the spec's ``stop_grace`` to save a checkpoint (Slurm's own cancel
+escalates to SIGKILL after the cluster-wide ``KillWait``, which no job can set): first
+``scancel --signal=TERM`` (every step's processes, no SIGKILL after it), then a wait that ends
+as soon as every rank has exited (their exit records) or no step runs any more, at most the grace,
+then ``scancel --full``. A job with no running step (pending, or its script not yet at srun)
+is cancelled at once. The stop marker (:func:`mark_stop`) keeps the batch script from ending
+before that cancel, so a stopped job ends CANCELLED.
 """
 
 from __future__ import annotations
@@ -78,6 +86,89 @@ def scancel(job_id: str) -> None:
         raise DTrainError(f"scancel {job_id} failed: {proc.stderr.strip()}")
 
 
+#: a handle from before the field existed has no stop_grace: the spec's default
+DEFAULT_STOP_GRACE = 30.0
+#: seconds between two looks at the ranks' exit records while they use their grace period (a
+#: directory listing: cheap), and between two looks at the job's steps (squeue: an RPC)
+RECORDS_POLL_INTERVAL = 0.05
+GRACE_POLL_INTERVAL = 0.5
+
+
+def handle_grace(handle: JobHandle, grace: float | None) -> float:
+    return float(grace) if grace is not None else float(handle.data.get("stop_grace", DEFAULT_STOP_GRACE))
+
+
+def exit_records(run_dir: str) -> dict[str, int]:
+    """The rank exit records (``exits/rank*.json``, written by every rank's wrapper) now: name -> mtime."""
+    folder = os.path.join(run_dir, "exits")
+    found = {}
+    try:
+        names = os.listdir(folder)
+    except OSError:
+        return {}
+    for name in names:
+        if name.startswith("rank") and name.endswith(".json"):
+            try:
+                found[name] = os.stat(os.path.join(folder, name)).st_mtime_ns
+            except OSError:
+                continue
+    return found
+
+
+def ranks_exited_since(before: dict[str, int], now: dict[str, int], world_size: int) -> bool:
+    """Whether every rank wrote an exit record since ``before`` (a new file, or one rewritten)."""
+    ranks = {name.split(".", 1)[0] for name, mtime in now.items() if before.get(name) != mtime}
+    return len(ranks) >= world_size
+
+
+def mark_stop(run_dir: str, job_id: str) -> None:
+    """Tell the batch script that the launcher stops the job (it then waits for the cancel instead
+    of ending with the ranks' 143: the job ends CANCELLED whoever wins the race)."""
+    path = R.stop_path(run_dir, job_id)
+    tmp = f"{path}.{os.getpid()}.tmp"
+    try:
+        with open(tmp, "w", encoding="utf-8") as fh:
+            fh.write(f"{time.time()}\n")
+        os.replace(tmp, path)
+    except OSError:
+        pass  # the stop still happens; the job may then end FAILED (143) instead of CANCELLED
+
+
+def signal_ranks(job_id: str, run_dir: str) -> bool:
+    """SIGTERM to every step of the job, if one runs; False when there is none (nothing would
+    get the signal: the job is pending, its script not yet at srun, or it is ending)."""
+    steps = _run(R.steps_argv(job_id))
+    if steps.returncode != 0 or not R.running_steps(steps.stdout):
+        return False
+    mark_stop(run_dir, job_id)
+    return _run(R.signal_argv(job_id)).returncode == 0
+
+
+def steps_running(job_id: str) -> bool:
+    """Whether a step of the job (not its batch script) still runs; True when Slurm cannot say."""
+    steps = _run(R.steps_argv(job_id))
+    return steps.returncode != 0 or bool(R.running_steps(steps.stdout))
+
+
+def stop_gracefully(job_id: str, run_dir: str, world_size: int, grace: float) -> None:
+    """SIGTERM the ranks and wait until every one of them exited (its exit record), or no step of
+    the job runs any more (ranks that never started, a job ending), at most ``grace`` seconds (+1
+    for the records to land). The caller then cancels what is left (agents, node shells)."""
+    before = exit_records(run_dir)
+    if grace <= 0 or not signal_ranks(job_id, run_dir):
+        return
+    deadline = time.monotonic() + grace + 1.0
+    asked = time.monotonic()
+    while time.monotonic() < deadline:
+        if ranks_exited_since(before, exit_records(run_dir), world_size):
+            return
+        if time.monotonic() - asked >= GRACE_POLL_INTERVAL:
+            asked = time.monotonic()
+            if not steps_running(job_id):
+                return
+        time.sleep(RECORDS_POLL_INTERVAL)
+
+
 def wait_until_done(job_id: str, run_dir: str, timeout: float = 60.0, interval: float = 0.25) -> JobStatus:
     """Poll until the job is in a terminal state (COMPLETING counts as still running:
     its processes are being killed)."""
@@ -99,9 +190,12 @@ class SlurmBackend(Backend):
     supports_detached = True
     cli_module = "dtrain.launch.backends.slurm.cli"
 
-    def __init__(self, sink=None, cancel_timeout: float = 60.0):
+    def __init__(self, sink=None, cancel_timeout: float = 60.0, grace_seconds: float | None = None):
         super().__init__(**({"sink": sink} if sink else {}))
         self.cancel_timeout = cancel_timeout
+        #: seconds the ranks get between SIGTERM and the cancel; None: the spec's stop_grace
+        self.grace_seconds = grace_seconds
+        self._terminate_grace: float | None = None
         self._followers: dict[str, LogFollower] = {}
 
     @classmethod
@@ -130,7 +224,8 @@ class SlurmBackend(Backend):
                   f"output: {R.log_path(job.run_dir, job_id)}")
         return JobHandle(backend=self.name, job_id=job.job_id, backend_job_id=job_id, run_dir=job.run_dir,
                          world_size=job.spec.world_size, submitted_at=time.time(),
-                         data={"poll_interval": options.poll_interval})
+                         data={"poll_interval": options.poll_interval,
+                               "stop_grace": job.spec.stop_grace if self.grace_seconds is None else self.grace_seconds})
 
     def _with_tail(self, handle: JobHandle, status: JobStatus) -> JobStatus:
         """A finished job's status carries the end of its output file (why it failed, or its summary)."""
@@ -156,15 +251,54 @@ class SlurmBackend(Backend):
         if follower is not None:
             follower.poll(final=True)
 
-    def cancel(self, handle: JobHandle) -> None:
-        """scancel the job and wait until Slurm reports it ended."""
-        scancel(handle.backend_job_id)
-        wait_until_done(handle.backend_job_id, handle.run_dir, timeout=self.cancel_timeout)
+    def cancel(self, handle: JobHandle, grace: float | None = None) -> None:
+        """SIGTERM the ranks and give them ``grace`` seconds (default: the spec's stop_grace; the
+        wait ends when they have exited), then scancel the job and wait until Slurm reports it ended."""
+        grace = handle_grace(handle, grace if grace is not None else self._terminate_grace)
+        job_id = handle.backend_job_id
+        try:
+            stop_gracefully(job_id, handle.run_dir, handle.world_size, grace)
+        except DTrainError as e:  # Slurm could not be asked: the cancel below still must happen
+            self.sink(f"[dtrain] stopping slurm job {job_id} gracefully failed ({e}): cancelling it")
+        scancel(job_id)
+        wait_until_done(job_id, handle.run_dir, timeout=self.cancel_timeout)
 
-    async def async_cancel(self, handle: JobHandle) -> None:
-        rc, _, err = await run_async(R.cancel_argv(handle.backend_job_id))
-        if rc != 0:
-            self.sink(f"[dtrain] scancel {handle.backend_job_id}: {err.strip()}")
+    async def async_cancel(self, handle: JobHandle, grace: float | None = None) -> None:
+        import asyncio
+
+        grace = handle_grace(handle, grace)
+        job_id = handle.backend_job_id
+        before = exit_records(handle.run_dir)
+        try:  # the same steps as stop_gracefully, without blocking the triggerer's loop
+            signalled = False
+            if grace > 0:
+                rc, out, _ = await run_async(R.steps_argv(job_id))
+                if rc == 0 and R.running_steps(out):
+                    mark_stop(handle.run_dir, job_id)
+                    rc, _, _ = await run_async(R.signal_argv(job_id))
+                    signalled = rc == 0
+            deadline = time.monotonic() + grace + 1.0
+            asked = time.monotonic()
+            while signalled and time.monotonic() < deadline:
+                if ranks_exited_since(before, exit_records(handle.run_dir), handle.world_size):
+                    break
+                if time.monotonic() - asked >= GRACE_POLL_INTERVAL:
+                    asked = time.monotonic()
+                    rc, out, _ = await run_async(R.steps_argv(job_id))
+                    if rc == 0 and not R.running_steps(out):
+                        break
+                await asyncio.sleep(RECORDS_POLL_INTERVAL)
+        except (DTrainError, TimeoutError, asyncio.TimeoutError) as e:
+            self.sink(f"[dtrain] stopping slurm job {job_id} gracefully failed ({e}): cancelling it")
+        rc, _, err = await run_async(R.cancel_argv(job_id))
+        if rc != 0 and "Invalid job id" not in err and "already completed" not in err:
+            self.sink(f"[dtrain] scancel {job_id}: {err.strip()}")
+
+    def terminate(self, grace: float | None = None) -> None:
+        """Ask run() to stop; it cancels the job (with ``grace``, if given, instead of the spec's)."""
+        if grace is not None:
+            self._terminate_grace = grace
+        super().terminate()
 
     def logs(self, handle: JobHandle, lines: int = 40) -> list[str]:
         return read_tail(R.log_path(handle.run_dir, handle.backend_job_id), lines)

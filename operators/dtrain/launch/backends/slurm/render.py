@@ -30,6 +30,7 @@ from dtrain.args import coerce_int, mapping_arg
 from dtrain.errors import DTrainError, LaunchError, SpecError
 from dtrain.launch.backends.base import JobStatus
 from dtrain.launch.job import Job
+from dtrain.launch.processes import stop_grace_env
 from dtrain.launch.torchrun import Static, agent_argv
 
 SCRIPT_NAME = "slurm-job.sh"
@@ -229,6 +230,15 @@ def exit_path(run_dir: str, slurm_job_id: str) -> str:
     return os.path.join(run_dir, f"slurm-{slurm_job_id}.exit")
 
 
+def stop_path(run_dir: str, slurm_job_id: str) -> str:
+    """Written by the launcher before it SIGTERMs the job's steps (a stop it will end with a cancel)."""
+    return os.path.join(run_dir, f"slurm-{slurm_job_id}.stop")
+
+
+#: how long the batch script waits for the launcher's cancel after a stop the launcher asked for
+STOP_CANCEL_WAIT_S = 30
+
+
 def requested_gpus(job: Job, options: SlurmOptions) -> int:
     if options.gpus_per_node is not None:
         return options.gpus_per_node
@@ -305,12 +315,16 @@ def render_sbatch(job: Job, options: SlurmOptions, *, workdir: str | None = None
         grammar.check("sbatch directive", directive, _DIRECTIVE,
                       "--option or --option=value (letters, digits, _ . , : = @ / + % -) on an #SBATCH line")
     q = shlex.quote
-    exports = [export_line(name, value) for name, value in sorted(job.rank_env.items())]
+    # The agents' SIGTERM-to-SIGKILL wait and the ranks' grace (the spec's stop_grace); the job's
+    # own env may override them.
+    env = {**stop_grace_env(spec.stop_grace), **job.rank_env}
+    exports = [export_line(name, value) for name, value in sorted(env.items())]
     port = str(options.master_port) if options.master_port else "$((20000 + SLURM_JOB_ID % 20000))"
     srun = ["srun", f"--nodes={spec.nodes}", f"--ntasks={spec.nodes}", "--ntasks-per-node=1",
             "--kill-on-bad-exit=1", "bash", "-c", NODE_SHELL, "dtrain-node"]
     command = " \\\n  ".join([" ".join(q(a) for a in srun), " ".join(q(a) for a in node_argv(job, python))])
     exit_file = q(job.run_dir) + '/slurm-"$SLURM_JOB_ID".exit'
+    stop_file = q(job.run_dir) + '/slurm-"$SLURM_JOB_ID".stop'
     lines = [
         "#!/bin/bash",
         *(f"#SBATCH {d}" for d in directives),
@@ -327,6 +341,9 @@ def render_sbatch(job: Job, options: SlurmOptions, *, workdir: str | None = None
         command,
         "status=$?",
         f'printf \'%s\\n\' "$status" > {exit_file}.tmp && mv -f {exit_file}.tmp {exit_file}',
+        "# After a stop the launcher asked for (it SIGTERMed the ranks, which saved and exited), its cancel",
+        "# ends the job, so Slurm reports it CANCELLED rather than failed; bounded in case it never comes.",
+        f"if [ -e {stop_file} ]; then sleep {STOP_CANCEL_WAIT_S}; fi",
         'exit "$status"',
     ]
     return "\n".join(lines) + "\n"
@@ -433,6 +450,23 @@ def sacct_argv(job_id: str) -> list[str]:
 
 def cancel_argv(job_id: str) -> list[str]:
     return ["scancel", "--full", job_id]
+
+
+def signal_argv(job_id: str, signal_name: str = "TERM") -> list[str]:
+    """Signal every step of the job (each node's shell, torchrun agent and ranks), not the batch
+    script (without ``--full``), and without cancelling it: no SIGKILL follows (KillWait is for
+    a cancel). How a stop gives the ranks their grace period."""
+    return ["scancel", f"--signal={signal_name}", job_id]
+
+
+def steps_argv(job_id: str) -> list[str]:
+    return ["squeue", "-h", "-s", "-j", job_id, "-o", "%i"]
+
+
+def running_steps(squeue_steps_stdout: str) -> list[str]:
+    """The job's steps that run ranks: ``squeue -s`` lists ``ID.0`` ... and ``ID.batch``/``ID.extern``."""
+    steps = [line.strip() for line in squeue_steps_stdout.splitlines() if line.strip()]
+    return [step for step in steps if not step.endswith((".batch", ".extern"))]
 
 
 def sbatch_argv(script: str) -> list[str]:

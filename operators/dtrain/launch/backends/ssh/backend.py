@@ -16,6 +16,10 @@
 * Detached mode (``submit(detached=True)``, deferrable tasks): each host runs
   ``detached_node`` (see :mod:`.detached`), which outlives the ssh session; poll and cancel
   ask every host over ssh.
+* The grace period (SIGTERM to SIGKILL) is the spec's ``stop_grace`` everywhere: in the
+  remote agent's and the detached node's ``--grace``, in the agents' environment
+  (TORCH_ELASTIC_SHUTDOWN_TIMEOUT, DTRAIN_STOP_GRACE), in the detached handle (for ``stop``)
+  and in the launcher's own wait; ``cancel(handle, grace=...)`` may shorten it.
 
 Assumes, like DeepSpeed's and torchrun's multi-node launchers, that the package, the
 training script and the interpreter path exist on every host, and that the run directory
@@ -42,7 +46,7 @@ from dtrain.launch.backends.ssh import detached as nodes
 from dtrain.launch.backends.ssh.hostfile import (HOST_OPTIONS, SETTINGS_OPTIONS, HostEntry, SSHSettings,
                                                  resolve_options, ssh_argv)
 from dtrain.launch.job import Job
-from dtrain.launch.processes import NodeProcess, NodeSupervisor
+from dtrain.launch.processes import NodeProcess, NodeSupervisor, stop_grace_env
 from dtrain.launch.spec import LaunchSpec
 from dtrain.launch.torchrun import Static, agent_argv
 
@@ -103,10 +107,10 @@ def ssh_config_text(hosts: Sequence[HostEntry], settings: SSHSettings) -> str:
     return "".join(blocks)
 
 
-def node_env(job: Job, hosts: Sequence[HostEntry], index: int, port: int) -> dict[str, str]:
+def node_env(job: Job, hosts: Sequence[HostEntry], index: int, port: int, grace: float | None = None) -> dict[str, str]:
     """What node ``index``'s agent adds to the host's own environment (sent over stdin)."""
     spec = job.spec
-    env: dict[str, str] = {}
+    env: dict[str, str] = stop_grace_env(spec.stop_grace if grace is None else grace)
     if all(is_loopback(h.address) for h in hosts):
         env["GLOO_SOCKET_IFNAME"] = "lo"  # "hosts" on this machine talk over loopback
     if spec.distribution == "tensorflow":
@@ -160,11 +164,13 @@ class SSHBackend(Backend):
     supports_detached = True
     cli_module = "dtrain.launch.backends.ssh.cli"
 
-    def __init__(self, sink=None, grace_seconds: float = 5.0):
+    def __init__(self, sink=None, grace_seconds: float | None = None):
         super().__init__(**({"sink": sink} if sink else {}))
+        #: seconds between SIGTERM and SIGKILL on a stop; None: the spec's stop_grace
         self.grace_seconds = grace_seconds
+        self._grace_now = 5.0 if grace_seconds is None else grace_seconds  # the submitted job's
         self.nonce = secrets.token_hex(16)  # known to this launcher and the agents only
-        self.supervisor = SSHNodeSupervisor(self._watch_sink, grace_seconds=grace_seconds)
+        self.supervisor = SSHNodeSupervisor(self._watch_sink, grace_seconds=self._grace_now)
         self.pgids: dict[int, int] = {}
         self.hosts: list[HostEntry] = []
         self.settings = SSHSettings()
@@ -218,35 +224,41 @@ class SSHBackend(Backend):
 
     # -- lifecycle ------------------------------------------------------------------------------
 
+    def _grace(self, spec: LaunchSpec) -> float:
+        return spec.stop_grace if self.grace_seconds is None else self.grace_seconds
+
     def dryrun(self, job: Job, *, detached: bool = False) -> DryRunRequest:
         spec = job.spec
         hosts, settings = list(spec.resolved), self._settings(spec)
         python = settings.python or sys.executable
         port = self.free_port(spec)
         workdir = spec.workdir or os.getcwd()
+        grace = self._grace(spec)
         argvs, payloads = [], []
         for i, host in enumerate(hosts):
             agent = agent_argv(spec, python=python, job_id=job.job_id,
                                rdzv=Static(endpoint=(hosts[0].address, port), node_rank=i))
             if detached:
                 command = nodes.node_command(python, "start", job.run_dir, i, "--job-id", job.job_id,
-                                                "--workdir", workdir, "--", *agent)
+                                             "--workdir", workdir, "--grace", f"{grace:g}", "--", *agent)
             else:
                 command = remote_agent_command(python, job_id=job.job_id, node_index=i,
                                                pgid_file=os.path.join(job.run_dir, "remote", f"node{i}.pgid"),
-                                               workdir=workdir, grace=self.grace_seconds, agent=agent)
+                                               workdir=workdir, grace=grace, agent=agent)
             argvs.append(tuple(ssh_argv(settings, host, command)))
-            payloads.append(json.dumps({"env": node_env(job, hosts, i, port), "nonce": self.nonce}) + "\n")
+            payloads.append(json.dumps({"env": node_env(job, hosts, i, port, grace), "nonce": self.nonce}) + "\n")
         return DryRunRequest(backend=self.name, argvs=tuple(argvs), stdin=tuple(payloads),
                              env={"MASTER_ADDR": hosts[0].address, "MASTER_PORT": str(port)})
 
     def submit(self, job: Job, *, detached: bool = False) -> JobHandle:
         request = self.dryrun(job, detached=detached)
         self.hosts, self.settings = list(job.spec.resolved), self._settings(job.spec)
+        self._grace_now = self.supervisor.grace_seconds = self._grace(job.spec)
         handle = JobHandle(backend=self.name, job_id=job.job_id, backend_job_id=job.job_id, run_dir=job.run_dir,
                            world_size=job.spec.world_size, submitted_at=time.time(),
                            data={"hosts": [str(h) for h in self.hosts], "ssh": self.settings.to_dict(),
-                                 "detached": detached, "poll_interval": DETACHED_POLL_INTERVAL})
+                                 "detached": detached, "poll_interval": DETACHED_POLL_INTERVAL,
+                                 "stop_grace": self._grace_now})
         rendezvous = f"{request.env['MASTER_ADDR']}:{request.env['MASTER_PORT']}"
         names = ", ".join(h.host for h in self.hosts)
         if detached:
@@ -290,19 +302,33 @@ class SSHBackend(Backend):
         results = await asyncio.gather(*(one(argv) for argv in nodes.status_argvs(target, handle.run_dir)))
         return nodes.decide([nodes.parse_status(i, *r) for i, r in enumerate(results)])
 
-    def cancel(self, handle: JobHandle) -> None:
-        if handle.data.get("detached"):
-            nodes.stop_job(self._target(handle), handle.run_dir)
-        else:
-            self._teardown()
+    @staticmethod
+    def _handle_grace(handle: JobHandle, grace: float | None) -> float:
+        """``grace`` if given, else the one the job was started with (a handle from before the
+        field existed: the nodes' old default)."""
+        if grace is not None:
+            return float(grace)
+        return float(handle.data.get("stop_grace", nodes.DEFAULT_GRACE))
 
-    async def async_cancel(self, handle: JobHandle) -> None:
+    def cancel(self, handle: JobHandle, grace: float | None = None) -> None:
+        """Stop every node: SIGTERM, SIGKILL after ``grace`` seconds (default: the spec's stop_grace)
+        where a node still runs."""
+        if handle.data.get("detached"):
+            nodes.stop_job(self._target(handle), handle.run_dir, self._handle_grace(handle, grace))
+        else:
+            self._teardown(grace)
+
+    async def async_cancel(self, handle: JobHandle, grace: float | None = None) -> None:
         if not handle.data.get("detached"):
-            return await super().async_cancel(handle)
+            import asyncio
+
+            return await asyncio.to_thread(self.cancel, handle, grace)
         import asyncio
 
-        argvs = nodes.stop_argvs(self._target(handle), handle.run_dir)
-        for rc, _, err in await asyncio.gather(*(run_async(argv) for argv in argvs)):
+        target, grace = self._target(handle), self._handle_grace(handle, grace)
+        argvs = nodes.stop_argvs(target, handle.run_dir, grace)
+        timeout = target.settings().connect_timeout + grace + 30
+        for rc, _, err in await asyncio.gather(*(run_async(argv, timeout) for argv in argvs)):
             if rc != 0:
                 self.sink(f"[dtrain] stopping ssh job {handle.job_id}: {err.strip()}")
 
@@ -349,7 +375,8 @@ class SSHBackend(Backend):
     def _running_nodes(self) -> list[int]:
         return [n.index for n in list(self.supervisor.nodes) if n.proc.poll() is None]
 
-    def _teardown(self) -> None:
+    def _teardown(self, grace: float | None = None) -> None:
+        grace = self._grace_now if grace is None else grace
         with self._teardown_lock:
             if self._torn_down:
                 return
@@ -357,31 +384,32 @@ class SSHBackend(Backend):
             running = self._running_nodes()
             if running:
                 # A node's ssh client still running means its remote agent (or something holding
-                # its output) is alive: ask every such host to stop its process group.
+                # its output) is alive: ask every such host to stop its process group. The wait
+                # ends when every node has ended (its ranks saved and exited), at most the grace.
                 self._wait_announced(running, timeout=2.0)
                 self._remote_signal("TERM", running)
-                deadline = time.monotonic() + self.grace_seconds + 1.0
+                deadline = time.monotonic() + grace + 1.0
                 while self._running_nodes() and time.monotonic() < deadline:
                     time.sleep(0.1)
                 still = self._running_nodes()
                 if still:
                     self._remote_signal("KILL", still)
             self.supervisor.close_lifelines()
-            self.supervisor.teardown()
+            self.supervisor.teardown(min(grace, 5.0))  # the local ssh clients: the hosts are stopped by now
 
     def _wait_announced(self, indexes: Sequence[int], timeout: float) -> None:
         deadline = time.monotonic() + timeout
         while any(i not in self.pgids for i in indexes) and time.monotonic() < deadline:
             time.sleep(0.05)
 
-    def terminate(self) -> None:
+    def terminate(self, grace: float | None = None) -> None:
         # May run in a signal handler on the thread blocked in run(): do the work in a thread,
         # so no lock that thread holds is awaited here; run()'s own teardown waits for it.
         super().terminate()
         self.supervisor.stop("terminate")
-        worker = threading.Thread(target=self._teardown, daemon=True)
+        worker = threading.Thread(target=self._teardown, args=(grace,), daemon=True)
         worker.start()
-        worker.join(timeout=self.grace_seconds + 15)
+        worker.join(timeout=(self._grace_now if grace is None else grace) + 15)
 
     def pids(self) -> set[int]:
         return self.supervisor.pids()

@@ -26,6 +26,9 @@ from dtrain.launch.backends.base import JobStatus
 from dtrain.launch.backends.ssh.hostfile import SSHSettings, coerce_hosts, ssh_argv
 
 MODULE = "dtrain.launch.backends.ssh.detached_node"
+#: seconds between SIGTERM and SIGKILL when the caller does not say (the backend passes the spec's
+#: stop_grace, which it also renders into ``start --grace`` and keeps in the job handle)
+DEFAULT_GRACE = 5.0
 
 
 @dataclass(frozen=True)
@@ -57,7 +60,7 @@ def status_argvs(target: Target, run_dir: str) -> list[list[str]]:
             for i, host in enumerate(target.entries())]
 
 
-def stop_argvs(target: Target, run_dir: str, grace: float = 5.0) -> list[list[str]]:
+def stop_argvs(target: Target, run_dir: str, grace: float = DEFAULT_GRACE) -> list[list[str]]:
     settings = target.settings()
     return [ssh_argv(settings, host, node_command(target.python, "stop", run_dir, i, "--grace", f"{grace:g}"))
             for i, host in enumerate(target.entries())]
@@ -146,7 +149,7 @@ def query_job(target: Target, run_dir: str) -> JobStatus:
     return decide([parse_status(i, *r) for i, r in enumerate(results)])
 
 
-def stop_job(target: Target, run_dir: str, grace: float = 5.0) -> list[dict[str, Any]]:
+def stop_job(target: Target, run_dir: str, grace: float = DEFAULT_GRACE) -> list[dict[str, Any]]:
     """Stop every host's node (idempotent: a node already ended is left as it is)."""
     results = _parallel(stop_argvs(target, run_dir, grace), timeout=target.settings().connect_timeout + grace + 30)
     return [parse_status(i, *r) for i, r in enumerate(results)]

@@ -3,17 +3,19 @@
 A deferred task lets its worker go, so no ssh session may stay open for the job's
 lifetime (the blocking SSH backend's lifeline would stop the job). Instead:
 
-``python -m dtrain.launch.backends.ssh.detached_node start --run-dir RD --node N --job-id J [--workdir W] -- AGENT...``
+``python -m dtrain.launch.backends.ssh.detached_node start --run-dir RD --node N --job-id J [--workdir W] [--grace S] -- AGENT...``
     reads the job's environment as one JSON line on stdin (never in an argv), double-forks
     a daemon in its own session, and returns once the daemon has written its state file.
     The daemon runs AGENT with its output in ``RD/detached/nodeN.log``; when it ends, it
     stops anything the agent left and writes ``RD/detached/nodeN.exit.json`` (temp file +
-    rename). SIGTERM stops the whole tree (SIGTERM, grace, SIGKILL) and is recorded.
+    rename). SIGTERM stops the whole tree (SIGTERM, ``--grace`` seconds for the ranks to
+    save a checkpoint and exit -- the spec's stop_grace -- then SIGKILL) and is recorded.
 ``... status --run-dir RD --node N [--tail 40]``
     prints one JSON line: ``{"state": "running"|"exited"|"lost"|"unknown", "exit_code", "tail"}``.
     ``lost``: the daemon is gone without an exit record (the host rebooted, SIGKILL).
 ``... stop --run-dir RD --node N [--grace 5]``
-    SIGTERM to the daemon, SIGKILL to whatever of the tree is left after the grace period.
+    SIGTERM to the daemon, SIGKILL to whatever of the tree is left after the grace period
+    (returns as soon as the daemon has ended; a grace shorter than the daemon's own cuts it short).
 
 The PID in the state file is checked with its start time, so a reused PID is never
 mistaken for the daemon. Stdlib and psutil (a dependency of the package) only.

@@ -14,7 +14,8 @@ The SSH backend starts this over ssh, once per host. It
 * keeps reading stdin as a lifeline: EOF means the launcher or its ssh client is gone
   (even SIGKILLed), and then, as on SIGTERM/SIGINT/SIGHUP, it stops every descendant
   (torchrun puts workers in sessions of their own, so the group alone is not enough):
-  SIGTERM, a grace period, SIGKILL.
+  SIGTERM, the grace period (``--grace``: the spec's stop_grace, the ranks' time to save a
+  checkpoint; over as soon as every descendant is gone), SIGKILL.
 
 Stdlib at import; psutil (a dependency of the package) only when tearing down.
 """
