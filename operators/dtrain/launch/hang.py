@@ -39,6 +39,9 @@ HANG_EXIT_CODE = 124
 DUMP_WAIT_S = 20.0
 #: a rank's wrapper waits this long for the in-process dump before it falls back to py-spy
 HELPER_DUMP_WAIT_S = 5.0
+#: seconds a hung job's ranks get after SIGTERM: their stacks are on disk, and a stuck rank
+#: will not reach a checkpoint (stop_grace is for ranks that can)
+TEARDOWN_GRACE_S = 5.0
 #: flight recorder entries kept per process group when hang detection is on
 FLIGHT_RECORDER_ENTRIES = "2000"
 #: ranks whose last progress is within this many seconds of the oldest count as silent longest

@@ -150,7 +150,7 @@ class Launcher:
 
     def _on_hang(self, verdict: hang.HangVerdict) -> None:
         self.hang_verdict = verdict
-        self.backend.terminate()
+        self.backend.terminate(grace=hang.TEARDOWN_GRACE_S)
 
     def _report_stalls(self, result: LaunchResult) -> None:
         """Per-rank step time, data-wait fraction and samples/s, with the CPUBottleneck and

@@ -109,9 +109,14 @@ class Following:
         self.handle = handle
         self.state = ""  # the job's final state, once it ended
         self.lines = 0  # output lines the backend streamed while following
+        self.grace: float | None = None  # set by terminate(grace): how long the ranks get at the cancel
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.backend, name)
+
+    def terminate(self, grace: float | None = None) -> None:
+        self.grace = grace
+        self.backend.terminate(grace)
 
     def run(self, job: Any = None) -> BackendOutcome:
         backend, handle = self.backend, self.handle
@@ -132,7 +137,7 @@ class Following:
         finally:
             backend.sink = sink
         if status is None or not status.ok:
-            backend.cancel(handle)  # a failed node: stop the others; stopped: stop everything
+            backend.cancel(handle, self.grace)  # a failed node: stop the others; stopped: stop everything
         self._stop(cancel=False)
         if status is None:
             return BackendOutcome(exit_code=-1, stopped=True)
@@ -152,6 +157,6 @@ class Following:
 
     def _stop(self, cancel: bool = True) -> None:
         if cancel:
-            self.backend.cancel(self.handle)
+            self.backend.cancel(self.handle, self.grace)
         self.backend.follow(self.handle)
         self.backend.release(self.handle)

@@ -103,7 +103,7 @@ class DistributedJobTrigger(BaseTrigger):
                     return
             verdict = await self._hang_verdict()
             if verdict is not None:
-                await self._backend().async_cancel(self.handle)
+                await self._backend().async_cancel(self.handle, hang.TEARDOWN_GRACE_S)
                 yield TriggerEvent(hung_payload(self.handle, verdict))
                 return
             await asyncio.sleep(self.poll_interval if self.hang_timeout is None

@@ -102,10 +102,10 @@ class ToyBackend(Backend):
             return JobStatus("LOST", True, 1, reason="every rank is gone, some without an exit record")
         return JobStatus("RUNNING", False)
 
-    def cancel(self, handle):
+    def cancel(self, handle, grace=None):
         from dtrain.launch.proctree import kill_job
 
-        self._stop_ranks(handle)
+        self._stop_ranks(handle, 5.0 if grace is None else grace)
         kill_job(handle.job_id, 5.0)  # what the ranks started outside their sessions
 
     def release(self, handle):
@@ -113,14 +113,14 @@ class ToyBackend(Backend):
 
         kill_job(handle.job_id, 5.0)  # a finished job leaves nothing behind either
 
-    def _stop_ranks(self, handle):
+    def _stop_ranks(self, handle, grace):
         alive = self._alive(handle)
         for proc in alive:
             try:
                 os.killpg(proc.pid, signal.SIGTERM)
             except ProcessLookupError:
                 pass
-        _, left = psutil.wait_procs(alive, timeout=5)
+        _, left = psutil.wait_procs(alive, timeout=grace)
         for proc in left:
             try:
                 os.killpg(proc.pid, signal.SIGKILL)
@@ -133,5 +133,5 @@ class ToyBackend(Backend):
     def logs(self, handle, lines=40):
         return [line for r in _records(handle.run_dir).values() for line in r["tail"]][-lines:]
 
-    def terminate(self):
-        super().terminate()
+    def terminate(self, grace=None):
+        super().terminate(grace)

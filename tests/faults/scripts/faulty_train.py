@@ -74,7 +74,9 @@ def install(fault_rank: int, fault_step: int, mode: str) -> None:
         sys.stderr.flush()
         if mode == "sigkill":
             os.kill(os.getpid(), signal.SIGKILL)
-        sys.exit(3)
+        # Not sys.exit: interpreter teardown with a live gloo process group sometimes aborts
+        # (std::terminate, exit 134), and the test wants the status the script chose.
+        os._exit(3)
 
     MetricsWriter.log = log
 

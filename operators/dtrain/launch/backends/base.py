@@ -258,11 +258,12 @@ class Backend(abc.ABC):
         return await asyncio.to_thread(self.poll, handle)
 
     @abc.abstractmethod
-    def cancel(self, handle: JobHandle) -> None:
-        """Stop every process of the job on every host; idempotent; returns when they are gone."""
+    def cancel(self, handle: JobHandle, grace: float | None = None) -> None:
+        """Stop every process of the job on every host; idempotent; returns when they are gone.
+        Ranks get ``grace`` seconds after SIGTERM (default: the spec's ``stop_grace``)."""
 
-    async def async_cancel(self, handle: JobHandle) -> None:
-        await asyncio.to_thread(self.cancel, handle)
+    async def async_cancel(self, handle: JobHandle, grace: float | None = None) -> None:
+        await asyncio.to_thread(self.cancel, handle, grace)
 
     @abc.abstractmethod
     def logs(self, handle: JobHandle, lines: int = 40) -> list[str]:
@@ -312,8 +313,9 @@ class Backend(abc.ABC):
             self._stop.wait(self.poll_interval)
         return None
 
-    def terminate(self) -> None:
-        """Ask :meth:`run` to stop; it cancels the job. Safe from signal handlers."""
+    def terminate(self, grace: float | None = None) -> None:
+        """Ask :meth:`run` to stop; it cancels the job (ranks get ``grace`` seconds after SIGTERM,
+        default the spec's ``stop_grace``). Safe from signal handlers."""
         self._stop.set()
 
 

@@ -131,15 +131,16 @@ class MPIBackend(Backend):
         return JobStatus(state="COMPLETED" if code == 0 else "FAILED", done=True, exit_code=code,
                          failed_node=None if node is None else 0, tail=[] if node is None else list(node.tail))
 
-    def cancel(self, handle: JobHandle | None = None) -> None:
+    def cancel(self, handle: JobHandle | None = None, grace: float | None = None) -> None:
         # mpirun first: it stops the ranks on every host in order; then whatever is left.
+        grace = self.grace_seconds if grace is None else grace
         for node in list(self.supervisor.nodes):
             if node.proc.poll() is None:
                 try:
                     node.proc.send_signal(signal.SIGTERM)
                 except ProcessLookupError:
                     pass
-                deadline = time.monotonic() + self.grace_seconds
+                deadline = time.monotonic() + grace
                 while node.proc.poll() is None and time.monotonic() < deadline:
                     time.sleep(0.1)
         self.supervisor.teardown()
@@ -150,10 +151,10 @@ class MPIBackend(Backend):
     def release(self, handle: JobHandle) -> None:
         self.supervisor.teardown()
 
-    def terminate(self) -> None:
+    def terminate(self, grace: float | None = None) -> None:
         super().terminate()
         self.supervisor.stop("terminate")
-        self.cancel()
+        self.cancel(grace=grace)
 
     def pids(self) -> set[int]:
         return self.supervisor.pids()
