@@ -89,10 +89,22 @@ def test_sigterm_only_records_a_request_until_the_loop_asks(guard, monkeypatch):
     assert isinstance(guard, PreemptionGuard) and stop_requested()
 
 
-def test_sigint_keeps_its_keyboard_interrupt_unless_asked_for(guard):
-    with pytest.raises(KeyboardInterrupt):
-        deliver(signal.SIGINT)
-    assert not guard.stop_requested()
+def test_sigint_keeps_its_keyboard_interrupt_unless_asked_for():
+    from dtrain.training.preemption import PreemptionGuard
+
+    # Python's own SIGINT handler, whatever an earlier test in this process left installed.
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        guard = PreemptionGuard(announce=False)
+        try:
+            assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+            with pytest.raises(KeyboardInterrupt):
+                deliver(signal.SIGINT)
+            assert not guard.stop_requested()
+        finally:
+            guard.uninstall()
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 def test_guard_must_be_installed_from_the_main_thread():
