@@ -167,11 +167,18 @@ def ssh_options(cluster):
     return {"ssh": {"hosts": [f"root@{h.line} slots=1" for h in cluster.hosts], **cluster.ssh_settings()}}
 
 
-@pytest.mark.parametrize("backend", ["slurm", "ssh"])
-def test_retry_follows_a_running_job_then_takes_its_result_when_it_succeeded(backend, request, tmp_path):
-    options = slurm_options() if backend == "slurm" else ssh_options(request.getfixturevalue("ssh_cluster"))
+def backend_options(backend, request):
+    """The operator's backend_options for ``backend``, its fixture started (the Slurm one checks
+    the queue is empty before and after the test)."""
     if backend == "slurm":
         request.getfixturevalue("slurm")
+        return slurm_options()
+    return ssh_options(request.getfixturevalue("ssh_cluster"))
+
+
+@pytest.mark.parametrize("backend", ["slurm", "ssh"])
+def test_retry_follows_a_running_job_then_takes_its_result_when_it_succeeded(backend, request, tmp_path):
+    options = backend_options(backend, request)
     out, run_dir = tmp_path / "out", tmp_path / "run"
     context = {"run_id": "r1", "task_state_store": Store()}
     first = crashed_try(operator(backend, out, run_dir, "--sleep", "4", options=options), context)
@@ -188,9 +195,7 @@ def test_retry_follows_a_running_job_then_takes_its_result_when_it_succeeded(bac
 
 @pytest.mark.parametrize("backend", ["slurm", "ssh"])
 def test_retry_after_a_failed_job_stops_its_leftovers_and_submits_again(backend, request, tmp_path):
-    options = slurm_options() if backend == "slurm" else ssh_options(request.getfixturevalue("ssh_cluster"))
-    if backend == "slurm":
-        request.getfixturevalue("slurm")
+    options = backend_options(backend, request)
     out, run_dir = tmp_path / "out", tmp_path / "run"
     context = {"run_id": "r1", "task_state_store": Store()}
     args = ("--fail-once", "RuntimeError: deliberate", "--sleep", "3")
