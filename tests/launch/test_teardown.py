@@ -107,3 +107,14 @@ def test_a_failed_node_reports_its_last_lines_even_when_its_reader_lags():
         assert exit_code == 3 and list(node.tail) == ["starting", "the reason it failed"]
     finally:
         supervisor.teardown()
+
+
+def test_a_rank_that_aborts_in_native_code_reports_where_it_was():
+    """A rank killed by SIGABRT (a collective library's std::terminate, say) prints no traceback of
+    its own: the wrapper turns on Python's fault handler for it, so the tail names the frame."""
+    code = "import os\ndef in_the_training_step():\n    os.abort()\nin_the_training_step()\n"
+    proc = subprocess.run([DTRAIN, "launch", "--nodes", "1", "--procs-per-node", "1", "--",
+                           sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 134, proc.stderr[-2000:]
+    assert "Fatal Python error: Aborted" in proc.stderr, proc.stderr[-2000:]
+    assert "in_the_training_step" in proc.stderr.split("last lines of rank 0:")[-1], proc.stderr[-2000:]

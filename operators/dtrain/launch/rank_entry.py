@@ -174,6 +174,9 @@ def main(argv: list[str] | None = None) -> int:
     environ = dict(os.environ)
     environ.update(contract_from_env(environ, mpi_per_node_launch=environ.get("DTRAIN_MPI_PER_NODE") == "1"))
     environ.setdefault("PYTHONUNBUFFERED", "1")
+    # A rank that dies in native code (an abort in a collective library, a segfault) prints
+    # every thread's Python stack first, so its tail says where; a user's own setting wins.
+    environ.setdefault("PYTHONFAULTHANDLER", "1")
     if environ.get("DTRAIN_DISTRIBUTION") == "tensorflow":
         from dtrain.launch.tf_config import tf_config_env  # TF scripts read TF_CONFIG unchanged
 
