@@ -1,0 +1,395 @@
+"""Your own retraining DAG from one call: :func:`retraining_pipeline`.
+
+    from airflow.sdk import Param
+    from dtrain.pipeline import retraining_pipeline
+
+    dag = retraining_pipeline(
+        dag_id="tabular_retraining",
+        raw="s3://acme-raw/tabular", processed="s3://acme-processed", shared_fs="/fsx",
+        transform="tabular_pipeline.prep:transform",
+        train_command=["python", "-m", "tabular_pipeline.train", "--shards", "{shards}",
+                       "--output", "{output}", "--init-from", "{init_from}", "--epochs", "{params.epochs}"],
+        evaluate="tabular_pipeline.evaluate:evaluate", heldout="s3://acme-raw/tabular-heldout/{version}.csv",
+        metric="rmse", goal="minimize", min_improvement=0.0,
+        params={"epochs": Param(5, type="integer", minimum=1, maximum=100)},
+    )
+
+The DAG: check_params -> list_raw_inputs -> preprocess (mapped, one task per raw file) ->
+finalize_dataset -> stage -> preflight -> train -> evaluate -> gate -> [approve] -> publish.
+
+Guarantees, whatever the model:
+
+* every path is keyed by pipeline (dag_id), dataset version and the run's data-interval
+  partition, so backfilled dates never write into each other;
+* a retry of the train task resumes from its own checkpoints (same run directory); clearing
+  the run (a rerun) trains afresh in ``run-<clear_number>``;
+* ``{init_from}`` is the last model published before the run's partition (warm start), and the
+  gate compares with the same model;
+* run params are validated by JSON schema when a run is triggered (UI, REST, backfill), then by
+  ``check_params`` (types converted, unknown keys and too many local ranks refused) before any
+  data is read;
+* publish is atomic and updates the pipeline's model asset (:func:`model_asset`).
+
+Parsing stays cheap: this module imports airflow.sdk and the operators' thin modules only;
+the user's transform, training and evaluate code is imported where it runs, never here.
+"""
+
+from __future__ import annotations
+
+import copy
+import datetime as dt
+import json
+import os
+import re
+from typing import Any, Mapping, Sequence
+
+from airflow.sdk import DAG, Asset, Param, get_current_context, task
+
+from dtrain.errors import SpecError
+from dtrain.launch.operator import DistributedTrainingOperator
+from dtrain.pipeline.config import partition_of
+from dtrain.pipeline.gate import Gate
+from dtrain.pipeline.params import DATASET_VERSION_PATTERN, FINITE, MAX_RANKS_ENV, OVERSUBSCRIPTION
+from dtrain.pipeline.placeholders import PLACEHOLDERS, to_jinja
+from dtrain.preflight.operator import PreflightOperator
+from dtrain.preprocess.operator import PreprocessFinalizeOperator, PreprocessOperator
+from dtrain.preprocess.transform import REF
+from dtrain.staging.operator import StageToSharedFSOperator
+
+#: the params every pipeline has; a user param may not reuse these names
+BUILTIN_PARAMS = ("nodes", "procs_per_node", "distribution", "backend", "dataset_version")
+#: train operator arguments the factory sets itself (so they cannot be given as operator defaults)
+SET_BY_FACTORY = frozenset({"task_id", "command", "nodes", "procs_per_node", "distribution", "backend",
+                            "backend_options", "deepspeed_config", "run_dir", "env", "dag", "outlets"})
+MODEL_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.+-]{0,127}")
+PARAM_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,63}")
+
+VERSION = "{{ params.dataset_version }}"
+PART = "{{ dtrain_partition(dag_run) }}"
+
+
+def model_asset(dag_id: str) -> Asset:
+    """The asset a pipeline updates when it publishes a model (schedule other DAGs on it).
+
+    Its identity depends only on the pipeline's name: locations travel in each event's extra
+    (model_path, metrics_path, dataset_version, partition), not in the URI."""
+    return Asset(name=f"{dag_id}_model", uri=f"dtrain://{dag_id}/model")
+
+
+def dataset_asset(dag_id: str) -> Asset:
+    """The asset a pipeline updates when it has staged a dataset on the shared filesystem."""
+    return Asset(name=f"{dag_id}_staged_dataset", uri=f"dtrain://{dag_id}/staged_dataset")
+
+
+def _import_path(field: str, value: Any) -> str:
+    if not isinstance(value, str) or not REF.match(value):
+        raise SpecError(field, value, "a literal import path MODULE:FUNCTION, e.g. mypkg.eval:evaluate "
+                                      "(imported where the task runs, not when the DAG is parsed)")
+    return value
+
+
+def _builtin_params(nodes: int, procs_per_node: int, backend: str, backends: Sequence[str],
+                    distributions: Sequence[str], dataset_version: str) -> dict[str, Param]:
+    return {
+        "nodes": Param(nodes, type="integer", minimum=1, maximum=64, title="Nodes",
+                       description="Nodes to train on (simulated on one host with backend=local)."),
+        "procs_per_node": Param(procs_per_node, type="integer", minimum=1, maximum=16, title="Processes per node",
+                                description="Training processes per node: the GPU count on GPU nodes."),
+        "distribution": Param(distributions[0], type="string", enum=list(distributions), title="Distribution",
+                              description="pytorch = DDP through torchrun; deepspeed = the pipeline's DeepSpeed "
+                                          "config."),
+        "backend": Param(backend, type="string", enum=list(backends), title="Backend",
+                         description=f"local = this worker (nodes x procs_per_node: at most {OVERSUBSCRIPTION} per "
+                                     f"CPU core or GPU, or {MAX_RANKS_ENV}); ssh = the hosts of the pipeline's SSH "
+                                     "connection; slurm = sbatch."),
+        "dataset_version": Param(dataset_version, type="string", pattern=DATASET_VERSION_PATTERN,
+                                 title="Dataset version", description="Raw data under <raw>/<version>/<partition>/."),
+    }
+
+
+def _user_params(params: Mapping[str, Any] | None) -> dict[str, Param]:
+    out: dict[str, Param] = {}
+    for name, value in (params or {}).items():
+        if not isinstance(name, str) or not PARAM_NAME.fullmatch(name):
+            raise SpecError("params", name, "param names that are Python identifiers (they appear as {params.NAME})")
+        if name in BUILTIN_PARAMS:
+            raise SpecError("params", name, f"a name other than the built-in params {', '.join(BUILTIN_PARAMS)}")
+        param = copy.copy(value) if isinstance(value, Param) else Param(value)
+        if param.schema.get("type") == "number" and "not" not in param.schema:
+            param.schema = {**param.schema, **FINITE}  # NaN passes every JSON-schema comparison
+        out[name] = param
+    return out
+
+
+def _check_command(train_command: Any) -> list[str]:
+    if isinstance(train_command, str) or not isinstance(train_command, Sequence) or not train_command \
+            or not all(isinstance(a, str) for a in train_command):
+        raise SpecError("train_command", train_command, "a non-empty list of strings (argv: no shell)")
+    return list(train_command)
+
+
+def retraining_pipeline(
+    dag_id: str,
+    *,
+    raw: str,
+    processed: str,
+    shared_fs: str,
+    transform: str,
+    train_command: Sequence[str],
+    evaluate: str,
+    metric: str,
+    goal: str,
+    threshold: float | None = None,
+    min_improvement: float | None = None,
+    heldout: str | None = None,
+    models: str | None = None,
+    model_name: str = "model.pt",
+    params: Mapping[str, Any] | None = None,
+    nodes: int = 1,
+    procs_per_node: int = 1,
+    backend: str = "local",
+    backends: Sequence[str] = ("local", "ssh", "slurm"),
+    backend_options: Mapping[str, Mapping[str, Any]] | None = None,
+    deepspeed_config: Mapping[str, Any] | None = None,
+    dataset_version: str = "v1",
+    aws_conn_id: str | None = "aws_default",
+    approval: bool = False,
+    approval_timeout: dt.timedelta | None = None,
+    schedule: Any = "@daily",
+    start_date: dt.datetime | None = None,
+    catchup: bool = False,
+    max_active_runs: int = 1,
+    default_args: Mapping[str, Any] | None = None,
+    tags: Sequence[str] = (),
+    doc_md: str | None = None,
+    min_free_gb: float = 1.0,
+    epoch_seconds: float | None = None,
+    env: Mapping[str, str] | None = None,
+    **train_options: Any,
+) -> DAG:
+    """Build a retraining DAG for your model; everything model-specific is an argument.
+
+    Args:
+        dag_id: the DAG's id; also keys every path and the model asset.
+        raw: URL of the raw data; a run reads ``<raw>/<dataset_version>/<partition>/`` (every
+            file: JSON lines, CSV, Parquet, .npy; compressed or not).
+        processed: URL under which the preprocessed shards are written, as
+            ``<processed>/<dag_id>/<version>/<partition>``.
+        shared_fs: the filesystem every training node mounts (FSx for Lustre); datasets go to
+            ``<shared_fs>/datasets/<dag_id>/<version>/<partition>``, runs to
+            ``<shared_fs>/runs/<dag_id>/<version>/<partition>/run-<clear_number>``.
+        transform: ``module:function`` applied to every raw record (dict of arrays out, None to drop).
+        train_command: argv run on every rank, with placeholders (:data:`PLACEHOLDERS`, and
+            ``{params.NAME}``) filled per run. No shell: each element reaches the script as is.
+        evaluate: ``module:function`` called as ``evaluate(model_path, heldout)`` on the worker;
+            returns a dict of metrics (numbers).
+        metric, goal, threshold, min_improvement: the publish gate (:class:`~dtrain.pipeline.gate.Gate`).
+        heldout: held-out data location passed to ``evaluate`` (``{version}``, ``{partition}``
+            and ``{params.NAME}`` are filled); None passes None.
+        models: where models are published, as ``<models>/<dag_id>/<version>/<partition>/``
+            (default ``<shared_fs>/models``).
+        model_name: the file or directory name ``{output}`` ends with and the published model has.
+        params: your own run params (name -> Param or default), next to the built-in ones
+            (:data:`BUILTIN_PARAMS`); use them in train_command as ``{params.NAME}``.
+        nodes, procs_per_node, backend, dataset_version: the built-in params' defaults.
+        backends: the backends a run may choose (the ``backend`` param's enum).
+        backend_options: per-backend options, e.g. ``{"ssh": {"conn_id": "gpu_hosts"}}``.
+        deepspeed_config: a DeepSpeed config; when given, a run may choose distribution=deepspeed.
+        aws_conn_id: Airflow connection for s3:// raw, processed and heldout locations.
+        approval: ask a person (Airflow's ApprovalOperator) before publishing a model the gate passed.
+        approval_timeout: how long to wait for that answer (None: no limit); no answer, no publish.
+        schedule, start_date, catchup, max_active_runs, default_args, tags, doc_md: as for a DAG
+            (default_args default to one retry after 10 s).
+        min_free_gb: free space preflight requires on every node's run directory.
+        epoch_seconds: staging sizes the shared filesystem for one epoch in this many seconds.
+        env: extra environment for the ranks (added to what preflight recommends).
+        **train_options: further :class:`~dtrain.launch.operator.DistributedTrainingOperator`
+            arguments (hang_timeout, stop_grace, max_restarts, deferrable, retry_policy, ...).
+
+    Returns:
+        The DAG (registered by being a module-level name of a DAG file).
+    """
+    command = _check_command(train_command)
+    transform = _import_path("transform", transform)
+    evaluate = _import_path("evaluate", evaluate)
+    gate = Gate(metric=metric, goal=goal, threshold=threshold, min_improvement=min_improvement)
+    if not isinstance(model_name, str) or not MODEL_NAME.fullmatch(model_name):
+        raise SpecError("model_name", model_name, "a file or directory name (letters, digits, _ . + -)")
+    clashing = sorted(SET_BY_FACTORY & set(train_options))
+    if clashing:
+        raise SpecError("train_options", clashing[0], "an operator argument the factory does not set itself "
+                                                       f"({', '.join(sorted(SET_BY_FACTORY))} are)")
+    distributions = ["pytorch"] + (["deepspeed"] if deepspeed_config else [])
+    all_params: dict[str, Param] = {**_builtin_params(nodes, procs_per_node, backend, backends, distributions,
+                                                      dataset_version), **_user_params(params)}
+    schemas = {name: param.schema for name, param in all_params.items()}
+    backend_options = {k: dict(v) for k, v in (backend_options or {}).items()}
+    ds_json = json.dumps(dict(deepspeed_config)) if deepspeed_config else ""
+    extra_env = dict(env or {})
+
+    models_root = os.path.join(models or os.path.join(shared_fs, "models"), dag_id)
+    run_dir = os.path.join(shared_fs, "runs", dag_id, VERSION, PART, "run-{{ dag_run.clear_number or 0 }}")
+    output = os.path.join(run_dir, model_name)
+    processed_url = f"{processed.rstrip('/')}/{dag_id}/{VERSION}/{PART}"
+    templates = {
+        "shards": "{{ ti.xcom_pull(task_ids='stage')['destination'] }}",
+        "output": output,
+        "init_from": "{{ dtrain_previous_model(params.dataset_version, dtrain_partition(dag_run)) }}",
+        "run_dir": run_dir,
+        "checkpoint_dir": os.path.join(run_dir, "checkpoints"),
+        "version": VERSION,
+        "partition": PART,
+    }
+    heldout_text = None if heldout is None else to_jinja(
+        heldout, "heldout", {k: templates[k] for k in ("version", "partition")}, all_params)
+    templates["heldout"] = heldout_text or ""
+    argv = [to_jinja(arg, f"train_command[{i}]", templates, all_params) for i, arg in enumerate(command)]
+    model = model_asset(dag_id)
+    staged = dataset_asset(dag_id)
+    next_step = "approve" if approval else "publish"
+
+    def previous(version: str, partition: str) -> str:
+        from dtrain.pipeline.publish import previous_model
+
+        return previous_model(models_root, version, partition, model_name)
+
+    def deepspeed(params: Mapping[str, Any]) -> str:
+        return ds_json if params["distribution"] == "deepspeed" else ""
+
+    def train_env(ti) -> str:
+        recommended = (ti.xcom_pull(task_ids="preflight") or {}).get("nccl_env") or {}
+        return json.dumps({**recommended, **extra_env})
+
+    def approval_body(ti) -> str:
+        from dtrain.pipeline.report import approval_markdown
+
+        return approval_markdown(ti.xcom_pull(task_ids="evaluate"), ti.xcom_pull(task_ids="gate", key="decision"))
+
+    with DAG(
+        dag_id=dag_id,
+        schedule=schedule,
+        start_date=start_date,
+        catchup=catchup,
+        max_active_runs=max_active_runs,
+        params=all_params,
+        user_defined_macros={"dtrain_partition": partition_of, "dtrain_previous_model": previous,
+                             "dtrain_deepspeed_config": deepspeed, "dtrain_train_env": train_env,
+                             "dtrain_approval_body": approval_body},
+        default_args={"retries": 1, "retry_delay": dt.timedelta(seconds=10), **(default_args or {})},
+        tags=["dtrain", "retraining", *tags],
+        doc_md=doc_md or __doc__.split("\n\n", 1)[0],
+    ) as dag:
+
+        # No retry: bad params stay bad. Runs before any data is read, preprocessed or staged.
+        @task(retries=0)
+        def check_params() -> dict:
+            """Check the run's params beyond their schemas, on this worker, before anything else runs."""
+            from dtrain.pipeline.params import check_launch
+            from dtrain.pipeline.params import check_params as check
+
+            values = check(get_current_context()["params"], schemas)
+            spec = check_launch(values, backend_options, deepspeed(values))
+            print(f"check_params: {json.dumps(values)}; world size {spec.world_size} on backend={spec.backend}")
+            return values
+
+        # No retry: a partition with no data fails at once and frees the run slot.
+        @task(retries=0)
+        def list_raw_inputs(raw_url: str) -> list[str]:
+            """The raw files of this run's partition: one mapped preprocessing task each."""
+            from dtrain.pipeline.steps import list_raw_inputs as find
+
+            return find(raw_url, aws_conn_id)
+
+        checked = check_params()
+        raw_inputs = list_raw_inputs(f"{raw.rstrip('/')}/{VERSION}/{PART}/")
+        preprocess = PreprocessOperator.partial(
+            task_id="preprocess", transform=transform, output_path=processed_url, aws_conn_id=aws_conn_id,
+        ).expand(input=raw_inputs)
+        dataset = PreprocessFinalizeOperator(task_id="finalize_dataset", output_path=processed_url,
+                                             partitions=preprocess.output, aws_conn_id=aws_conn_id)
+        stage = StageToSharedFSOperator(
+            task_id="stage", source=f"{processed_url}/", destination=os.path.join(shared_fs, "datasets", dag_id, VERSION),
+            dataset_version=PART, aws_conn_id=aws_conn_id, epoch_seconds=epoch_seconds,
+            nodes="{{ params.nodes | int }}", outlets=[staged],
+        )
+        common = {"nodes": "{{ params.nodes | int }}", "procs_per_node": "{{ params.procs_per_node | int }}",
+                  "backend": "{{ params.backend }}", "backend_options": backend_options}
+        preflight = PreflightOperator(
+            task_id="preflight", manifest_path="{{ ti.xcom_pull(task_ids='stage')['manifest_path'] }}",
+            checkpoint_dir=run_dir, min_free_gb=min_free_gb, **common,
+        )
+        train = DistributedTrainingOperator(
+            task_id="train", command=argv, distribution="{{ params.distribution }}",
+            deepspeed_config="{{ dtrain_deepspeed_config(params) }}", env="{{ dtrain_train_env(ti) }}",
+            run_dir=run_dir, **common, **train_options,
+        )
+
+        @task(task_id="evaluate")
+        def evaluate_model(result: dict, model_path: str, heldout_location: str | None) -> dict:
+            """Run the pipeline's evaluate(model_path, heldout) on the trained model."""
+            from dtrain.pipeline.steps import evaluate_model as run
+            from dtrain.preprocess.operator import aws_credentials_env
+            from dtrain.preprocess.transform import resolve
+
+            function = resolve(evaluate, field="evaluate")
+            with aws_credentials_env(aws_conn_id):
+                metrics = run(function, model_path, heldout_location or None, gate.metric)
+            print(f"evaluate: {json.dumps(metrics, sort_keys=True)} (model {model_path})")
+            return {"metrics": metrics, "model_path": model_path, "heldout": heldout_location or None,
+                    "run_dir": result["run_dir"], "training": result.get("metrics") or {},
+                    "world_size": result.get("world_size"), "duration_s": result.get("duration_s")}
+
+        @task.branch(task_id="gate")
+        def gate_model(evaluation: dict) -> str | None:
+            """Compare the metric with the bar and the published model; publish (or ask) only if it passes."""
+            from dtrain.pipeline.steps import decide
+
+            context = get_current_context()
+            decision = decide(gate, evaluation["metrics"], models_root, context["params"]["dataset_version"],
+                              partition_of(context["dag_run"]), model_name)
+            print(decision.summary)
+            context["ti"].xcom_push(key="decision", value=decision.as_dict())
+            return next_step if decision.publish else None
+
+        @task(task_id="publish", outlets=[model])
+        def publish_model(evaluation: dict) -> dict:
+            """Publish the model atomically under <models>/<dag_id>/<version>/<partition>/ and update the asset."""
+            from dtrain.pipeline.publish import publish_model as publish
+
+            context = get_current_context()
+            ti = context["ti"]
+            version, partition = context["params"]["dataset_version"], partition_of(context["dag_run"])
+            record = {"pipeline": dag_id, "dataset_version": version, "partition": partition,
+                      "run_id": context["dag_run"].run_id, "evaluation": evaluation["metrics"],
+                      "gate": ti.xcom_pull(task_ids="gate", key="decision"), "training": evaluation["training"],
+                      "run_dir": evaluation["run_dir"], "heldout": evaluation["heldout"],
+                      "world_size": evaluation["world_size"], "trained_model": evaluation["model_path"]}
+            if approval:
+                answer = ti.xcom_pull(task_ids="approve") or {}
+                record["approval"] = {"chosen_options": answer.get("chosen_options"),
+                                      "responded_by": answer.get("responded_by_user")}
+            published = publish(evaluation["model_path"], record, models_root, version, partition, model_name)
+            context["outlet_events"][model].extra = {
+                "model_path": published["model_path"], "metrics_path": published["metrics_path"],
+                "dataset_version": version, "partition": partition}
+            print(f"PUBLISHED model: {published['model_path']} metrics: {published['metrics_path']} "
+                  f"({gate.metric} {evaluation['metrics'][gate.metric]})")
+            return published
+
+        evaluation = evaluate_model(train.output, model_path=output,
+                                    heldout_location=heldout_text or "")
+        decided = gate_model(evaluation)
+        published = publish_model(evaluation)
+        if approval:
+            from airflow.providers.standard.operators.hitl import ApprovalOperator
+
+            approve = ApprovalOperator(
+                task_id="approve", subject=f"Publish the {dag_id} model for {PART}?",
+                body="{{ dtrain_approval_body(ti) }}", response_timeout=approval_timeout, retries=0,
+            )
+            decided >> approve >> published
+        else:
+            decided >> published
+        checked >> raw_inputs
+        dataset >> stage >> preflight >> train
+    return dag

@@ -1,0 +1,61 @@
+"""``{shards}``, ``{output}``, ``{init_from}``... in a pipeline's ``train_command`` and ``heldout``.
+
+The factory replaces each placeholder with the Jinja template that yields its value for the
+run, once, when the DAG is built; Airflow renders it when the task runs, so the task's
+"Rendered Template" shows the argv the ranks get. Pure: no Airflow import.
+
+Grammar: a placeholder is exactly ``{name}`` or ``{params.NAME}``, with ``name`` one of
+:data:`PLACEHOLDERS` and ``NAME`` a param of the pipeline. Anything else in braces that
+looks like one (``{shard}``, ``{params.epoch}``) is refused with the known names, so a typo
+fails the DAG at parse time instead of reaching the training script as literal text; other
+braces (JSON such as ``{"lr": 1}``) are left alone. Values are never shell-expanded: argv
+elements reach the ranks as they are.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Iterable, Mapping
+
+from dtrain.errors import SpecError
+
+#: what each placeholder means (the README's table is generated from the same text in tests)
+PLACEHOLDERS: dict[str, str] = {
+    "shards": "the staged dataset directory on the shared filesystem (what every node reads)",
+    "output": "where rank 0 must write the trained model (a file or a directory) inside the run directory",
+    "init_from": "the last model published before this run's partition, or '' when there is none (warm start)",
+    "run_dir": "the run directory (checkpoints, metrics, logs); a retry reuses it, a cleared run gets a new one",
+    "checkpoint_dir": "run_dir/checkpoints, where dtrain.training.CheckpointManager saves by default",
+    "version": "the run's dataset_version param",
+    "partition": "the run's data-interval partition (YYYY-MM-DD of its logical date)",
+    "heldout": "the held-out data location given to the factory, with its own placeholders filled",
+}
+#: what can appear in braces and be meant as a placeholder: a name, or params.NAME
+LOOKS_LIKE = re.compile(r"\{([A-Za-z_][A-Za-z0-9_]*(?:\.[A-Za-z_][A-Za-z0-9_]*)*)\}")
+
+
+def to_jinja(text: str, field: str, templates: Mapping[str, str], params: Iterable[str]) -> str:
+    """``text`` with each placeholder replaced by its Jinja template.
+
+    ``templates``: placeholder name -> Jinja text giving its value, for the names valid in
+    this field; ``params``: the pipeline's param names (``{params.NAME}``: the value
+    ``check_params`` returned, so ``2.0`` arrives as ``2``).
+    """
+    if not isinstance(text, str):
+        raise SpecError(field, text, "text")
+    param_names = set(params)
+
+    def replace(match: re.Match) -> str:
+        name = match.group(1)
+        if name.startswith("params."):
+            param = name.split(".", 1)[1]
+            if param in param_names:
+                return "{{ ti.xcom_pull(task_ids='check_params')[" + repr(param) + "] }}"
+            raise SpecError(field, text, f"{{params.NAME}} with NAME a param of this pipeline "
+                                         f"({', '.join(sorted(param_names)) or 'none'}); {match.group(0)} is not")
+        if name in templates:
+            return templates[name]
+        raise SpecError(field, text, f"placeholders {', '.join('{' + n + '}' for n in templates)} "
+                                     f"or {{params.NAME}}; {match.group(0)} is not one")
+
+    return LOOKS_LIKE.sub(replace, text)

@@ -1,0 +1,72 @@
+"""What the pipeline's Python tasks do, outside Airflow: list a partition's raw files, run the
+user's ``evaluate``, decide with the gate, publish. Called from the tasks the factory builds
+(:mod:`dtrain.pipeline.factory`); imported only when those tasks run, never at DAG parse.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Callable, Mapping
+
+from dtrain.errors import DTrainError, SpecError
+from dtrain.pipeline.gate import Decision, Gate
+from dtrain.pipeline.publish import previous_published
+
+
+class EvaluateError(DTrainError):
+    """The user's evaluate function failed or returned something the gate cannot use."""
+
+
+def list_raw_inputs(raw_url: str, aws_conn_id: str | None) -> list[str]:
+    """The raw files of one partition (hidden files skipped), as URLs: one preprocessing task each."""
+    import fsspec
+
+    from dtrain.staging.operator import aws_storage_options
+
+    options = aws_storage_options(aws_conn_id) if raw_url.startswith("s3://") and aws_conn_id else {}
+    fs, root = fsspec.core.url_to_fs(raw_url, **options)
+    protocol = raw_url.split("://", 1)[0] + "://" if "://" in raw_url else ""
+    files = sorted(p for p in fs.find(root) if not os.path.basename(p).startswith("."))
+    if not files:
+        raise FileNotFoundError(f"no raw data at {raw_url}: nothing to train on for this partition")
+    return [protocol + p if protocol and not p.startswith(protocol) else p for p in files]
+
+
+def _json_scalar(name: str, value: Any) -> Any:
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    try:  # numpy and torch scalars
+        return value.item()
+    except AttributeError:
+        raise EvaluateError(f"evaluate() returned {name}={value!r}: metrics must be numbers "
+                            "(or text, booleans, None)") from None
+
+
+def evaluate_model(evaluate: Callable[[str, str | None], Any], model_path: str, heldout: str | None,
+                   metric: str) -> dict[str, Any]:
+    """Call the user's ``evaluate(model_path, heldout)``; its metrics as JSON scalars, ``metric`` checked."""
+    if not os.path.exists(model_path):
+        raise EvaluateError(f"no model at {model_path}: the training command did not write its model to {{output}}")
+    metrics = evaluate(model_path, heldout)
+    if not isinstance(metrics, Mapping):
+        raise EvaluateError(f"evaluate() returned {type(metrics).__name__}, not a dict of metrics")
+    clean = {str(k): _json_scalar(str(k), v) for k, v in metrics.items()}
+    from dtrain.pipeline.gate import metric_value
+
+    try:
+        metric_value(clean, metric, "evaluate()")
+    except SpecError as e:
+        raise EvaluateError(str(e)) from None
+    return clean
+
+
+def decide(gate: Gate, metrics: Mapping[str, Any], models_root: str, version: str, partition: str,
+           model_name: str) -> Decision:
+    """The gate's decision against the model published before ``partition`` (the warm start's source)."""
+    found = previous_published(models_root, version, partition, model_name) if gate.min_improvement is not None \
+        else None
+    if found is None:
+        return gate.decide(metrics, None)
+    path, record = found
+    return gate.decide(metrics, record.get("evaluation") or {}, published_model=path)
+

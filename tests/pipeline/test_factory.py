@@ -1,0 +1,133 @@
+"""The pipeline factory: what it builds, what it refuses when the DAG is parsed, the argv a run's
+train task renders (exact comparison), and publishing/finding models."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+from airflow.sdk import Param
+
+from dtrain.errors import SpecError
+from dtrain.pipeline import retraining_pipeline
+from dtrain.pipeline.params import FINITE
+from dtrain.pipeline.publish import PublishError, previous_model, previous_published, publish_model
+
+from .test_params import render
+
+BASE = dict(
+    raw="s3://b/raw", processed="s3://b/processed", shared_fs="/shared", transform="pkg.prep:transform",
+    train_command=["python", "-m", "pkg.train", "--shards", "{shards}", "--output", "{output}",
+                   "--init-from", "{init_from}", "--epochs", "{params.epochs}", "--tag", "{version}-{partition}",
+                   '--extra={"a": 1}'],
+    evaluate="pkg.eval:evaluate", metric="rmse", goal="minimize",
+    params={"epochs": Param(4, type="integer", minimum=1, maximum=10), "lr": Param(0.1, type="number", maximum=1)},
+)
+
+
+def build(dag_id: str = "p", **overrides):
+    return retraining_pipeline(dag_id, **{**BASE, **overrides})
+
+
+def test_the_dag_chains_every_step_and_approval_sits_between_gate_and_publish():
+    dag = build()
+    order = ["check_params", "list_raw_inputs", "preprocess", "finalize_dataset", "stage", "preflight", "train",
+             "evaluate", "gate", "publish"]
+    assert sorted(dag.task_dict) == sorted(order)
+    for upstream, downstream in zip(order, order[1:]):
+        assert downstream in dag.get_task(upstream).get_flat_relative_ids(upstream=False), (upstream, downstream)
+    assert dag.get_task("gate").downstream_task_ids == {"publish"}
+    reviewed = build("r", approval=True)
+    assert reviewed.get_task("gate").downstream_task_ids == {"approve"}
+    assert type(reviewed.get_task("approve")).__name__ == "ApprovalOperator"
+    assert "publish" in reviewed.get_task("approve").downstream_task_ids
+    assert [o.name for o in reviewed.get_task("publish").outlets] == ["r_model"]
+
+
+def test_a_run_renders_the_argv_its_ranks_get():
+    dag = build("tab")
+    train = render(dag.get_task("train"), {"epochs": 3.0})
+    assert train.command == [
+        "python", "-m", "pkg.train", "--shards", "/shared/d",
+        "--output", "/shared/runs/tab/v1/2026-01-01/run-0/model.pt", "--init-from", "",
+        "--epochs", "3", "--tag", "v1-2026-01-01", '--extra={"a": 1}']
+    assert train.run_dir == "/shared/runs/tab/v1/2026-01-01/run-0"
+    assert json.loads(train.env) == {}
+    stage = render(dag.get_task("stage"), {})
+    assert (stage.source, stage.destination, stage.dataset_version) == (
+        "s3://b/processed/tab/v1/2026-01-01/", "/shared/datasets/tab/v1", "2026-01-01")
+    evaluate = render(dag.get_task("evaluate"), {})
+    assert evaluate.op_kwargs == {"model_path": "/shared/runs/tab/v1/2026-01-01/run-0/model.pt",
+                                  "heldout_location": ""}
+
+
+def test_the_heldout_location_fills_its_own_placeholders():
+    dag = build(heldout="s3://b/heldout/{version}/{partition}.csv")
+    assert render(dag.get_task("evaluate"), {}).op_kwargs["heldout_location"] == "s3://b/heldout/v1/2026-01-01.csv"
+    with pytest.raises(SpecError) as info:
+        build(heldout="s3://b/{shards}")  # the shards are not known where the held-out data is
+    assert info.value.field == "heldout"
+
+
+def test_user_number_params_refuse_nan_like_the_builtin_ones():
+    dag = build()
+    assert dag.params.get_param("lr").schema["not"] == FINITE["not"]
+    assert set(dag.params) == {"nodes", "procs_per_node", "distribution", "backend", "dataset_version", "epochs", "lr"}
+    assert dag.params.get_param("distribution").schema["enum"] == ["pytorch"]  # no DeepSpeed config given
+    assert build(deepspeed_config={"train_micro_batch_size_per_gpu": 8}).params.get_param(
+        "distribution").schema["enum"] == ["pytorch", "deepspeed"]
+
+
+@pytest.mark.parametrize("overrides, field", [
+    ({"train_command": ["python", "train.py", "--data", "{shard}"]}, "train_command[3]"),
+    ({"train_command": ["python", "train.py", "{params.epoch}"]}, "train_command[2]"),
+    ({"train_command": "python train.py"}, "train_command"),
+    ({"train_command": []}, "train_command"),
+    ({"transform": "{{ params.transform }}"}, "transform"),
+    ({"evaluate": "pkg/eval.py"}, "evaluate"),
+    ({"goal": "lower"}, "goal"),
+    ({"min_improvement": -1}, "min_improvement"),
+    ({"params": {"nodes": 3}}, "params"),
+    ({"params": {"my-param": 3}}, "params"),
+    ({"model_name": "../model.pt"}, "model_name"),
+    ({"command": ["x"]}, "train_options"),
+    ({"run_dir": "/tmp/x"}, "train_options"),
+])
+def test_a_mistake_fails_the_dag_at_parse_time_naming_the_argument(overrides, field):
+    with pytest.raises(SpecError) as info:
+        build(**overrides)
+    assert info.value.field == field
+
+
+def test_publish_is_atomic_and_the_warm_start_is_the_newest_model_before_the_date(tmp_path):
+    root = str(tmp_path / "models" / "p")
+    trained = tmp_path / "run" / "model"
+    trained.mkdir(parents=True)
+    (trained / "weights.bin").write_bytes(b"w1")
+    publish_model(str(trained), {"evaluation": {"rmse": 0.5}}, root, "v1", "2026-01-01", model_name="model")
+    (trained / "weights.bin").write_bytes(b"w2")
+    publish_model(str(trained), {"evaluation": {"rmse": 0.4}}, root, "v1", "2026-01-03", model_name="model")
+    assert previous_model(root, "v1", "2026-01-01", "model") == ""  # strictly before: a rerun starts as before
+    assert previous_model(root, "v1", "2026-01-02", "model") == os.path.join(root, "v1", "2026-01-01", "model")
+    path, record = previous_published(root, "v1", "2026-02-01", "model")
+    assert path.endswith("2026-01-03/model") and record == {"evaluation": {"rmse": 0.4}}
+    assert (tmp_path / "models/p/v1/2026-01-03/model/weights.bin").read_bytes() == b"w2"
+    # A rerun swaps the whole directory; nothing hidden is left.
+    publish_model(str(trained), {"evaluation": {"rmse": 0.3}}, root, "v1", "2026-01-03", model_name="model")
+    assert sorted(os.listdir(os.path.join(root, "v1"))) == ["2026-01-01", "2026-01-03"]
+    # A partition without metrics.json is not published (a crash between the two renames cannot make one).
+    os.makedirs(os.path.join(root, "v1", "2026-01-05", "model"))
+    assert previous_model(root, "v1", "2026-02-01", "model").endswith("2026-01-03/model")
+
+
+def test_publish_refuses_a_symbolic_link_and_a_missing_model(tmp_path):
+    secret = tmp_path / "secret"
+    secret.write_text("not a model")
+    link = tmp_path / "model.pt"
+    link.symlink_to(secret)
+    with pytest.raises(PublishError, match="symbolic link"):
+        publish_model(str(link), {}, str(tmp_path / "m"), "v1", "2026-01-01")
+    with pytest.raises(PublishError, match="did not write its model"):
+        publish_model(str(tmp_path / "none.pt"), {}, str(tmp_path / "m"), "v1", "2026-01-01")
+    assert os.listdir(tmp_path / "m" / "v1") == []  # the temporary directory was removed

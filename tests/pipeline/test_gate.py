@@ -1,0 +1,129 @@
+"""The publish gate and the train_command placeholders: pure functions, tested by exact comparison."""
+
+from __future__ import annotations
+
+import pytest
+
+from dtrain.errors import SpecError
+from dtrain.pipeline.gate import Gate
+from dtrain.pipeline.placeholders import PLACEHOLDERS, to_jinja
+from dtrain.pipeline.report import approval_markdown
+
+
+def test_minimize_against_the_published_model_by_at_least_min_improvement():
+    gate = Gate(metric="rmse", goal="minimize", min_improvement=0.05)
+    better = gate.decide({"rmse": 0.40, "mae": 0.3}, {"rmse": 0.50}, published_model="/m/2026-01-01/model.pt")
+    assert better.publish
+    assert better.summary == ("gate: publish: rmse 0.4 vs published 0.5: +0.1 (lower is better), "
+                              "at least min_improvement 0.05")
+    assert (better.value, better.baseline, better.baseline_model) == (0.40, 0.50, "/m/2026-01-01/model.pt")
+    slightly = gate.decide({"rmse": 0.48}, {"rmse": 0.50})
+    assert not slightly.publish
+    assert slightly.summary == ("gate: do not publish: rmse 0.48 vs published 0.5: +0.02 (lower is better), "
+                                "less than min_improvement 0.05")
+    worse = gate.decide({"rmse": 0.9}, {"rmse": 0.5})
+    assert not worse.publish and "-0.4 (lower is better)" in worse.summary
+
+
+def test_maximize_with_a_threshold_and_no_published_model():
+    gate = Gate(metric="accuracy", goal="maximize", threshold=0.9, min_improvement=0.0)
+    first = gate.decide({"accuracy": 0.93}, None)
+    assert first.publish
+    assert first.summary == "gate: publish: accuracy 0.93 >= threshold 0.9; no published model to compare with"
+    low = gate.decide({"accuracy": 0.85}, None)
+    assert not low.publish and low.summary.startswith("gate: do not publish: accuracy 0.85 < threshold 0.9")
+    # both rules must hold: above the bar but worse than what is published
+    assert not gate.decide({"accuracy": 0.95}, {"accuracy": 0.96}).publish
+    assert gate.decide({"accuracy": 0.96}, {"accuracy": 0.96}).publish  # 0: no worse
+    minimize = Gate(metric="loss", goal="minimize", threshold=0.5)
+    assert minimize.decide({"loss": 0.5}, None).summary == "gate: publish: loss 0.5 <= threshold 0.5"
+    assert minimize.decide({"loss": 0.51}, None).summary == "gate: do not publish: loss 0.51 > threshold 0.5"
+
+
+def test_threshold_only_never_reads_the_published_model():
+    gate = Gate(metric="accuracy", goal="maximize", threshold=0.9)
+    decision = gate.decide({"accuracy": 0.91}, {"accuracy": 0.99})
+    assert decision.publish and decision.baseline is None
+    assert Gate(metric="m", goal="maximize").decide({"m": 1}).summary == "gate: publish: m 1, no bar set"
+
+
+def test_the_decision_goes_to_xcom_as_primitives():
+    decision = Gate(metric="rmse", goal="minimize", threshold=1.0).decide({"rmse": 0.5}, None)
+    assert decision.as_dict() == {
+        "publish": True, "metric": "rmse", "goal": "minimize", "value": 0.5, "threshold": 1.0, "baseline": None,
+        "baseline_model": None, "min_improvement": None, "reasons": ["rmse 0.5 <= threshold 1"],
+        "summary": "gate: publish: rmse 0.5 <= threshold 1"}
+
+
+@pytest.mark.parametrize("metrics, field, value", [
+    ({"rmse": float("nan")}, "evaluate()['rmse']", float("nan")),
+    ({"rmse": float("inf")}, "evaluate()['rmse']", float("inf")),
+    ({"rmse": True}, "evaluate()['rmse']", True),
+    ({"rmse": "0.3"}, "evaluate()['rmse']", "0.3"),
+    ({"mae": 0.3}, "evaluate()['rmse']", None),
+    ([0.3], "evaluate()", [0.3]),
+])
+def test_a_metric_that_is_not_a_finite_number_never_passes(metrics, field, value):
+    with pytest.raises(SpecError) as info:
+        Gate(metric="rmse", goal="minimize", threshold=1.0).decide(metrics)
+    assert info.value.field == field
+    assert info.value.value == value or value != value  # NaN != NaN
+
+
+@pytest.mark.parametrize("kwargs, field", [
+    ({"metric": "", "goal": "minimize"}, "metric"),
+    ({"metric": "rmse", "goal": "lower"}, "goal"),
+    ({"metric": "rmse", "goal": "minimize", "threshold": float("nan")}, "threshold"),
+    ({"metric": "rmse", "goal": "minimize", "min_improvement": -0.1}, "min_improvement"),
+    ({"metric": "rmse", "goal": "minimize", "min_improvement": "0.1"}, "min_improvement"),
+])
+def test_a_gate_is_checked_when_it_is_built(kwargs, field):
+    with pytest.raises(SpecError) as info:
+        Gate(**kwargs)
+    assert info.value.field == field
+
+
+TEMPLATES = {"shards": "{{ S }}", "output": "/runs/{{ P }}/model.pt", "version": "{{ V }}"}
+
+
+def test_placeholders_become_their_templates_and_nothing_else_changes():
+    assert to_jinja("--data={shards}", "train_command[1]", TEMPLATES, ["epochs"]) == "--data={{ S }}"
+    assert to_jinja("{output}", "f", TEMPLATES, []) == "/runs/{{ P }}/model.pt"
+    assert to_jinja("{params.epochs}", "f", TEMPLATES, ["epochs"]) == \
+        "{{ ti.xcom_pull(task_ids='check_params')['epochs'] }}"
+    for literal in ('{"lr": 0.1}', "{ shards }", "{}", "{{shards}}x", "a{b-c}", "{0}", "plain", ""):
+        assert to_jinja(literal, "f", TEMPLATES, ["epochs"]) == literal.replace("{shards}", "{{ S }}")
+
+
+@pytest.mark.parametrize("text, allowed", [
+    ("{shard}", "placeholders {shards}, {output}, {version} or {params.NAME}; {shard} is not one"),
+    ("--epochs={params.epoch}", "{params.NAME} with NAME a param of this pipeline (epochs); {params.epoch} is not"),
+    ("{params.x.y}", "{params.NAME} with NAME a param of this pipeline (epochs); {params.x.y} is not"),
+    ("{output.name}", "placeholders {shards}, {output}, {version} or {params.NAME}; {output.name} is not one"),
+])
+def test_an_unknown_placeholder_fails_naming_the_field_and_the_known_ones(text, allowed):
+    with pytest.raises(SpecError) as info:
+        to_jinja(text, "train_command[4]", TEMPLATES, ["epochs"])
+    assert (info.value.field, info.value.value) == ("train_command[4]", text)
+    assert info.value.allowed == allowed
+
+
+def test_every_placeholder_is_documented_in_the_readme():
+    import os
+
+    from tests.conftest import REPO
+
+    readme = open(os.path.join(REPO, "README.md"), encoding="utf-8").read()
+    for name, meaning in PLACEHOLDERS.items():
+        assert f"`{{{name}}}`" in readme, name
+
+
+def test_the_approval_request_shows_the_verdict_and_every_metric_escaped():
+    decision = Gate(metric="rmse", goal="minimize", min_improvement=0.0).decide(
+        {"rmse": 0.4}, {"rmse": 0.5}, published_model="/m/a/model.pt").as_dict()
+    text = approval_markdown({"metrics": {"rmse": 0.4, "a|b": "<script>"}, "model_path": "/r/model.pt"}, decision)
+    assert text.splitlines()[0] == ("**gate: publish: rmse 0.4 vs published 0.5: +0.1 (lower is better), "
+                                    "at least min_improvement 0**")
+    assert "| new model | 0.4 |" in text and "| published model | 0.5 |" in text
+    assert "| a\\|b | &lt;script> |" in text and "<script>" not in text
+    assert "published model compared with: `/m/a/model.pt`" in text
