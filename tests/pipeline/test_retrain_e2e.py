@@ -12,7 +12,7 @@ import time
 
 from .conftest import BIN
 
-FAST = {"nodes": 1, "procs_per_node": 2, "epochs": 6, "min_accuracy": 0.8}
+FAST = {"nodes": 1, "procs_per_node": 2, "epochs": 6}
 
 
 def fingerprint(path: str) -> tuple[str, int]:
@@ -21,7 +21,7 @@ def fingerprint(path: str) -> tuple[str, int]:
 
 
 def models(env: dict[str, str]) -> str:
-    return os.path.join(env["DTRAIN_SHARED_FS"], "models", "v1")
+    return os.path.join(env["DTRAIN_SHARED_FS"], "models", "retrain_pipeline", "v1")
 
 
 def test_a_dags_test_runs_the_whole_pipeline(airflow_db, pipeline_env, capsys):
@@ -36,11 +36,13 @@ def test_a_dags_test_runs_the_whole_pipeline(airflow_db, pipeline_env, capsys):
     published = os.path.join(models(pipeline_env), "2026-01-01")
     metrics = json.load(open(os.path.join(published, "metrics.json")))
     assert metrics["world_size"] == 4  # the embedded default: 2 nodes x 2 processes
-    assert metrics["epochs"] == 20
-    assert 'check_params: {"nodes": 2, "procs_per_node": 2, "distribution": "pytorch", "epochs": 20,' in proc.stdout
-    assert metrics["evaluated_accuracy"] >= 0.95
+    assert metrics["training"]["epochs"] == 20
+    assert 'check_params: {"nodes": 2, "procs_per_node": 2, "distribution": "pytorch", "backend": "local", ' \
+           '"dataset_version": "v1", "epochs": 20,' in proc.stdout
+    assert metrics["evaluation"]["accuracy"] >= 0.95
+    assert metrics["gate"]["publish"] and metrics["gate"]["summary"].startswith("gate: publish: accuracy 0.9")
     assert os.path.isfile(os.path.join(published, "model.pt"))
-    staged = os.path.join(pipeline_env["DTRAIN_SHARED_FS"], "datasets", "v1", "2026-01-01")
+    staged = os.path.join(pipeline_env["DTRAIN_SHARED_FS"], "datasets", "retrain_pipeline", "v1", "2026-01-01")
     dataset = json.load(open(os.path.join(staged, "manifest.json")))
     assert dataset["num_samples"] == int(1797 * 0.8)
     assert os.path.isfile(os.path.join(staged, ".dtrain-manifest.json"))  # staging's own manifest
@@ -56,7 +58,7 @@ def test_b_rest_trigger_with_params_and_asset_scheduled_evaluation(standalone, c
     # NaN goes out as the bare literal NaN (json.dumps), which the API server's JSON parser accepts;
     # the FINITE schema keyword refuses it, and the end anchor a trailing newline (tests/pipeline/test_params.py).
     for bad in ({"nodes": 0}, {"distribution": "horovod"}, {"dataset_version": "../../etc"}, {"epochs": "many"},
-                {"base_lr": float("nan")}, {"min_accuracy": float("nan")}, {"base_lr": float("-inf")},
+                {"base_lr": float("nan")}, {"epochs": float("nan")}, {"base_lr": float("-inf")},
                 {"dataset_version": "v1\n"}):
         status, body = standalone.request("POST", "/dags/retrain_pipeline/dagRuns",
                                           {"logical_date": "2026-02-01T00:00:00Z", "conf": bad})
@@ -76,9 +78,9 @@ def test_b_rest_trigger_with_params_and_asset_scheduled_evaluation(standalone, c
     assert done["state"] == "success", standalone.failure_report("retrain_pipeline", run["dag_run_id"])
     assert done["dag_run_id"] == run["dag_run_id"] and done["logical_date"].startswith("2026-02-01"), done
     metrics = json.load(open(os.path.join(models(standalone.env), "2026-02-01", "metrics.json")))
-    assert metrics["world_size"] == 2 and metrics["epochs"] == 6
+    assert metrics["world_size"] == 2 and metrics["training"]["epochs"] == 6
     earlier = os.path.join(models(standalone.env), "2026-01-01", "model.pt")  # published by test_a, if it ran
-    assert metrics["warm_start_from"] == (earlier if os.path.exists(earlier) else None)
+    assert metrics["training"]["warm_start_from"] == (earlier if os.path.exists(earlier) else None)
 
     # The published model is an Asset: the evaluation DAG is scheduled on it.
     deadline = time.monotonic() + 300
@@ -92,12 +94,12 @@ def test_b_rest_trigger_with_params_and_asset_scheduled_evaluation(standalone, c
         print(f"\n[e2e] REST-triggered run (1x2, 6 epochs) on airflow standalone: {elapsed:.1f} s")
 
 
-def backfill_create(standalone, *args: str):
+def backfill_create(standalone, *args: str, dag_id: str = "retrain_pipeline"):
     """`airflow backfill create`, sent again when SQLite refused it: the scheduler holds the one
     writer lock and SQLite fails a read-to-write upgrade at once rather than waiting (a SQLite
     limit, not the pipeline's; the create runs in one transaction, so a refused try left nothing)."""
     for _ in range(5):
-        out = standalone.airflow("backfill", "create", "--dag-id", "retrain_pipeline", *args)
+        out = standalone.airflow("backfill", "create", "--dag-id", dag_id, *args)
         if out.returncode == 0 or "database is locked" not in out.stderr:
             return out
         time.sleep(2)
@@ -121,7 +123,8 @@ def test_c_backfill_three_dates_then_rerun_one(standalone, capsys):
     assert len({files[d]["model.pt"][0] for d in dates}) == 3  # three separate models
     for d in dates:
         assert json.load(open(os.path.join(root, d, "metrics.json")))["world_size"] == 2
-        staged = os.path.join(standalone.env["DTRAIN_SHARED_FS"], "datasets", "v1", d, "manifest.json")
+        staged = os.path.join(standalone.env["DTRAIN_SHARED_FS"], "datasets", "retrain_pipeline", "v1", d,
+                              "manifest.json")
         assert os.path.isfile(staged)
 
     def backfills_done():  # the backfill itself completes a moment after its last run
@@ -145,7 +148,7 @@ def test_c_backfill_three_dates_then_rerun_one(standalone, capsys):
     assert fingerprint(os.path.join(root, "2026-01-03", "metrics.json"))[1] != files["2026-01-03"]["metrics.json"][1]
     for d in ("2026-01-02", "2026-01-04"):  # the other dates are untouched
         assert {n: fingerprint(os.path.join(root, d, n)) for n in ("model.pt", "metrics.json")} == files[d]
-    runs = os.path.join(standalone.env["DTRAIN_SHARED_FS"], "runs", "v1", "2026-01-03")
+    runs = os.path.join(standalone.env["DTRAIN_SHARED_FS"], "runs", "retrain_pipeline", "v1", "2026-01-03")
     assert sorted(os.listdir(runs)) == ["run-0", "run-1"]  # the rerun trained afresh, the first run's checkpoints kept
     leftovers = [n for n in os.listdir(root) if n.startswith(".")]
     assert leftovers == []  # no half-published model directory
@@ -166,13 +169,14 @@ new = {m.split(".")[0] for m in set(sys.modules) - before}
 print(json.dumps({"sdk_s": t1 - t0, "parse_s": t2 - t1,
                   "heavy": sorted(new & {"torch", "deepspeed", "s3fs", "boto3", "botocore", "numpy", "paramiko"})}))
 '''
-    dags = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "dags")
-    files = sorted(f for f in os.listdir(dags) if f.endswith(".py"))
-    assert "retrain_pipeline.py" in files
+    repo = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    folders = [os.path.join(repo, "dags"), os.path.join(repo, "examples", "tabular", "dags")]  # ours, a user's
+    files = sorted(os.path.join(d, f) for d in folders for f in os.listdir(d) if f.endswith(".py"))
+    assert {"retrain_pipeline.py", "tabular_retraining.py"} <= {os.path.basename(f) for f in files}
     lines = []
-    for name in files:
-        out = subprocess.run([sys.executable, "-c", code, os.path.join(dags, name)], capture_output=True, text=True,
-                             timeout=120)
+    for path in files:
+        name = os.path.basename(path)
+        out = subprocess.run([sys.executable, "-c", code, path], capture_output=True, text=True, timeout=120)
         assert out.returncode == 0, out.stderr[-2000:]
         report = json.loads(out.stdout.strip().splitlines()[-1])
         assert report["heavy"] == [], (name, report)

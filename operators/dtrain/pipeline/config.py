@@ -10,7 +10,7 @@ keyed by the run's clear number: a cleared (rerun) run trains afresh, a retry re
 | DTRAIN_RAW_URL | s3://dtrain-demo/raw | raw records: <raw>/<version>/<partition>/*.jsonl |
 | DTRAIN_PROCESSED_URL | s3://dtrain-demo/processed | preprocessed shards, same keys |
 | DTRAIN_SHARED_FS | $DTRAIN_HOME/shared | the shared filesystem every node reads (an FSx mount) |
-| DTRAIN_MODELS | <shared>/models | published models: <models>/<version>/<partition>/ |
+| DTRAIN_MODELS | <shared>/models | published models: <models>/<pipeline>/<version>/<partition>/ |
 | DTRAIN_AWS_CONN_ID | aws_default | Airflow connection with the object-store credentials |
 | DTRAIN_RETRAIN_SCHEDULE | @daily | the DAG's schedule ("none" for manual only) |
 | DTRAIN_RETRAIN_CATCHUP | false | let the scheduler run missed intervals |
@@ -38,15 +38,6 @@ class PipelineConfig:
     catchup: bool
     ssh_conn_id: str
     start_date: dt.datetime
-    transform: str = "dtrain.preprocess.examples:digits_features"
-
-    @property
-    def datasets_root(self) -> str:
-        return os.path.join(self.shared_fs, "datasets")
-
-    @property
-    def runs_root(self) -> str:
-        return os.path.join(self.shared_fs, "runs")
 
 
 def load_config(environ: dict[str, str] | None = None) -> PipelineConfig:

@@ -110,8 +110,9 @@ def main(argv: list[str] | None = None) -> int:
             proc = subprocess.run([airflow, "dags", "test", "retrain_pipeline", date, "--conf", conf],
                                   env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
             lines = proc.stdout.splitlines()
-            wanted = [line for line in lines if "PUBLISHED model" in line or "evaluate: test accuracy" in line
-                      or "global_batch=" in line or "failed" in line.lower() and "state" in line.lower()]
+            wanted = [line for line in lines if "PUBLISHED model" in line or "evaluate: {" in line
+                      or "gate: " in line or "global_batch=" in line
+                      or "failed" in line.lower() and "state" in line.lower()]
             for line in wanted:
                 print("  " + _clean(line))
             if proc.returncode != 0 or not any("PUBLISHED model" in line for line in lines):
