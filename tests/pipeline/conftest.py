@@ -8,16 +8,40 @@ import os
 
 import pytest
 
-from dtrain.pipeline.demo import airflow_env, moto_s3, seed_raw
-from tests.airflow_services import BIN, REPO, AirflowServices  # noqa: F401 (BIN re-exported to the tests)
+from dtrain.pipeline.demo import airflow_env, moto_s3, s3_client, seed_raw
+from tests.airflow_services import BIN, REPO, AirflowServices, bundle  # noqa: F401 (BIN re-exported to the tests)
 
 DATES = ["2026-01-01", "2026-01-02", "2026-01-03", "2026-01-04", "2026-02-01"]
+#: the example pipeline (examples/tabular): a user's own package, found through PYTHONPATH
+TABULAR = os.path.join(REPO, "examples", "tabular")
+TABULAR_BUCKET = "tabular-demo"
+#: date -> (rows, label noise): 03-03's labels are noisy, so its model is worse than 03-02's
+TABULAR_DATES = {"2026-02-27": (2000, 0.1), "2026-03-01": (2000, 0.1), "2026-03-02": (3000, 0.1),
+                 "2026-03-03": (3000, 3.0), "2026-03-10": (2000, 0.1), "2026-03-11": (2000, 0.1)}
+
+
+def seed_tabular(endpoint: str) -> None:
+    """Raw CSV per date under raw/v1/<date>/ and one held-out CSV, as the example's team would upload them."""
+    import sys
+
+    sys.path.insert(0, TABULAR)
+    try:
+        from tabular_pipeline.data import csv_bytes, generate_rows
+    finally:
+        sys.path.remove(TABULAR)
+    client = s3_client(endpoint)
+    client.create_bucket(Bucket=TABULAR_BUCKET)
+    for seed, (date, (rows, noise)) in enumerate(sorted(TABULAR_DATES.items()), start=1):
+        client.put_object(Bucket=TABULAR_BUCKET, Key=f"raw/v1/{date}/part-0.csv",
+                          Body=csv_bytes(generate_rows(rows, seed, label_noise=noise)))
+    client.put_object(Bucket=TABULAR_BUCKET, Key="heldout/v1/heldout.csv", Body=csv_bytes(generate_rows(1000, 99)))
 
 
 @pytest.fixture(scope="session")
 def s3_endpoint():
     with moto_s3() as endpoint:
         seed_raw(endpoint, DATES)
+        seed_tabular(endpoint)
         yield endpoint
 
 
@@ -27,7 +51,9 @@ def pipeline_env(s3_endpoint, tmp_path_factory) -> dict[str, str]:
     root = tmp_path_factory.mktemp("pipeline")
     env = airflow_env(s3_endpoint)
     env.update(DTRAIN_SHARED_FS=str(root / "shared"), DTRAIN_HOME=str(root / "dtrain"),
-               PATH=BIN + os.pathsep + env.get("PATH", ""))
+               PATH=BIN + os.pathsep + env.get("PATH", ""),
+               TABULAR_BUCKET=f"s3://{TABULAR_BUCKET}", TABULAR_SHARED_FS=str(root / "shared"),
+               PYTHONPATH=os.pathsep.join(p for p in (TABULAR, env.get("PYTHONPATH")) if p))
     return env
 
 
@@ -35,12 +61,14 @@ class Standalone(AirflowServices):
     """Every component at once, as users first run Airflow: ``airflow standalone``."""
 
     def __init__(self, home: str, env: dict[str, str]):
-        super().__init__(home, env, os.path.join(REPO, "dags"))
+        dags = os.path.join(REPO, "dags")
+        super().__init__(home, env, dags, [bundle("dags-folder", dags), bundle("tabular", os.path.join(TABULAR, "dags"))])
 
     def start(self, timeout: float = 180) -> None:
         self.migrate()
         self.spawn("standalone", "standalone")
         self.wait_ready("retrain_pipeline", timeout)
+        self.wait_ready("tabular_retraining_reviewed", timeout)
 
 
 @pytest.fixture(scope="session")

@@ -1,0 +1,33 @@
+"""A team's own retraining DAGs: tabular regression, CSV in, RMSE out, built with dtrain's pipeline factory.
+
+tabular_retraining: daily; publishes a model only when its held-out RMSE is no worse than the
+published one's. tabular_retraining_reviewed: the same, triggered by hand, and a person approves
+each model the gate passes before it is published.
+"""
+
+import datetime as dt
+import os
+
+from airflow.sdk import Param
+
+from dtrain.pipeline import retraining_pipeline
+
+BUCKET = os.environ.get("TABULAR_BUCKET", "s3://tabular-demo")
+SHARED_FS = os.environ.get("TABULAR_SHARED_FS", "/fsx")
+
+PIPELINE = dict(
+    raw=f"{BUCKET}/raw", processed=f"{BUCKET}/processed", shared_fs=SHARED_FS,
+    transform="tabular_pipeline.prep:transform",
+    train_command=["python", "-m", "tabular_pipeline.train", "--shards", "{shards}", "--output", "{output}",
+                   "--init-from", "{init_from}", "--epochs", "{params.epochs}", "--lr", "{params.lr}"],
+    evaluate="tabular_pipeline.evaluate:evaluate", heldout=f"{BUCKET}/heldout/{{version}}/heldout.csv",
+    metric="rmse", goal="minimize", threshold=2.0, min_improvement=0.0,
+    params={"epochs": Param(4, type="integer", minimum=1, maximum=200, title="Epochs"),
+            "lr": Param(0.01, type="number", exclusiveMinimum=0, maximum=1, title="Learning rate")},
+    nodes=1, procs_per_node=2, min_free_gb=0.1, start_date=dt.datetime(2026, 2, 1, tzinfo=dt.timezone.utc),
+)
+
+dag = retraining_pipeline("tabular_retraining", schedule="@daily", **PIPELINE)
+# A run waiting for its reviewer does not hold up the next one.
+reviewed_dag = retraining_pipeline("tabular_retraining_reviewed", schedule=None, approval=True, max_active_runs=2,
+                                   **PIPELINE)
