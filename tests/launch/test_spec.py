@@ -76,7 +76,7 @@ def test_deepspeed_batch_mismatch_is_refused():
     with pytest.raises(SpecError) as err:
         LaunchSpec(command=OK, nodes=2, procs_per_node=2, distribution="deepspeed", deepspeed_config=config)
     assert err.value.field == "deepspeed_config.train_batch_size"
-    assert "4 x 2 x 4 = 32" in str(err.value)
+    assert "4 x 2 x one of [1, 2, 4] = one of 8, 16, 32" in str(err.value)
 
 
 @pytest.mark.parametrize(

@@ -1,8 +1,21 @@
 """DeepSpeed config checks done before launch, mirroring DeepSpeed's own batch arithmetic.
 
-train_batch_size = train_micro_batch_size_per_gpu x gradient_accumulation_steps x world size.
-Any one missing field is derived from the other two; with two missing,
-gradient_accumulation_steps defaults to 1 (as DeepSpeed does).
+DeepSpeed (runtime/config.py, _configure_train_batch_size) checks
+
+    train_batch_size = train_micro_batch_size_per_gpu x gradient_accumulation_steps x DP
+
+where DP is the *data-parallel* size: the world size divided by the model-parallel (tensor)
+and pipeline-parallel sizes, which DeepSpeed learns from the script (an ``mpu``, a
+``PipelineModule``), not from the config. So:
+
+* with all three fields given, ``train_batch_size / (micro x accumulation)`` is the DP size the
+  config implies: it must be a whole number that divides the world size (and equal the DP size
+  when the launch declares ``model_parallel_size`` / ``pipeline_parallel_size``). Nothing is
+  rewritten;
+* a missing field is derived with the DP size (the world size unless parallel sizes are
+  declared: declare them, or give all three fields, when the script splits the model); with
+  two missing, gradient_accumulation_steps is 1 (as DeepSpeed does). Only missing fields are
+  added to the config the ranks get; a field the user gave is never changed.
 """
 
 from __future__ import annotations
@@ -89,30 +102,62 @@ def _positive(config: Mapping[str, Any], key: str) -> int | None:
     return value
 
 
-def resolve_deepspeed_config(value: str | Mapping[str, Any] | None, world_size: int) -> dict[str, Any]:
-    """Validate the batch fields against ``world_size`` and fill in the missing ones."""
+def data_parallel_size(world_size: int, model_parallel_size: int = 1, pipeline_parallel_size: int = 1) -> int:
+    """world size / (tensor x pipeline parallel sizes); SpecError when it does not divide."""
+    parallel = model_parallel_size * pipeline_parallel_size
+    if world_size % parallel:
+        raise SpecError("model_parallel_size x pipeline_parallel_size", parallel,
+                        f"a divisor of the world size {world_size} (the rest is data parallel)")
+    return world_size // parallel
+
+
+def resolve_deepspeed_config(value: str | Mapping[str, Any] | None, world_size: int, model_parallel_size: int = 1,
+                             pipeline_parallel_size: int = 1) -> dict[str, Any]:
+    """Validate the batch fields as DeepSpeed will, and add the missing ones (see the module docstring)."""
     config = load_deepspeed_config(value)
+    declared = model_parallel_size * pipeline_parallel_size > 1
+    dp = data_parallel_size(world_size, model_parallel_size, pipeline_parallel_size)
     tbs, micro, gas = _positive(config, TBS), _positive(config, MICRO), _positive(config, GAS)
     if tbs is None and micro is None:
         raise SpecError("deepspeed_config", {TBS: None, MICRO: None}, f"at least one of {TBS} or {MICRO}")
+    if tbs is not None and micro is not None and gas is not None:
+        _check_all_three(tbs, micro, gas, world_size, dp if declared else None)
+        return config
     if gas is None and (tbs is None or micro is None):
         gas = 1
+    where = f"data-parallel size {dp}" if declared else f"world size {world_size}"
+    derived: dict[str, int] = {}
     if tbs is None:
-        tbs = micro * gas * world_size
+        derived[TBS] = micro * gas * dp
     elif micro is None:
-        if tbs % (gas * world_size):
-            raise SpecError(f"deepspeed_config.{TBS}", tbs,
-                            f"divisible by {GAS} x world size = {gas} x {world_size}")
-        micro = tbs // (gas * world_size)
-    elif gas is None:
-        if tbs % (micro * world_size):
-            raise SpecError(f"deepspeed_config.{TBS}", tbs,
-                            f"divisible by {MICRO} x world size = {micro} x {world_size}")
-        gas = tbs // (micro * world_size)
-    if tbs != micro * gas * world_size:
-        raise SpecError(
-            f"deepspeed_config.{TBS}", tbs,
-            f"must equal {MICRO} x {GAS} x world size = {micro} x {gas} x {world_size} = {micro * gas * world_size}",
-        )
-    config.update({TBS: tbs, MICRO: micro, GAS: gas})
+        if tbs % (gas * dp):
+            raise SpecError(f"deepspeed_config.{TBS}", tbs, f"divisible by {GAS} x {where} = {gas} x {dp}")
+        derived[MICRO] = tbs // (gas * dp)
+    else:
+        if tbs % (micro * dp):
+            raise SpecError(f"deepspeed_config.{TBS}", tbs, f"divisible by {MICRO} x {where} = {micro} x {dp}")
+        derived[GAS] = tbs // (micro * dp)
+    if GAS not in config or config[GAS] in (None, "auto"):
+        derived.setdefault(GAS, gas)
+    for key in (TBS, MICRO, GAS):  # only what the user left out (or set to "auto")
+        if key in derived and (key not in config or config[key] in (None, "auto")):
+            config[key] = derived[key]
     return config
+
+
+def _check_all_three(tbs: int, micro: int, gas: int, world_size: int, declared_dp: int | None) -> None:
+    per_replica = micro * gas
+    if declared_dp is not None:
+        if tbs != per_replica * declared_dp:
+            raise SpecError(f"deepspeed_config.{TBS}", tbs,
+                            f"must equal {MICRO} x {GAS} x data-parallel size = {micro} x {gas} x {declared_dp} = "
+                            f"{per_replica * declared_dp} (world size {world_size} over the declared "
+                            "model and pipeline parallel sizes)")
+        return
+    implied = tbs // per_replica
+    if tbs % per_replica or world_size % implied:
+        divisors = [d for d in range(1, world_size + 1) if world_size % d == 0]
+        allowed = ", ".join(str(per_replica * d) for d in divisors)
+        raise SpecError(f"deepspeed_config.{TBS}", tbs,
+                        f"{MICRO} x {GAS} x a data-parallel size dividing the world size {world_size}: "
+                        f"{micro} x {gas} x one of {divisors} = one of {allowed}")
