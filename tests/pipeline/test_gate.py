@@ -91,15 +91,20 @@ def test_placeholders_become_their_templates_and_nothing_else_changes():
     assert to_jinja("{output}", "f", TEMPLATES, []) == "/runs/{{ P }}/model.pt"
     assert to_jinja("{params.epochs}", "f", TEMPLATES, ["epochs"]) == \
         "{{ ti.xcom_pull(task_ids='check_params')['epochs'] }}"
+    # The launcher's per-rank placeholders are left for the rank wrapper to fill.
+    assert to_jinja("--deepspeed_config={deepspeed_config}", "f", TEMPLATES, []) == "--deepspeed_config={deepspeed_config}"
+    assert to_jinja("{local_rank}/{rank}", "f", TEMPLATES, []) == "{local_rank}/{rank}"
     for literal in ('{"lr": 0.1}', "{ shards }", "{}", "{{shards}}x", "a{b-c}", "{0}", "plain", ""):
         assert to_jinja(literal, "f", TEMPLATES, ["epochs"]) == literal.replace("{shards}", "{{ S }}")
 
 
 @pytest.mark.parametrize("text, allowed", [
-    ("{shard}", "placeholders {shards}, {output}, {version} or {params.NAME}; {shard} is not one"),
+    ("{shard}", "placeholders {shards}, {output}, {version}, {params.NAME} or the launcher's per-rank ones; "
+                "{shard} is not one"),
     ("--epochs={params.epoch}", "{params.NAME} with NAME a param of this pipeline (epochs); {params.epoch} is not"),
     ("{params.x.y}", "{params.NAME} with NAME a param of this pipeline (epochs); {params.x.y} is not"),
-    ("{output.name}", "placeholders {shards}, {output}, {version} or {params.NAME}; {output.name} is not one"),
+    ("{output.name}", "placeholders {shards}, {output}, {version}, {params.NAME} or the launcher's per-rank ones; "
+                      "{output.name} is not one"),
 ])
 def test_an_unknown_placeholder_fails_naming_the_field_and_the_known_ones(text, allowed):
     with pytest.raises(SpecError) as info:

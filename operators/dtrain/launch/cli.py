@@ -24,6 +24,13 @@ def register(subparsers) -> None:
     p.add_argument("--distribution", default="pytorch", choices=DISTRIBUTIONS)
     p.add_argument("--backend", default="local", help=f"one of {', '.join(backend_names())} (default local)")
     p.add_argument("--deepspeed-config", metavar="FILE", help="DeepSpeed JSON config (validated before launch)")
+    p.add_argument("--model-parallel-size", type=int, default=1,
+                   help="distribution deepspeed: tensor-parallel size the script uses (DeepSpeed's batch arithmetic "
+                        "counts data-parallel ranks: world size / (model x pipeline parallel))")
+    p.add_argument("--pipeline-parallel-size", type=int, default=1,
+                   help="distribution deepspeed: pipeline stages the script uses")
+    p.add_argument("--pass-local-rank", action="store_true",
+                   help="append --local_rank=N to every rank's command, as the deepspeed launcher does")
     p.add_argument("--max-restarts", type=int, default=0, help="torchrun worker restarts after a failure")
     p.add_argument("--hang-timeout", type=float, default=None, metavar="SECONDS",
                    help="declare the job hung when a rank shows no progress (a printed line, a metrics record, "
@@ -87,7 +94,8 @@ def run(args: argparse.Namespace) -> int:
         max_restarts=args.max_restarts, rdzv_port=args.rdzv_port, rdzv_timeout=args.rdzv_timeout,
         device=args.device, run_dir=args.run_dir, env=parse_env(args.env), gpus_per_node=args.gpus_per_node,
         mpi_options=args.mpi_options, parameter_servers=args.parameter_servers, backend_options=backend_options(args),
-        hang_timeout=args.hang_timeout, stop_grace=args.stop_grace,
+        hang_timeout=args.hang_timeout, stop_grace=args.stop_grace, model_parallel_size=args.model_parallel_size,
+        pipeline_parallel_size=args.pipeline_parallel_size, pass_local_rank=args.pass_local_rank,
     )
     if args.dry_run:
         return dry_run(spec)

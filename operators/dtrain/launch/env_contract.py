@@ -9,6 +9,9 @@ Stdlib only: imported by the per-rank entry point and by training scripts.
 | RANK                          | global rank, 0..WORLD_SIZE-1              |
 | LOCAL_RANK, LOCAL_WORLD_SIZE  | rank within the node, procs on the node   |
 | NODE_RANK                     | node index (torchrun's GROUP_RANK)        |
+
+Set as well, as the ``deepspeed`` launcher sets them (scripts and DeepSpeed's CPU accelerator
+read them): LOCAL_SIZE (= LOCAL_WORLD_SIZE), CROSS_RANK (= NODE_RANK) and CROSS_SIZE (nodes).
 """
 
 from __future__ import annotations
@@ -49,3 +52,15 @@ def contract_from_env(environ: Mapping[str, str], *, mpi_per_node_launch: bool =
             addr, port = master.rsplit(":", 1)
             out.update(MASTER_ADDR=addr, MASTER_PORT=port)
     return out
+
+
+def deepspeed_launcher_env(environ: Mapping[str, str]) -> dict[str, str]:
+    """LOCAL_SIZE, CROSS_RANK and CROSS_SIZE from a complete contract ({} when it is not complete)."""
+    try:
+        local_size = int(environ["LOCAL_WORLD_SIZE"])
+        world_size = int(environ["WORLD_SIZE"])
+        node_rank = int(environ["NODE_RANK"])
+    except (KeyError, ValueError):
+        return {}
+    return {"LOCAL_SIZE": str(local_size), "CROSS_RANK": str(node_rank),
+            "CROSS_SIZE": str(world_size // max(local_size, 1))}

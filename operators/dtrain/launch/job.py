@@ -62,6 +62,8 @@ def prepare_job(spec: LaunchSpec, *, create: bool = True) -> Job:
         "DTRAIN_DEVICE": "gpu" if spec.uses_gpu() else "cpu",
         "PYTHONUNBUFFERED": "1",
     }
+    if spec.pass_local_rank:
+        env["DTRAIN_PASS_LOCAL_RANK"] = "1"  # the rank wrapper appends --local_rank=N
     if spec.resolved_deepspeed_config is not None:
         path = os.path.join(run_dir, "deepspeed_config.json")
         if create:

@@ -69,6 +69,12 @@ class DistributedTrainingOperator(ResumableJobMixin, BaseOperator):
             ``hang``); default 1800; None turns it off (templated; docs/hangs.md).
         stop_grace: seconds a rank has after SIGTERM (a stop, a preemption) to save a checkpoint
             before it is killed (default 30; docs/preemption.md).
+        model_parallel_size, pipeline_parallel_size: distribution ``deepspeed``: the tensor and
+            pipeline parallel sizes the script uses; DeepSpeed's batch arithmetic counts the
+            data-parallel ranks (world size / both). Templated (docs/deepspeed.md).
+        pass_local_rank: append ``--local_rank=N`` to every rank's command, as the ``deepspeed``
+            launcher does. ``command`` may also use per-rank placeholders such as
+            ``{deepspeed_config}`` and ``{local_rank}`` (dtrain.launch.placeholders).
         mpi_options: distribution ``mpi``: extra mpirun options (allow-listed).
         parameter_servers: distribution ``tensorflow``: how many ranks are ``ps`` tasks.
         deferrable: submit the job, then wait in the triggerer instead of a worker slot (backends
@@ -84,7 +90,8 @@ class DistributedTrainingOperator(ResumableJobMixin, BaseOperator):
 
     template_fields: Sequence[str] = (
         "command", "nodes", "procs_per_node", "distribution", "env", "deepspeed_config", "run_dir",
-        "max_restarts", "backend", "backend_options", "mpi_options", "hang_timeout",
+        "max_restarts", "backend", "backend_options", "mpi_options", "hang_timeout", "model_parallel_size",
+        "pipeline_parallel_size",
     )
     template_fields_renderers = {"env": "json", "deepspeed_config": "json", "command": "py", "backend_options": "json"}
     ui_color = "#d7e9f7"
@@ -114,6 +121,9 @@ class DistributedTrainingOperator(ResumableJobMixin, BaseOperator):
         workdir: str | None = None,
         mpi_options: Sequence[str] | str | None = None,
         parameter_servers: int = 0,
+        model_parallel_size: int | str = 1,
+        pipeline_parallel_size: int | str = 1,
+        pass_local_rank: bool = False,
         deferrable: bool = conf.getboolean("operators", "default_deferrable", fallback=False),
         retry_policy: Any = _DEFAULT_POLICY,
         **kwargs: Any,
@@ -139,6 +149,9 @@ class DistributedTrainingOperator(ResumableJobMixin, BaseOperator):
         self.workdir = workdir
         self.mpi_options = mpi_options
         self.parameter_servers = parameter_servers
+        self.model_parallel_size = model_parallel_size
+        self.pipeline_parallel_size = pipeline_parallel_size
+        self.pass_local_rank = pass_local_rank
         self.deferrable = deferrable
         self._launcher = None
         self._result: dict[str, Any] | None = None  # durable mode: the followed job's XCom result
@@ -162,7 +175,8 @@ class DistributedTrainingOperator(ResumableJobMixin, BaseOperator):
             mpi_options=self.mpi_options or None, parameter_servers=self.parameter_servers,
             backend_options=options_for(backend, self.backend_options),
             hang_timeout=None if self.hang_timeout in (None, "", "None") else self.hang_timeout,
-            stop_grace=self.stop_grace,
+            stop_grace=self.stop_grace, model_parallel_size=self.model_parallel_size,
+            pipeline_parallel_size=self.pipeline_parallel_size, pass_local_rank=self.pass_local_rank,
         )
 
     def execute(self, context) -> dict[str, Any]:

@@ -2,7 +2,10 @@
 
 torchrun (or mpirun) starts this in place of the user's command, on every rank. It
 
-* completes the env contract (NODE_RANK, and the OMPI_* mapping for mpirun);
+* completes the env contract (NODE_RANK, and the OMPI_* mapping for mpirun), plus the
+  ``deepspeed`` launcher's LOCAL_SIZE, CROSS_RANK and CROSS_SIZE;
+* fills the command's placeholders (``{deepspeed_config}``, ``{local_rank}``...; see
+  dtrain.launch.placeholders) and appends ``--local_rank=N`` when the launch asked for it;
 * runs the command as an argv list (no shell), in this process group, and makes the
   kernel kill it if this wrapper dies (PR_SET_PDEATHSIG), so no rank outlives its agent;
 * streams the command's stdout and stderr line by line, prefixed ``[nodeN rankR]``;
@@ -28,8 +31,8 @@ import sys
 import threading
 import time
 
-from dtrain.launch import hang
-from dtrain.launch.env_contract import contract_from_env
+from dtrain.launch import hang, placeholders
+from dtrain.launch.env_contract import contract_from_env, deepspeed_launcher_env
 
 TAIL_LINES = 40
 PR_SET_PDEATHSIG = 1
@@ -43,6 +46,15 @@ def resolve_argv(command: list[str]) -> list[str]:
     if command[0] in ("python", "python3"):
         return [sys.executable, *command[1:]]
     return list(command)
+
+
+def rank_command(command: list[str], environ: dict[str, str]) -> list[str]:
+    """This rank's argv: placeholders filled with its values, and ``--local_rank=N`` appended when the
+    launch asked for it (what the ``deepspeed`` launcher passes; scripts reading ``args.local_rank``)."""
+    argv = placeholders.fill(command, environ)
+    if environ.get("DTRAIN_PASS_LOCAL_RANK") == "1":
+        argv.append(f"--local_rank={environ.get('LOCAL_RANK', '0')}")
+    return argv
 
 
 def _die_with_parent() -> None:
@@ -181,7 +193,8 @@ def main(argv: list[str] | None = None) -> int:
         from dtrain.launch.tf_config import tf_config_env  # TF scripts read TF_CONFIG unchanged
 
         environ.update(tf_config_env(environ))
-    rank = RankProcess(command, environ)
+    environ.update(deepspeed_launcher_env(environ))
+    rank = RankProcess(rank_command(command, environ), environ)
     for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         signal.signal(signum, rank.forward)
     code = rank.run()

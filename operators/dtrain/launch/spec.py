@@ -88,6 +88,11 @@ class LaunchSpec:
             the job torn down, and the launch fails with exit code 124; None turns it off.
         stop_grace: seconds a rank has, after SIGTERM (a stop, a preemption), to save a
             checkpoint and exit before it is killed.
+        model_parallel_size, pipeline_parallel_size: distribution ``deepspeed``: the tensor and
+            pipeline parallel sizes the script uses, when it splits the model; the data-parallel
+            size (world size / both) is what DeepSpeed's batch arithmetic uses.
+        pass_local_rank: append ``--local_rank=N`` to every rank's command, as the ``deepspeed``
+            launcher does (for scripts that read ``args.local_rank``).
     """
 
     command: Sequence[str]
@@ -110,6 +115,9 @@ class LaunchSpec:
     backend_options: Mapping[str, Any] = field(default_factory=dict)
     hang_timeout: float | None = None
     stop_grace: float = 30.0
+    model_parallel_size: int = 1
+    pipeline_parallel_size: int = 1
+    pass_local_rank: bool = False
     resolved_deepspeed_config: dict[str, Any] | None = field(default=None, init=False, repr=False)
     #: what the backend's validate() parsed from its options (e.g. the ssh host entries)
     resolved: Any = field(default=None, init=False, repr=False, compare=False)
@@ -152,8 +160,19 @@ class LaunchSpec:
             runner.validate(self)
         if self.deepspeed_config is not None and self.distribution != "deepspeed":
             raise SpecError("deepspeed_config", self.deepspeed_config, "only allowed with distribution='deepspeed'")
+        self.model_parallel_size = coerce_int("model_parallel_size", self.model_parallel_size, minimum=1, maximum=4096)
+        self.pipeline_parallel_size = coerce_int("pipeline_parallel_size", self.pipeline_parallel_size, minimum=1,
+                                                 maximum=4096)
+        if not isinstance(self.pass_local_rank, bool):
+            raise SpecError("pass_local_rank", self.pass_local_rank, "true or false")
         if self.distribution == "deepspeed":
-            self.resolved_deepspeed_config = resolve_deepspeed_config(self.deepspeed_config, self.world_size)
+            self.resolved_deepspeed_config = resolve_deepspeed_config(
+                self.deepspeed_config, self.world_size, self.model_parallel_size, self.pipeline_parallel_size)
+        elif self.model_parallel_size * self.pipeline_parallel_size > 1:
+            raise SpecError("model_parallel_size x pipeline_parallel_size",
+                            self.model_parallel_size * self.pipeline_parallel_size,
+                            "1 unless distribution='deepspeed' (they only enter DeepSpeed's batch arithmetic)")
+        self._check_placeholders()
 
     @property
     def world_size(self) -> int:
@@ -192,6 +211,14 @@ class LaunchSpec:
                 raise SpecError("command", script, f"the script must exist (looked for {path})")
         elif shutil.which(self.command[0]) is None:
             raise SpecError("command", self.command[0], "an executable on PATH or an existing .py script")
+
+    def _check_placeholders(self) -> None:
+        from dtrain.launch import placeholders
+
+        if "deepspeed_config" in placeholders.used(self.command) and self.distribution != "deepspeed":
+            index = next(i for i, arg in enumerate(self.command) if "{deepspeed_config}" in arg)
+            raise SpecError(f"command[{index}]", self.command[index],
+                            "{deepspeed_config} only with distribution='deepspeed' (there is no config otherwise)")
 
     def _check_gpus(self, on_this_host: bool) -> None:
         # This host's GPUs say nothing about remote nodes: count them only for a backend

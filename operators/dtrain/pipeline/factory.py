@@ -50,7 +50,7 @@ from dtrain.launch.operator import DistributedTrainingOperator
 from dtrain.pipeline.config import partition_of
 from dtrain.pipeline.gate import Gate
 from dtrain.pipeline.params import DATASET_VERSION_PATTERN, FINITE, MAX_RANKS_ENV, OVERSUBSCRIPTION
-from dtrain.pipeline.placeholders import PLACEHOLDERS, to_jinja
+from dtrain.pipeline.placeholders import to_jinja
 from dtrain.preflight.operator import PreflightOperator
 from dtrain.preprocess.operator import PreprocessFinalizeOperator, PreprocessOperator
 from dtrain.preprocess.transform import REF
@@ -179,7 +179,7 @@ def retraining_pipeline(
             ``<shared_fs>/datasets/<dag_id>/<version>/<partition>``, runs to
             ``<shared_fs>/runs/<dag_id>/<version>/<partition>/run-<clear_number>``.
         transform: ``module:function`` applied to every raw record (dict of arrays out, None to drop).
-        train_command: argv run on every rank, with placeholders (:data:`PLACEHOLDERS`, and
+        train_command: argv run on every rank, with placeholders (dtrain.pipeline.placeholders, and
             ``{params.NAME}``) filled per run. No shell: each element reaches the script as is.
         evaluate: ``module:function`` called as ``evaluate(model_path, heldout)`` on the worker;
             returns a dict of metrics (numbers).

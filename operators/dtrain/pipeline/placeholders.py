@@ -5,7 +5,9 @@ run, once, when the DAG is built; Airflow renders it when the task runs, so the 
 "Rendered Template" shows the argv the ranks get. Pure: no Airflow import.
 
 Grammar: a placeholder is exactly ``{name}`` or ``{params.NAME}``, with ``name`` one of
-:data:`PLACEHOLDERS` and ``NAME`` a param of the pipeline. Anything else in braces that
+:data:`PLACEHOLDERS` and ``NAME`` a param of the pipeline. The launcher's per-rank placeholders
+(``{deepspeed_config}``, ``{local_rank}``...: dtrain.launch.placeholders) pass through untouched,
+for the rank wrapper to fill. Anything else in braces that
 looks like one (``{shard}``, ``{params.epoch}``) is refused with the known names, so a typo
 fails the DAG at parse time instead of reaching the training script as literal text; other
 braces (JSON such as ``{"lr": 1}``) are left alone. Values are never shell-expanded: argv
@@ -18,6 +20,7 @@ import re
 from typing import Iterable, Mapping
 
 from dtrain.errors import SpecError
+from dtrain.launch.placeholders import PLACEHOLDERS as PER_RANK
 
 #: what each placeholder means (the README's table is generated from the same text in tests)
 PLACEHOLDERS: dict[str, str] = {
@@ -55,7 +58,9 @@ def to_jinja(text: str, field: str, templates: Mapping[str, str], params: Iterab
                                          f"({', '.join(sorted(param_names)) or 'none'}); {match.group(0)} is not")
         if name in templates:
             return templates[name]
-        raise SpecError(field, text, f"placeholders {', '.join('{' + n + '}' for n in templates)} "
-                                     f"or {{params.NAME}}; {match.group(0)} is not one")
+        if name in PER_RANK:
+            return match.group(0)
+        raise SpecError(field, text, f"placeholders {', '.join('{' + n + '}' for n in templates)}, "
+                                     f"{{params.NAME}} or the launcher's per-rank ones; {match.group(0)} is not one")
 
     return LOOKS_LIKE.sub(replace, text)
