@@ -1,4 +1,4 @@
-"""``dtrain``: the command-line front end (launch, stage, plan, preprocess).
+"""``dtrain``: the command-line front end (launch, stage, plan, preprocess, autotune).
 
 Each capability registers its own subcommand from a module listed here, imported
 when the CLI starts; nothing heavy is imported before a subcommand runs.
@@ -16,6 +16,7 @@ SUBCOMMAND_MODULES = (
     "dtrain.launch.cli",
     "dtrain.staging.cli",
     "dtrain.preprocess.cli",
+    "dtrain.autotune.cli",
 )
 
 

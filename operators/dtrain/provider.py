@@ -35,7 +35,8 @@ def get_provider_info() -> dict:
             {
                 "integration-name": INTEGRATION,
                 "python-modules": ["dtrain.launch.operator", "dtrain.staging.operator",
-                                   "dtrain.preprocess.operator", "dtrain.preflight.operator"],
+                                   "dtrain.preprocess.operator", "dtrain.preflight.operator",
+                                   "dtrain.autotune.operator"],
             }
         ],
         # Modules holding triggers (the schema's "python-modules"): DistributedJobTrigger.

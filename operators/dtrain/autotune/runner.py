@@ -1,0 +1,199 @@
+"""Run DeepSpeed's own autotuner (``deepspeed --autotuning tune``) on a job's nodes, then read its results.
+
+Pure parts first (:class:`AutotuneSpec` validation, :func:`autotuning_section`, :func:`build_argv`,
+:func:`hostfile_text`), I/O last (:func:`run_autotune`). What DeepSpeed 0.19's autotuner needs,
+found by running it (docs/deepspeed.md has the details):
+
+* the script takes ``--deepspeed_config FILE`` (deepspeed.add_config_arguments) and runs at least
+  ``end_profile_step + 1`` steps; experiments are started as ``deepspeed ...`` by name, so the
+  environment's ``bin`` is put first on PATH;
+* ``fast`` must stay true (the full search writes experiments without a hostfile and fails),
+  ``metric`` must be ``throughput`` (the scheduler always maximizes: ``latency`` would pick the
+  slowest run, ``flops`` fails on a missing key), and ``model_info`` must not be set (it skips
+  the profiling run, then crashes). These are refused here, with the reason, before anything runs;
+* on CPU (``DS_ACCELERATOR=cpu``) each node's slot count is ``LOCAL_SIZE``; the runner exits 0
+  even when every experiment failed, so success is judged from ``ds_config_optimal.json``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from dataclasses import dataclass, field
+from typing import Any, Callable, Mapping, Sequence
+
+from dtrain.args import coerce_argv, coerce_int
+from dtrain.errors import SpecError
+
+RESULTS_DIR, EXPS_DIR = "autotuning_results", "autotuning_exps"
+#: keys of the autotuning section a user may set (deepspeed/autotuning/constants.py)
+ALLOWED = {
+    "enabled": "true (forced)", "fast": "true (forced: false fails in DeepSpeed 0.19)",
+    "metric": "throughput", "tuner_type": "gridsearch, random or model_based (needs xgboost)",
+    "tuner_num_trials": "a positive integer", "tuner_early_stopping": "a positive integer",
+    "start_profile_step": "a positive integer", "end_profile_step": "an integer above start_profile_step",
+    "max_train_batch_size": "a positive integer", "min_train_batch_size": "a positive integer",
+    "max_train_micro_batch_size_per_gpu": "a positive integer", "min_train_micro_batch_size_per_gpu":
+        "a positive integer", "num_tuning_micro_batch_sizes": "a positive integer", "mp_size": "a positive integer",
+    "overwrite": "true or false", "arg_mappings": "a mapping of config keys to the script's flags",
+}
+INTEGER_KEYS = {k for k, v in ALLOWED.items() if "integer" in v}
+TUNERS = ("gridsearch", "random", "model_based")
+
+
+def autotuning_section(config: Mapping[str, Any], overrides: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """The checked ``autotuning`` section: the config's, updated with ``overrides``, enabled and fast."""
+    section = dict(config.get("autotuning") or {})
+    section.update(overrides or {})
+    for key, value in section.items():
+        field_name = f"autotuning.{key}"
+        if key not in ALLOWED:
+            why = {"model_info": "it skips DeepSpeed's profiling run, which then fails",
+                   "results_dir": "dtrain chooses it (the job's run directory)",
+                   "exps_dir": "dtrain chooses it (the job's run directory)"}.get(key, "not an autotuning option")
+            raise SpecError(field_name, value, f"one of {', '.join(sorted(ALLOWED))} ({key}: {why})")
+        if key in INTEGER_KEYS:
+            section[key] = coerce_int(field_name, value, minimum=1)
+    if section.get("fast", True) is not True:
+        raise SpecError("autotuning.fast", section["fast"], "true: DeepSpeed 0.19's full search writes experiments "
+                                                           "without a hostfile and every one fails")
+    if section.get("metric", "throughput") != "throughput":
+        raise SpecError("autotuning.metric", section["metric"], "throughput: DeepSpeed 0.19 maximizes the metric, so "
+                                                               "latency would pick the slowest configuration")
+    if section.get("tuner_type", "gridsearch") not in TUNERS:
+        raise SpecError("autotuning.tuner_type", section["tuner_type"], ALLOWED["tuner_type"])
+    start, end = section.get("start_profile_step", 3), section.get("end_profile_step", 5)
+    if end <= start:
+        raise SpecError("autotuning.end_profile_step", end, f"above start_profile_step ({start})")
+    if not isinstance(section.get("overwrite", True), bool):
+        raise SpecError("autotuning.overwrite", section["overwrite"], "true or false")
+    mappings = section.get("arg_mappings")
+    if mappings is not None and (not isinstance(mappings, Mapping)
+                                 or not all(isinstance(k, str) and isinstance(v, str) and v.startswith("--")
+                                            for k, v in mappings.items())):
+        raise SpecError("autotuning.arg_mappings", mappings, ALLOWED["arg_mappings"] + " (--flag values)")
+    section.update(enabled=True, fast=True)
+    return section
+
+
+@dataclass
+class AutotuneSpec:
+    """One autotuning run.
+
+    Args:
+        command: the training command, ``[python,] script.py [args...]``; ``{deepspeed_config}``
+            in it becomes the config file (else ``--deepspeed_config FILE`` is appended).
+        deepspeed_config: the user's DeepSpeed config (path, JSON text or mapping), with or
+            without an ``autotuning`` section.
+        autotuning: autotuning options that override the config's section (metric, tuner_type,
+            tuner_num_trials, start_profile_step, end_profile_step, ...).
+        nodes, procs_per_node: the job's shape (slots per node: GPUs, or CPU ranks).
+        hosts: the nodes' addresses for a multi-node run (a DeepSpeed hostfile is written); None: this host.
+        work_dir: where the config, ``autotuning_results/`` and ``autotuning_exps/`` go.
+        device: ``cpu`` runs DeepSpeed's CPU accelerator (``DS_ACCELERATOR=cpu``), ``gpu`` its default.
+        env: extra environment for the autotuner and its experiments.
+    """
+
+    command: Sequence[str]
+    deepspeed_config: str | Mapping[str, Any]
+    work_dir: str
+    autotuning: Mapping[str, Any] | None = None
+    nodes: int = 1
+    procs_per_node: int = 1
+    hosts: Sequence[str] | None = None
+    device: str = "cpu"
+    env: Mapping[str, str] = field(default_factory=dict)
+    config: dict[str, Any] = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        from dtrain.launch.deepspeed_config import load_deepspeed_config
+
+        self.command = coerce_argv("command", self.command)
+        script = self.command[1] if self.command[0] in ("python", "python3", sys.executable) and \
+            len(self.command) > 1 else self.command[0]
+        if not script.endswith(".py"):
+            raise SpecError("command", self.command[:2], "[python] SCRIPT.py ARGS: DeepSpeed's autotuner launches a "
+                                                         "script file (not -m or an executable)")
+        self.nodes = coerce_int("nodes", self.nodes, minimum=1, maximum=4096)
+        self.procs_per_node = coerce_int("procs_per_node", self.procs_per_node, minimum=1, maximum=1024)
+        if self.device not in ("cpu", "gpu"):
+            raise SpecError("device", self.device, "cpu or gpu")
+        if self.hosts is not None and len(self.hosts) != self.nodes:
+            raise SpecError("hosts", list(self.hosts), f"exactly nodes={self.nodes} host addresses")
+        if self.hosts is None and self.nodes > 1:
+            raise SpecError("nodes", self.nodes, "1 without hosts (more nodes need their addresses: backend ssh)")
+        config = load_deepspeed_config(self.deepspeed_config)
+        config["autotuning"] = autotuning_section(config, self.autotuning)
+        self.config = config
+
+    @property
+    def script_and_args(self) -> list[str]:
+        command = list(self.command)
+        return command[1:] if command[0] in ("python", "python3", sys.executable) else command
+
+
+def hostfile_text(hosts: Sequence[str], slots: int) -> str:
+    """DeepSpeed's hostfile: one ``host slots=N`` line per node."""
+    return "".join(f"{host} slots={slots}\n" for host in hosts)
+
+
+def build_argv(spec: AutotuneSpec, config_path: str, hostfile: str, master_port: int,
+               deepspeed: str = "deepspeed") -> list[str]:
+    """The ``deepspeed --autotuning tune`` command line (argv, no shell)."""
+    args = spec.script_and_args
+    if any("{deepspeed_config}" in a for a in args):
+        args = [a.replace("{deepspeed_config}", config_path) for a in args]
+    else:
+        args = [*args, "--deepspeed_config", config_path]
+    return [deepspeed, "--autotuning", "tune", "--hostfile", hostfile, "--num_nodes", str(spec.nodes),
+            "--num_gpus", str(spec.procs_per_node), "--master_port", str(master_port), *args]
+
+
+def autotune_env(spec: AutotuneSpec, environ: Mapping[str, str] | None = None) -> dict[str, str]:
+    env = dict(os.environ if environ is None else environ)
+    env.update(spec.env)
+    bin_dir = os.path.dirname(sys.executable)  # experiments run `deepspeed` by name
+    env["PATH"] = bin_dir + os.pathsep + env.get("PATH", "")
+    env["PYTHONUNBUFFERED"] = "1"
+    if spec.device == "cpu":
+        env["DS_ACCELERATOR"] = "cpu"
+        env["LOCAL_SIZE"] = str(spec.procs_per_node)  # the CPU accelerator's slots per node
+    return env
+
+
+def run_autotune(spec: AutotuneSpec, sink: Callable[[str], None] = print,
+                 started: Callable[[subprocess.Popen], None] | None = None) -> dict[str, Any]:
+    """Write the config (and hostfile), run DeepSpeed's autotuner in ``work_dir``, return its results."""
+    from dtrain.autotune.results import read_results
+    from dtrain.launch.net import free_port
+
+    os.makedirs(spec.work_dir, exist_ok=True)
+    config_path = os.path.join(spec.work_dir, "ds_config_autotune.json")
+    with open(config_path, "w", encoding="utf-8") as fh:
+        json.dump(spec.config, fh, indent=2, sort_keys=True)
+    # A path that does not exist means "this host only" to DeepSpeed (and never a stray /job/hostfile).
+    hostfile = os.path.join(spec.work_dir, "hostfile" if spec.hosts else "no-hostfile")
+    if spec.hosts:
+        with open(hostfile, "w", encoding="utf-8") as fh:
+            fh.write(hostfile_text(spec.hosts, spec.procs_per_node))
+    argv = build_argv(spec, config_path, hostfile, free_port(), os.path.join(os.path.dirname(sys.executable),
+                                                                             "deepspeed"))
+    sink("[autotune] " + " ".join(argv))
+    proc = subprocess.Popen(argv, cwd=spec.work_dir, env=autotune_env(spec), stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, start_new_session=True)
+    if started is not None:
+        started(proc)
+    try:
+        for raw in proc.stdout:
+            sink("[autotune] " + raw.decode("utf-8", "replace").rstrip())
+        code = proc.wait()
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    result = read_results(os.path.join(spec.work_dir, RESULTS_DIR))
+    result["exit_code"] = code
+    return result
