@@ -39,6 +39,7 @@ def test_placeholders_are_replaced_by_this_ranks_values_and_nothing_else_is():
                                           "{Rank}"]
     # A value is never scanned again: a run directory named "{rank}" stays that.
     assert rank_command(["{run_dir}"], {**ENV, "DTRAIN_RUN_DIR": "/r/{rank}"}) == ["/r/{rank}"]
+    assert rank_command(["{deepspeed_config}"], {}) == ["{deepspeed_config}"]  # unset: left as written
     assert placeholders.used(command) == {"deepspeed_config", "local_rank", "run_dir", "rank", "world_size",
                                           "checkpoint_dir", "metrics_dir", "node_rank", "local_world_size"}
 

@@ -34,5 +34,5 @@ def used(command: Sequence[str]) -> set[str]:
 
 
 def fill(command: Sequence[str], environ: Mapping[str, str]) -> list[str]:
-    """``command`` with every placeholder replaced by its value in ``environ`` (KeyError if one is unset)."""
-    return [PATTERN.sub(lambda m: environ[PLACEHOLDERS[m.group(1)][0]], arg) for arg in command]
+    """``command`` with every placeholder replaced by its value in ``environ`` (left as written if unset)."""
+    return [PATTERN.sub(lambda m: environ.get(PLACEHOLDERS[m.group(1)][0], m.group(0)), arg) for arg in command]
