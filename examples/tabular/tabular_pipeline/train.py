@@ -20,7 +20,7 @@ import torch
 import torch.distributed as dist
 
 from dtrain.training import CheckpointManager, MetricsWriter, PreemptionGuard, init_distributed, write_result
-from dtrain.training.dist import shutdown
+from dtrain.training.dist import exit_now, shutdown
 from dtrain.training.shards import ShardDataset, ShardLoader, ShardSampler
 
 from tabular_pipeline.data import FEATURES
@@ -176,4 +176,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_now(main())  # skips the interpreter teardown in which gloo can abort a finished rank

@@ -69,3 +69,26 @@ def shutdown() -> None:
 
     if dist.is_initialized():
         dist.destroy_process_group()
+
+
+def exit_now(code: int = 0) -> None:
+    """End a rank with ``code`` once its work is saved, skipping the interpreter's teardown.
+
+    With gloo, tearing down the interpreter sometimes aborts the process ("terminate called
+    without an active exception", exit 134) after everything succeeded: process-group objects
+    still referenced (by DDP, by DeepSpeed's engine) are destroyed during finalization
+    (pytorch#179291, #190489). A rank that finished and destroyed its process groups has nothing
+    left to do, so it flushes its output and logs and exits here. Use it as a script's last call:
+    ``if __name__ == "__main__": exit_now(main())``.
+    """
+    import logging
+    import sys
+
+    shutdown()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except Exception:  # noqa: BLE001 (a closed or broken stream must not keep us here)
+            pass
+    logging.shutdown()
+    os._exit(code)

@@ -91,4 +91,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from dtrain.training.dist import exit_now
+
+    exit_now(main())  # as the reference script does: no interpreter teardown after a finished run

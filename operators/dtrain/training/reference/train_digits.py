@@ -22,11 +22,10 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import sys
 import time
 
 from dtrain.training.checkpoint import CheckpointManager
-from dtrain.training.dist import init_distributed, shutdown
+from dtrain.training.dist import exit_now, init_distributed, shutdown
 from dtrain.training.metrics import MetricsWriter, write_result
 from dtrain.training.preemption import PreemptionGuard
 from dtrain.training.scaling import scaled_lr, warmup_factor
@@ -270,4 +269,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_now(main())  # no interpreter teardown: with gloo it can abort a finished rank (dist.exit_now)
