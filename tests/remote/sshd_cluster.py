@@ -88,7 +88,9 @@ class SSHCluster:
         return path
 
     def ssh_settings(self) -> dict[str, str]:
-        return {"key_file": self.key_file, "known_hosts_file": self.known_hosts, "strict_host_key_checking": "yes"}
+        # No poll backoff: the tests' deferred jobs last seconds, not hours (default: 2 s growing to 30 s).
+        return {"key_file": self.key_file, "known_hosts_file": self.known_hosts, "strict_host_key_checking": "yes",
+                "max_poll_interval": 2}
 
     def session_pids(self) -> set[int]:
         """Every process currently below an sshd of this cluster (logged-in sessions and what they run)."""

@@ -115,9 +115,28 @@ def test_ssh_settings_normalise_and_serialise(tmp_path):
     key.write_text("not read, only checked to exist")
     settings = SSHSettings.from_mapping('{"user": "bob", "port": "2222", "key_file": "%s"}' % key)
     assert settings.to_dict() == {"user": "bob", "port": 2222, "key_file": str(key),
-                                  "strict_host_key_checking": "accept-new", "connect_timeout": 10}
+                                  "strict_host_key_checking": "accept-new", "connect_timeout": 10,
+                                  "fanout": 32, "poll_interval": 2.0, "max_poll_interval": 30.0}
     with pytest.raises(SpecError, match="without blanks"):
         SSHSettings.from_mapping({"known_hosts_file": str(tmp_path / "known hosts")})
+
+
+@pytest.mark.parametrize("settings, field, allowed", [
+    ({"fanout": 0}, "ssh.fanout", "at least 1"),
+    ({"fanout": 5000}, "ssh.fanout", "at most 1024"),
+    ({"fanout": "all"}, "ssh.fanout", "integer"),
+    ({"poll_interval": -1}, "ssh.poll_interval", "between 0 and 3600"),
+    ({"poll_interval": 10, "max_poll_interval": 5}, "ssh.max_poll_interval", "at least poll_interval (10 s)"),
+])
+def test_fanout_and_poll_settings_are_bounded(settings, field, allowed):
+    with pytest.raises(SpecError) as err:
+        SSHSettings.from_mapping(settings)
+    assert err.value.field == field and allowed in str(err.value)
+
+
+def test_a_poll_interval_above_the_default_cap_raises_the_cap_with_it():
+    assert SSHSettings.from_mapping({"poll_interval": 60}).max_poll_interval == 60.0
+    assert SSHSettings.from_mapping({"fanout": "8"}).fanout == 8
 
 
 def test_hosts_and_settings_from_an_airflow_ssh_connection():

@@ -24,19 +24,20 @@ MARKER = f"/tmp/dtrain-pwned-{uuid.uuid4().hex[:8]}"
 HOSTILE = [f"$(touch {MARKER}); x", f"`touch {MARKER}`", f"; touch {MARKER} #", "a 'b' \"c\"", "*", "$HOME", "\\n"]
 
 
-def ssh_spec(cluster, tmp_path, command, **kw) -> LaunchSpec:
+def ssh_spec(cluster, tmp_path, command, fanout=32, **kw) -> LaunchSpec:
     return LaunchSpec(command=command, nodes=2, procs_per_node=2, backend="ssh", device="cpu",
-                      backend_options={"hostfile": cluster.hostfile(2), **cluster.ssh_settings()},
+                      backend_options={"hostfile": cluster.hostfile(2), "fanout": fanout, **cluster.ssh_settings()},
                       run_dir=str(tmp_path / "run"), **kw)
 
 
 @pytest.fixture(scope="module")
 def ddp_run(ssh_cluster, tmp_path_factory):
-    """One 2x2 DDP job over ssh, shared by the assertions below (each job costs ~20 s on 2 cores)."""
+    """One 2x2 DDP job over ssh, shared by the assertions below (each job costs ~20 s on 2 cores).
+    With fanout 1: the second host's session opens only once the first host's agent is up."""
     tmp = tmp_path_factory.mktemp("ddp")
     assert not os.path.exists(MARKER)
     lines: list[str] = []
-    spec = ssh_spec(ssh_cluster, tmp, train_command("--steps", "6", "--", *HOSTILE))
+    spec = ssh_spec(ssh_cluster, tmp, train_command("--steps", "6", "--", *HOSTILE), fanout=1)
     launcher = Launcher(spec, sink=lines.append)
     result = launcher.run()
     return result, lines, launcher
@@ -65,6 +66,13 @@ def test_ddp_trains_on_two_hosts_with_node_rank_in_host_order(ddp_run):
     assert any(line.startswith("[node0 rank0] rank 0 done") for line in lines)
     assert any(line.startswith("[node1 rank3] rank 3 done") for line in lines)
     assert still_alive(job_processes(result.job_id)) == []
+
+
+def test_fanout_one_opens_the_next_host_only_after_the_previous_agent_announced(ddp_run):
+    _, _, launcher = ddp_run
+    backend = launcher.backend
+    assert sorted(backend.announced_at) == [0, 1]
+    assert backend.supervisor.started_at[1] >= backend.announced_at[0]
 
 
 def test_hostile_argument_reaches_the_script_verbatim_and_stays_inert(ddp_run):

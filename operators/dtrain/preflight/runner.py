@@ -1,4 +1,4 @@
-"""Run the node checks on every node of a job, in parallel, and summarise. Airflow-free.
+"""Run the node checks on every node of a job, in parallel (at most the backend's fan-out at once), and summarise. Airflow-free.
 
 The backend says how to run a command on each of its nodes (``Backend.node_commands``:
 on this host for the local backend, over ssh for the ssh backend; Slurm allocates nodes
@@ -54,6 +54,7 @@ def run_preflight(spec, *, manifest_path: str | None = None, manifest_sha256: st
               "min_free_gb": min_free_gb, "expect_gpus": expect, "procs_per_node": spec.procs_per_node,
               "single_host": get_backend_class(spec.backend).single_host}
     commands = node_commands(spec, kwargs)
+    fanout = get_backend_class(spec.backend).node_fanout(spec)
 
     def one(item):
         index, (host, argv) = item
@@ -64,7 +65,7 @@ def run_preflight(spec, *, manifest_path: str | None = None, manifest_sha256: st
                     "problems": [f"no answer within {timeout_s:.0f}s"], "facts": {}}
         return _parse(index, host, proc)
 
-    with ThreadPoolExecutor(max_workers=min(32, len(commands))) as pool:
+    with ThreadPoolExecutor(max_workers=max(1, min(fanout, len(commands)))) as pool:
         nodes = list(pool.map(one, enumerate(commands)))
     nccl = nodes[0]["facts"].get("nccl_env", {}) if nodes and nodes[0]["ok"] else {}
     summary = [f"preflight: {sum(n['ok'] for n in nodes)}/{len(nodes)} node(s) ready"]

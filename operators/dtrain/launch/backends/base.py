@@ -229,6 +229,11 @@ class Backend(abc.ABC):
         raise SpecError("backend", cls.name, "a backend that can run a command on each node (preflight)")
 
     @classmethod
+    def node_fanout(cls, spec: "LaunchSpec") -> int:
+        """How many of :meth:`node_commands` may run at once."""
+        return 32
+
+    @classmethod
     def node_access(cls, spec: "LaunchSpec") -> NodeAccess:
         """How to reach the nodes (default: every node is this host)."""
         import sys

@@ -14,8 +14,11 @@
   ``kill -KILL`` where the node has not ended within the grace period; then the local ssh
   clients are torn down, which closes every lifeline. No orphan on any host.
 * Detached mode (``submit(detached=True)``, deferrable tasks): each host runs
-  ``detached_node`` (see :mod:`.detached`), which outlives the ssh session; poll and cancel
-  ask every host over ssh.
+  ``detached_node`` (see :mod:`.detached`), which outlives the ssh session; a poll reads the
+  nodes' heartbeats and exit records in the shared run directory and asks over ssh (reusing
+  connections) only the hosts whose heartbeat is stale; cancel asks every host.
+* Every ssh action runs at most ``fanout`` ssh clients at once (default 32, like pdsh): the
+  blocking start opens the next host's session once an earlier one has announced itself.
 * The grace period (SIGTERM to SIGKILL) is the spec's ``stop_grace`` everywhere: in the
   remote agent's and the detached node's ``--grace``, in the agents' environment
   (TORCH_ELASTIC_SHUTDOWN_TIMEOUT, DTRAIN_STOP_GRACE), in the detached handle (for ``stop``)
@@ -38,11 +41,13 @@ import subprocess
 import sys
 import threading
 import time
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 from dtrain.errors import LaunchError, SpecError
 from dtrain.launch.backends.base import Backend, DryRunRequest, JobHandle, JobStatus, NodeAccess, run_async
+from dtrain.launch.backends.ssh import control
 from dtrain.launch.backends.ssh import detached as nodes
+from dtrain.launch.backends.ssh.fanout import run_bounded, run_bounded_async
 from dtrain.launch.backends.ssh.hostfile import (HOST_OPTIONS, SETTINGS_OPTIONS, HostEntry, SSHSettings,
                                                  resolve_options, ssh_argv)
 from dtrain.launch.job import Job
@@ -56,7 +61,6 @@ REMOTE_AGENT = "dtrain.launch.backends.ssh.remote_agent"
 ANNOUNCE_RE = re.compile(r"\[node(\d+)\] \[dtrain-remote\] nonce=([0-9a-f]{32}) node=(\d+) pgid=(\d+) host=\S+")
 PORT_PROBE = "import socket; s = socket.socket(); s.bind(('', 0)); print(s.getsockname()[1])"
 LOOPBACK_PREFIXES = ("127.", "localhost", "::1")
-DETACHED_POLL_INTERVAL = 2.0
 
 
 def remote_agent_command(python: str, *, job_id: str, node_index: int, pgid_file: str, workdir: str,
@@ -129,8 +133,17 @@ class SSHNodeSupervisor(NodeSupervisor):
     ssh forwards EOF, and the remote agent stops its tree.
     """
 
-    def start_with_input(self, argvs: Sequence[Sequence[str]], payloads: Sequence[bytes]) -> None:
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.started_at: dict[int, float] = {}  # node index -> when its ssh client started
+
+    def start_with_input(self, argvs: Sequence[Sequence[str]], payloads: Sequence[bytes], *, limit: int,
+                         connected: Callable[[int], bool], connect_wait: float) -> None:
+        """Start one ssh client per host, at most ``limit`` of them still connecting at a time: a
+        client counts as connecting until ``connected(index)`` (its agent announced itself) or it
+        ends, or for at most ``connect_wait`` seconds."""
         for index, (argv, payload) in enumerate(zip(argvs, payloads)):
+            self._wait_for_slot(limit, connected, connect_wait)
             if self._stop.is_set():
                 return
             proc = subprocess.Popen(list(argv), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
@@ -145,6 +158,16 @@ class SSHNodeSupervisor(NodeSupervisor):
             node.reader.start()
             with self._lock:
                 self.nodes.append(node)
+                self.started_at[index] = time.monotonic()
+
+    def _wait_for_slot(self, limit: int, connected: Callable[[int], bool], connect_wait: float) -> None:
+        def connecting() -> int:
+            now = time.monotonic()
+            return sum(1 for n in list(self.nodes) if n.proc.poll() is None and not connected(n.index)
+                       and now - self.started_at[n.index] < connect_wait)
+
+        while connecting() >= limit and not self._stop.is_set():
+            time.sleep(0.02)
 
     def close_lifelines(self) -> None:
         for node in list(self.nodes):
@@ -172,6 +195,7 @@ class SSHBackend(Backend):
         self.nonce = secrets.token_hex(16)  # known to this launcher and the agents only
         self.supervisor = SSHNodeSupervisor(self._watch_sink, grace_seconds=self._grace_now)
         self.pgids: dict[int, int] = {}
+        self.announced_at: dict[int, float] = {}  # node index -> when its agent announced itself
         self.hosts: list[HostEntry] = []
         self.settings = SSHSettings()
         self._teardown_lock = threading.Lock()
@@ -209,6 +233,10 @@ class SSHBackend(Backend):
         python = settings.python or sys.executable
         remote = shlex.join([python, *python_args])
         return [(host.address, ssh_argv(settings, host, remote)) for host in spec.resolved]
+
+    @classmethod
+    def node_fanout(cls, spec: LaunchSpec) -> int:
+        return cls._settings(spec).fanout
 
     @classmethod
     def node_access(cls, spec: LaunchSpec) -> NodeAccess:
@@ -257,7 +285,8 @@ class SSHBackend(Backend):
         handle = JobHandle(backend=self.name, job_id=job.job_id, backend_job_id=job.job_id, run_dir=job.run_dir,
                            world_size=job.spec.world_size, submitted_at=time.time(),
                            data={"hosts": [str(h) for h in self.hosts], "ssh": self.settings.to_dict(),
-                                 "detached": detached, "poll_interval": DETACHED_POLL_INTERVAL,
+                                 "detached": detached, "poll_interval": self.settings.poll_interval,
+                                 "max_poll_interval": self.settings.max_poll_interval,
                                  "stop_grace": self._grace_now})
         rendezvous = f"{request.env['MASTER_ADDR']}:{request.env['MASTER_PORT']}"
         names = ", ".join(h.host for h in self.hosts)
@@ -267,7 +296,9 @@ class SSHBackend(Backend):
                       f"logs in {os.path.join(job.run_dir, 'detached')}")
         else:
             self.sink(f"[dtrain] ssh: {len(self.hosts)} host(s) {names}; rendezvous {rendezvous}")
-            self.supervisor.start_with_input(request.argvs, [p.encode() for p in request.stdin])
+            self.supervisor.start_with_input(request.argvs, [p.encode() for p in request.stdin],
+                                             limit=self.settings.fanout, connected=self.pgids.__contains__,
+                                             connect_wait=self.settings.connect_timeout + 30)
         return handle
 
     @staticmethod
@@ -288,19 +319,22 @@ class SSHBackend(Backend):
     async def async_poll(self, handle: JobHandle) -> JobStatus:
         if not handle.data.get("detached"):
             return self.poll(handle)
-        target = self._target(handle)
-        timeout = target.settings().connect_timeout + 30
+        target, mux_dir = self._target(handle), self._mux_dir(handle)
+        status, asked = await nodes.async_query_job(target, handle.run_dir, mux_dir)
+        if asked:
+            self.sink(f"[dtrain] heartbeat stale for node(s) {', '.join(map(str, asked))}: asked over ssh")
+        if status.done:
+            await self._close_masters(target, mux_dir)
+        return status
 
-        async def one(argv):
-            try:
-                return await run_async(argv, timeout)
-            except TimeoutError:
-                return 255, "", f"timed out after {timeout}s"
+    @staticmethod
+    def _mux_dir(handle: JobHandle) -> str:
+        return control.control_dir(f"{handle.job_id}\0{handle.run_dir}")
 
-        import asyncio
-
-        results = await asyncio.gather(*(one(argv) for argv in nodes.status_argvs(target, handle.run_dir)))
-        return nodes.decide([nodes.parse_status(i, *r) for i, r in enumerate(results)])
+    async def _close_masters(self, target: nodes.Target, mux_dir: str) -> None:
+        """End the job's ssh master connections on this host (they would idle out after ControlPersist)."""
+        await run_bounded_async(nodes.close_argvs(target, mux_dir), limit=target.settings().fanout, timeout=10)
+        control.remove_dir(mux_dir)
 
     @staticmethod
     def _handle_grace(handle: JobHandle, grace: float | None) -> float:
@@ -323,14 +357,13 @@ class SSHBackend(Backend):
             import asyncio
 
             return await asyncio.to_thread(self.cancel, handle, grace)
-        import asyncio
-
-        target, grace = self._target(handle), self._handle_grace(handle, grace)
-        argvs = nodes.stop_argvs(target, handle.run_dir, grace)
+        target, grace, mux_dir = self._target(handle), self._handle_grace(handle, grace), self._mux_dir(handle)
+        argvs = nodes.stop_argvs(target, handle.run_dir, grace, mux_dir)
         timeout = target.settings().connect_timeout + grace + 30
-        for rc, _, err in await asyncio.gather(*(run_async(argv, timeout) for argv in argvs)):
+        for rc, _, err in await run_bounded_async(argvs, limit=target.settings().fanout, timeout=timeout):
             if rc != 0:
                 self.sink(f"[dtrain] stopping ssh job {handle.job_id}: {err.strip()}")
+        await self._close_masters(target, mux_dir)
 
     def logs(self, handle: JobHandle, lines: int = 40) -> list[str]:
         if handle.data.get("detached"):
@@ -347,6 +380,7 @@ class SSHBackend(Backend):
         match = ANNOUNCE_RE.fullmatch(line)
         if match and self._trusted(*match.groups()):
             self.pgids[int(match.group(1))] = int(match.group(4))
+            self.announced_at[int(match.group(1))] = time.monotonic()
             return  # the nonce stays out of the logs
         self.sink(line)
 
@@ -357,20 +391,11 @@ class SSHBackend(Backend):
                 and int(stream) not in self.pgids)
 
     def _remote_signal(self, signal_name: str, indexes: Sequence[int]) -> None:
-        """``kill -SIG -- -PGID`` on each host, over ssh, in parallel (best effort: the lifeline backs it)."""
-        def one(i: int) -> None:
-            command = shlex.join(["kill", f"-{signal_name}", "--", f"-{self.pgids[i]}"])
-            try:
-                subprocess.run(ssh_argv(self.settings, self.hosts[i], command), stdin=subprocess.DEVNULL,
-                               capture_output=True, timeout=self.settings.connect_timeout + 10)
-            except (subprocess.TimeoutExpired, OSError):
-                pass
-
-        threads = [threading.Thread(target=one, args=(i,)) for i in indexes if i in self.pgids]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
+        """``kill -SIG -- -PGID`` on each host, over ssh, ``fanout`` at a time (best effort: the lifeline backs it)."""
+        chosen = [i for i in indexes if i in self.pgids]
+        argvs = [ssh_argv(self.settings, self.hosts[i], shlex.join(["kill", f"-{signal_name}", "--", f"-{self.pgids[i]}"]))
+                 for i in chosen]
+        run_bounded(argvs, limit=self.settings.fanout, timeout=self.settings.connect_timeout + 10)
 
     def _running_nodes(self) -> list[int]:
         return [n.index for n in list(self.supervisor.nodes) if n.proc.poll() is None]

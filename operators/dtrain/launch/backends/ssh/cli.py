@@ -25,12 +25,19 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                      help="host-key policy (default accept-new: trust on first use, refuse a changed key)")
     ssh.add_argument("--ssh-connect-timeout", type=int, help="seconds per ssh connection (default 10)")
     ssh.add_argument("--ssh-python", metavar="PATH", help="interpreter on the hosts (default: this one's path)")
+    ssh.add_argument("--ssh-fanout", type=int, metavar="N",
+                     help="at most N ssh clients at once for start, status, stop and preflight (default 32, like pdsh -f)")
+    ssh.add_argument("--ssh-poll-interval", type=float, metavar="S",
+                     help="seconds before the first poll of a detached job (default 2)")
+    ssh.add_argument("--ssh-max-poll-interval", type=float, metavar="S",
+                     help="the poll interval grows by half each poll up to this (default 30)")
 
 
 def options_from_args(args: argparse.Namespace) -> dict[str, Any]:
     options = {
         "hostfile": args.hostfile, "user": args.ssh_user, "port": args.ssh_port, "key_file": args.ssh_key,
         "known_hosts_file": args.ssh_known_hosts, "strict_host_key_checking": args.ssh_strict_host_key_checking,
-        "connect_timeout": args.ssh_connect_timeout, "python": args.ssh_python,
+        "connect_timeout": args.ssh_connect_timeout, "python": args.ssh_python, "fanout": args.ssh_fanout,
+        "poll_interval": args.ssh_poll_interval, "max_poll_interval": args.ssh_max_poll_interval,
     }
     return {k: v for k, v in options.items() if v is not None}

@@ -1,4 +1,4 @@
-"""Deferrable SSH jobs: start one detached torchrun agent per host, poll and stop them over ssh.
+"""Deferrable SSH jobs: start one detached torchrun agent per host, watch them, stop them.
 
 The blocking SSH backend keeps an ssh session per host open as a lifeline; a deferred
 task cannot (its worker is gone while it waits), so here each host runs
@@ -6,6 +6,12 @@ task cannot (its worker is gone while it waits), so here each host runs
 runs, ``status`` reports it (running / exited with a code / lost), ``stop`` ends its
 whole tree. Hosts, rendezvous, agent argv and the env (sent over stdin) are built with
 the SSH backend's own functions, so both modes launch the same job.
+
+Watching costs the triggerer no process per host: each node's daemon keeps a heartbeat and
+writes its exit record in the shared run directory, which a poll reads
+(:func:`shared_statuses`); only a node whose heartbeat is stale is asked over ssh, through a
+reused connection (:mod:`.control`). Every ssh action runs at most ``fanout`` clients at once
+(:mod:`.fanout`).
 
 Host entries and SSH settings travel to the trigger as primitives (hostfile lines and a
 dict: paths of key files, never keys).
@@ -15,14 +21,16 @@ from __future__ import annotations
 
 import json
 import shlex
-import subprocess
 import sys
-import threading
+import time
 from dataclasses import dataclass
 from typing import Any, Sequence
 
 from dtrain.errors import LaunchError
 from dtrain.launch.backends.base import JobStatus
+from dtrain.launch.backends.ssh import control
+from dtrain.launch.backends.ssh.detached_node import HEARTBEAT_S, STALE_BEATS, status_from_files
+from dtrain.launch.backends.ssh.fanout import run_bounded, run_bounded_async
 from dtrain.launch.backends.ssh.hostfile import SSHSettings, coerce_hosts, ssh_argv
 
 MODULE = "dtrain.launch.backends.ssh.detached_node"
@@ -54,16 +62,32 @@ def node_command(python: str, verb: str, run_dir: str, node: int, *extra: str) -
     return shlex.join([python, "-m", MODULE, verb, "--run-dir", run_dir, "--node", str(node), *extra])
 
 
-def status_argvs(target: Target, run_dir: str) -> list[list[str]]:
+def status_argvs(target: Target, run_dir: str, indexes: Sequence[int] | None = None,
+                 mux_dir: str | None = None) -> list[list[str]]:
+    """``detached_node status`` over ssh for the nodes ``indexes`` (default: all), reusing
+    connections through ``mux_dir``'s masters when given (:mod:`.control`)."""
+    settings, entries = target.settings(), target.entries()
+    chosen = range(len(entries)) if indexes is None else indexes
+    return [ssh_argv(settings, entries[i], node_command(target.python, "status", run_dir, i), _mux(mux_dir, i))
+            for i in chosen]
+
+
+def stop_argvs(target: Target, run_dir: str, grace: float = DEFAULT_GRACE, mux_dir: str | None = None) -> list[list[str]]:
     settings = target.settings()
-    return [ssh_argv(settings, host, node_command(target.python, "status", run_dir, i))
+    return [ssh_argv(settings, host, node_command(target.python, "stop", run_dir, i, "--grace", f"{grace:g}"),
+                     _mux(mux_dir, i))
             for i, host in enumerate(target.entries())]
 
 
-def stop_argvs(target: Target, run_dir: str, grace: float = DEFAULT_GRACE) -> list[list[str]]:
-    settings = target.settings()
-    return [ssh_argv(settings, host, node_command(target.python, "stop", run_dir, i, "--grace", f"{grace:g}"))
-            for i, host in enumerate(target.entries())]
+def _mux(mux_dir: str | None, node: int) -> list[str]:
+    return [] if mux_dir is None else control.mux_options(control.socket_path(mux_dir, node))
+
+
+def close_argvs(target: Target, mux_dir: str) -> list[list[str]]:
+    """``ssh -O exit`` for every master the job left in ``mux_dir`` (no handshake: the socket only)."""
+    entries = target.entries()
+    return [["ssh", "-o", f"ControlPath={control.socket_path(mux_dir, i)}", "-O", "exit", "--", entries[i].address]
+            for i in control.live_sockets(mux_dir) if i < len(entries)]
 
 
 def parse_status(index: int, returncode: int, stdout: str, stderr: str) -> dict[str, Any]:
@@ -98,37 +122,22 @@ def decide(nodes: Sequence[dict[str, Any]]) -> JobStatus:
                      reason="; ".join(tail) if unreachable else "")
 
 
-def _parallel(argvs: Sequence[list[str]], timeout: float, stdin: Sequence[bytes] | None = None) -> list[tuple[int, str, str]]:
-    results: list[tuple[int, str, str]] = [(255, "", "not run")] * len(argvs)
-
-    def one(i: int) -> None:
-        try:
-            done = subprocess.run(argvs[i], input=None if stdin is None else stdin[i],
-                                  stdin=subprocess.DEVNULL if stdin is None else None,
-                                  capture_output=True, timeout=timeout)
-            results[i] = (done.returncode, done.stdout.decode(errors="replace"), done.stderr.decode(errors="replace"))
-        except subprocess.TimeoutExpired:
-            results[i] = (255, "", f"timed out after {timeout:.0f}s")
-
-    threads = [threading.Thread(target=one, args=(i,)) for i in range(len(argvs))]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    return results
-
-
 def start(target: Target, run_dir: str, argvs: Sequence[Sequence[str]], stdin: Sequence[str]) -> None:
-    """Run every host's ``detached_node start`` (the backend's rendered ssh argvs); on any failure
-    stop the nodes already started and raise with the failing host's output."""
+    """Run every host's ``detached_node start`` (the backend's rendered ssh argvs), ``fanout`` at a
+    time; after a failure no further host is started, the started ones are stopped, and the
+    error names every host that failed."""
     settings, hosts = target.settings(), target.entries()
-    results = _parallel([list(a) for a in argvs], timeout=settings.connect_timeout + 60,
-                        stdin=[line.encode() for line in stdin])
-    failed = [(i, r) for i, r in enumerate(results) if r[0] != 0]
+    results = run_bounded([list(a) for a in argvs], limit=settings.fanout, timeout=settings.connect_timeout + 60,
+                          stdin=[line.encode() for line in stdin], stop_on_failure=True)
+    failed = [(i, r) for i, r in enumerate(results) if r[0] not in (0, None)]
     if failed:
+        started = sum(1 for r in results if r[0] == 0)
+        skipped = sum(1 for r in results if r[0] is None)
         stop_job(target, run_dir)
+        names = ", ".join(f"node {i} on {hosts[i].label} (exit {r[0]})" for i, r in failed)
         i, (code, out, err) = failed[0]
-        raise LaunchError(f"starting node {i} on {hosts[i].host} over ssh failed (exit {code})", code or 255,
+        raise LaunchError(f"starting {len(failed)} of {len(hosts)} node(s) over ssh failed: {names}; "
+                          f"stopped the {started} started, did not start {skipped}", code or 255,
                           tail=(out + err).strip().splitlines()[-20:])
 
 
@@ -143,13 +152,51 @@ def read_logs(run_dir: str, nodes: int, lines: int) -> list[str]:
     return out[-lines:]
 
 
+def stale_after() -> float:
+    return STALE_BEATS * HEARTBEAT_S
+
+
+def shared_statuses(run_dir: str, count: int, now: float | None = None) -> list[dict[str, Any] | None]:
+    """Every node's status as the shared filesystem tells it; None where only its host can tell."""
+    now = time.time() if now is None else now
+    return [status_from_files(run_dir, i, now, stale_after()) for i in range(count)]
+
+
+def merge(shared: Sequence[dict[str, Any] | None], asked: Sequence[int],
+          results: Sequence[tuple]) -> list[dict[str, Any]]:
+    """The shared-filesystem statuses with the ssh answers for the ``asked`` nodes put in."""
+    merged = list(shared)
+    for i, result in zip(asked, results):
+        merged[i] = parse_status(i, *result)
+    return merged
+
+
 def query_job(target: Target, run_dir: str) -> JobStatus:
-    argvs = status_argvs(target, run_dir)
-    results = _parallel(argvs, timeout=target.settings().connect_timeout + 30)
-    return decide([parse_status(i, *r) for i, r in enumerate(results)])
+    """The job's status: the shared filesystem first, ssh only for nodes with a stale heartbeat."""
+    shared = shared_statuses(run_dir, len(target.hosts))
+    asked = [i for i, status in enumerate(shared) if status is None]
+    settings = target.settings()
+    results = run_bounded(status_argvs(target, run_dir, asked), limit=settings.fanout,
+                          timeout=settings.connect_timeout + 30)
+    return decide(merge(shared, asked, results))
+
+
+async def async_query_job(target: Target, run_dir: str, mux_dir: str | None = None) -> tuple[JobStatus, list[int]]:
+    """:func:`query_job` for the triggerer: file reads in a thread, ssh calls bounded and reusing
+    connections; also returns the nodes it asked over ssh."""
+    import asyncio
+
+    shared = await asyncio.to_thread(shared_statuses, run_dir, len(target.hosts))
+    asked = [i for i, status in enumerate(shared) if status is None]
+    settings = target.settings()
+    results = await run_bounded_async(status_argvs(target, run_dir, asked, mux_dir), limit=settings.fanout,
+                                      timeout=settings.connect_timeout + 30)
+    return decide(merge(shared, asked, results)), asked
 
 
 def stop_job(target: Target, run_dir: str, grace: float = DEFAULT_GRACE) -> list[dict[str, Any]]:
     """Stop every host's node (idempotent: a node already ended is left as it is)."""
-    results = _parallel(stop_argvs(target, run_dir, grace), timeout=target.settings().connect_timeout + grace + 30)
+    settings = target.settings()
+    results = run_bounded(stop_argvs(target, run_dir, grace), limit=settings.fanout,
+                          timeout=settings.connect_timeout + grace + 30)
     return [parse_status(i, *r) for i, r in enumerate(results)]

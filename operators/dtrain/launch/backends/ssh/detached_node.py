@@ -6,9 +6,12 @@ lifetime (the blocking SSH backend's lifeline would stop the job). Instead:
 ``python -m dtrain.launch.backends.ssh.detached_node start --run-dir RD --node N --job-id J [--workdir W] [--grace S] -- AGENT...``
     reads the job's environment as one JSON line on stdin (never in an argv), double-forks
     a daemon in its own session, and returns once the daemon has written its state file.
-    The daemon runs AGENT with its output in ``RD/detached/nodeN.log``; when it ends, it
-    stops anything the agent left and writes ``RD/detached/nodeN.exit.json`` (temp file +
-    rename). SIGTERM stops the whole tree (SIGTERM, ``--grace`` seconds for the ranks to
+    The daemon runs AGENT with its output in ``RD/detached/nodeN.log``; while it runs it
+    touches ``RD/detached/nodeN.beat`` every 5 seconds; when it
+    ends, it stops anything the agent left and writes ``RD/detached/nodeN.exit.json`` (temp
+    file + rename). Exit record and heartbeat are on the shared filesystem, so whoever watches
+    the job reads them there (:func:`status_from_files`) and asks the host over ssh only when
+    the heartbeat is stale. SIGTERM stops the whole tree (SIGTERM, ``--grace`` seconds for the ranks to
     save a checkpoint and exit -- the spec's stop_grace -- then SIGKILL) and is recorded.
 ``... status --run-dir RD --node N [--tail 40]``
     prints one JSON line: ``{"state": "running"|"exited"|"lost"|"unknown", "exit_code", "tail"}``.
@@ -37,6 +40,9 @@ from dtrain.launch.proctree import kill_job, kill_tree
 
 ANNOUNCE = "[dtrain-detached]"
 TAIL_LINES = 40
+HEARTBEAT_S = 5.0
+#: a heartbeat older than this many intervals is stale: only then is the host asked over ssh
+STALE_BEATS = 3
 
 
 def node_dir(run_dir: str) -> str:
@@ -45,7 +51,7 @@ def node_dir(run_dir: str) -> str:
 
 def paths(run_dir: str, node: int) -> dict[str, str]:
     base = os.path.join(node_dir(run_dir), f"node{node}")
-    return {"state": base + ".state.json", "exit": base + ".exit.json", "log": base + ".log"}
+    return {"state": base + ".state.json", "exit": base + ".exit.json", "log": base + ".log", "beat": base + ".beat"}
 
 
 def _write_json(path: str, data: dict) -> None:
@@ -88,6 +94,22 @@ def _daemon_process(state: dict | None):
         return None
 
 
+def _beat(path: str) -> None:
+    with open(path, "a", encoding="utf-8"):
+        pass
+    os.utime(path)
+
+
+def _heartbeat(path: str, interval: float) -> None:
+    """Touch ``path`` every ``interval`` seconds, for as long as the daemon lives (a daemon thread)."""
+    while True:
+        time.sleep(interval)
+        try:
+            _beat(path)
+        except OSError:
+            pass  # the filesystem hiccuped: a stale beat only makes the watcher ask over ssh
+
+
 # -- start -----------------------------------------------------------------------------------
 
 def _daemon(args: argparse.Namespace, env: dict[str, str]) -> None:
@@ -104,6 +126,8 @@ def _daemon(args: argparse.Namespace, env: dict[str, str]) -> None:
         os.dup2(log_fd, 1)
         os.dup2(log_fd, 2)
         me = psutil.Process()
+        _beat(files["beat"])  # before the state file: a started node always has a fresh beat
+        threading.Thread(target=_heartbeat, args=(files["beat"], HEARTBEAT_S), daemon=True).start()
         _write_json(files["state"], {"pid": me.pid, "pgid": os.getpgrp(), "create_time": me.create_time(),
                                      "host": socket.gethostname(), "job_id": args.job_id, "node": args.node})
         environ = dict(os.environ)
@@ -139,7 +163,7 @@ def start(args: argparse.Namespace) -> int:
         return 2
     files = paths(args.run_dir, args.node)
     os.makedirs(node_dir(args.run_dir), exist_ok=True)
-    for key in ("state", "exit"):  # a relaunch in the same run directory starts clean
+    for key in ("state", "exit", "beat"):  # a relaunch in the same run directory starts clean
         try:
             os.unlink(files[key])
         except FileNotFoundError:
@@ -166,14 +190,38 @@ def start(args: argparse.Namespace) -> int:
 
 # -- status / stop ---------------------------------------------------------------------------
 
+def _exited(files: dict[str, str], node: int, record: dict, tail: int) -> dict:
+    code = int(record.get("exit_code", 1))
+    return {"node": node, "state": "exited", "exit_code": code, "stopped_by_signal": record.get("stopped_by_signal"),
+            "tail": _tail(files["log"], tail) if code else []}
+
+
+def status_from_files(run_dir: str, node: int, now: float, stale_after: float, tail: int = TAIL_LINES) -> dict | None:
+    """The node's status from the shared filesystem alone, or None when only its host can tell.
+
+    Exited: its exit record. Running: a heartbeat younger than ``stale_after`` seconds (by this
+    host's clock against the file's mtime: clocks synchronised to well within ``stale_after``,
+    as NTP/chrony keep them; a skewed clock costs an ssh call, never a wrong verdict, because
+    "lost" is only ever decided by the host). None: stale or missing, ask the host.
+    """
+    files = paths(run_dir, node)
+    record = _read_json(files["exit"])
+    if record is not None:
+        return _exited(files, node, record, tail)
+    try:
+        age = now - os.stat(files["beat"]).st_mtime
+    except OSError:
+        return None
+    if age < stale_after:
+        return {"node": node, "state": "running", "exit_code": None, "tail": []}
+    return None
+
+
 def status(run_dir: str, node: int, tail: int = TAIL_LINES) -> dict:
     files = paths(run_dir, node)
     record = _read_json(files["exit"])
     if record is not None:
-        code = int(record.get("exit_code", 1))
-        return {"node": node, "state": "exited", "exit_code": code,
-                "stopped_by_signal": record.get("stopped_by_signal"),
-                "tail": _tail(files["log"], tail) if code else []}
+        return _exited(files, node, record, tail)
     state = _read_json(files["state"])
     if state is None:
         return {"node": node, "state": "unknown", "exit_code": None, "tail": []}

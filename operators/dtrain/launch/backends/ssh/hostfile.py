@@ -22,8 +22,9 @@ import re
 from dataclasses import dataclass
 from typing import Any, Iterable, Sequence
 
-from dtrain.args import coerce_int, mapping_arg
+from dtrain.args import coerce_float, coerce_int, mapping_arg
 from dtrain.errors import SpecError
+from dtrain.launch.backends.ssh.fanout import DEFAULT_FANOUT, MAX_FANOUT
 
 _USER = r"[A-Za-z_][A-Za-z0-9._-]{0,63}"
 # A name or IPv4 address (never starting with '-': it would read as an ssh option), or [IPv6].
@@ -49,9 +50,13 @@ class HostEntry:
         """The address other nodes use to reach this host (brackets of an IPv6 literal removed)."""
         return self.host[1:-1] if self.host.startswith("[") else self.host
 
+    @property
+    def label(self) -> str:
+        """``[user@]host[:port]``: tells apart hosts on one address (error messages)."""
+        return (f"{self.user}@" if self.user else "") + self.host + (f":{self.port}" if self.port else "")
+
     def __str__(self) -> str:
-        text = (f"{self.user}@" if self.user else "") + self.host + (f":{self.port}" if self.port else "")
-        return text + (f" slots={self.slots}" if self.slots is not None else "")
+        return self.label + (f" slots={self.slots}" if self.slots is not None else "")
 
 
 def parse_hostfile_text(text: str, source: str = "hostfile") -> list[HostEntry]:
@@ -131,6 +136,12 @@ class SSHSettings:
         connect_timeout: seconds for each ssh connection.
         python: the interpreter on the hosts (default: this one's path, as on a cluster
             with the same image or a shared installation).
+        fanout: at most this many ssh clients at once for every action on the hosts (start,
+            status, stop, signals, preflight), like pdsh's ``-f`` (default 32): sshd's MaxStartups
+            refuses simultaneous handshakes beyond its limit (10 by default) at random.
+        poll_interval: seconds between the first polls of a deferred job (default 2).
+        max_poll_interval: the poll interval grows by half each poll up to this (default 30):
+            a long job costs the triggerer a few reads a minute.
     """
 
     user: str | None = None
@@ -140,8 +151,12 @@ class SSHSettings:
     strict_host_key_checking: str = "accept-new"
     connect_timeout: int = 10
     python: str | None = None
+    fanout: int = DEFAULT_FANOUT
+    poll_interval: float = 2.0
+    max_poll_interval: float = 30.0
 
-    FIELDS = ("user", "port", "key_file", "known_hosts_file", "strict_host_key_checking", "connect_timeout", "python")
+    FIELDS = ("user", "port", "key_file", "known_hosts_file", "strict_host_key_checking", "connect_timeout", "python",
+              "fanout", "poll_interval", "max_poll_interval")
 
     @classmethod
     def from_mapping(cls, value: Any) -> "SSHSettings":
@@ -178,9 +193,17 @@ class SSHSettings:
         python = v.get("python")
         if python is not None and (not str(python).startswith("/") or "\0" in str(python)):
             raise SpecError("ssh.python", python, "an absolute path to the interpreter on the hosts")
+        fanout = coerce_int("ssh.fanout", v.get("fanout", DEFAULT_FANOUT), minimum=1, maximum=MAX_FANOUT)
+        poll = coerce_float("ssh.poll_interval", v.get("poll_interval", 2.0), minimum=0.0, maximum=3600.0)
+        max_poll = coerce_float("ssh.max_poll_interval", v.get("max_poll_interval", max(30.0, poll)),
+                                minimum=0.0, maximum=3600.0)
+        if max_poll < poll:
+            raise SpecError("ssh.max_poll_interval", v.get("max_poll_interval"),
+                            f"at least poll_interval ({poll:g} s)")
         return cls(user=user, port=port, key_file=None if key_file is None else os.path.abspath(os.path.expanduser(key_file)),
                    known_hosts_file=None if known is None else os.path.abspath(os.path.expanduser(known)),
-                   strict_host_key_checking=strict, connect_timeout=timeout, python=python)
+                   strict_host_key_checking=strict, connect_timeout=timeout, python=python,
+                   fanout=fanout, poll_interval=poll, max_poll_interval=max_poll)
 
     def to_dict(self) -> dict[str, Any]:
         return {name: getattr(self, name) for name in self.FIELDS if getattr(self, name) is not None}
@@ -258,11 +281,12 @@ def resolve_options(options: dict[str, Any], nodes: int, procs_per_node: int) ->
     return normalised | settings.to_dict(), chosen
 
 
-def ssh_argv(settings: SSHSettings, host: HostEntry, remote_command: str) -> list[str]:
-    """``ssh [options] -- HOST 'remote command'``; per-host user/port win over the settings'."""
+def ssh_argv(settings: SSHSettings, host: HostEntry, remote_command: str, mux: Sequence[str] = ()) -> list[str]:
+    """``ssh [options] -- HOST 'remote command'``; per-host user/port win over the settings'.
+    ``mux``: connection-reuse options (see :mod:`.control`)."""
     argv = ["ssh", "-T", "-o", "BatchMode=yes", "-o", f"StrictHostKeyChecking={settings.strict_host_key_checking}",
             "-o", f"ConnectTimeout={settings.connect_timeout}",
-            "-o", "ServerAliveInterval=15", "-o", "ServerAliveCountMax=4", "-o", "LogLevel=ERROR"]
+            "-o", "ServerAliveInterval=15", "-o", "ServerAliveCountMax=4", "-o", "LogLevel=ERROR", *mux]
     if settings.known_hosts_file:
         argv += ["-o", f"UserKnownHostsFile={settings.known_hosts_file}"]
     if settings.key_file:
