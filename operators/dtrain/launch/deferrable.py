@@ -57,6 +57,7 @@ def defer_job(operator, spec: LaunchSpec, context: Mapping | None = None, sink=N
 
     trigger = DistributedJobTrigger(handle=handle.to_dict(),
                                     poll_interval=float(handle.data.get("poll_interval", DEFAULT_POLL_INTERVAL)),
+                                    max_poll_interval=handle.data.get("max_poll_interval"),
                                     hang_timeout=spec.hang_timeout)
     event = trigger.poll_once()
     if event is not None:  # never defer for a job that is already over

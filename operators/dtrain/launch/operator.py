@@ -55,7 +55,8 @@ class DistributedTrainingOperator(ResumableJobMixin, BaseOperator):
             ``ssh``: ``hostfile`` or ``hosts`` (DeepSpeed ``host slots=N`` lines, optionally
             ``user@host:port``), ``conn_id`` (an Airflow SSH connection giving them), ``user``, ``port``,
             ``key_file``, ``known_hosts_file``, ``strict_host_key_checking``, ``connect_timeout``,
-            ``python``. ``slurm``: the fields of :class:`dtrain.launch.backends.slurm.SlurmOptions`.
+            ``python``, ``fanout`` (ssh clients at once, default 32), ``poll_interval`` and
+            ``max_poll_interval`` (deferred polls: 2 s growing to 30 s; see docs/scale.md). ``slurm``: the fields of :class:`dtrain.launch.backends.slurm.SlurmOptions`.
         env: extra environment for every rank (templated).
         deepspeed_config: DeepSpeed JSON config path or dict (templated), validated before launch.
         max_restarts: torchrun worker restarts after a failure.

@@ -50,10 +50,26 @@ def error_payload(handle: JobHandle, reason: str) -> dict[str, Any]:
             "failed_node": None, "reason": reason, "tail": []}
 
 
-class DistributedJobTrigger(BaseTrigger):
-    """Poll a submitted training job (any backend with detached jobs) every ``poll_interval`` seconds."""
+BACKOFF = 1.5  # each poll that finds the job running waits this much longer, up to max_poll_interval
 
-    def __init__(self, handle: Mapping[str, Any], poll_interval: float = 10.0, hang_timeout: float | None = None):
+
+def next_interval(current: float, maximum: float | None) -> float:
+    """The wait after ``current``: half as long again, capped at ``maximum`` (None: no backoff)."""
+    if maximum is None or current >= maximum:
+        return current
+    return min(current * BACKOFF, maximum)
+
+
+class DistributedJobTrigger(BaseTrigger):
+    """Poll a submitted training job (any backend with detached jobs) until it ends.
+
+    The first wait is ``poll_interval`` seconds; each poll that finds the job running waits half
+    as long again, up to ``max_poll_interval`` (None: every wait is ``poll_interval``). A
+    many-hour job is then asked a few times a minute, a short one still ends promptly.
+    """
+
+    def __init__(self, handle: Mapping[str, Any], poll_interval: float = 10.0, hang_timeout: float | None = None,
+                 max_poll_interval: float | None = None):
         super().__init__()
         self.handle = JobHandle.from_dict(handle)
         backend_cls = get_backend_class(self.handle.backend)
@@ -61,11 +77,12 @@ class DistributedJobTrigger(BaseTrigger):
             raise DTrainError(f"backend={self.handle.backend!r} jobs do not outlive their submitter: cannot be deferred")
         self.poll_interval = float(poll_interval)
         self.hang_timeout = None if hang_timeout is None else float(hang_timeout)
+        self.max_poll_interval = None if max_poll_interval is None else float(max_poll_interval)
 
     def serialize(self) -> tuple[str, dict[str, Any]]:
         return (f"{type(self).__module__}.{type(self).__qualname__}",
                 {"handle": self.handle.to_dict(), "poll_interval": self.poll_interval,
-                 "hang_timeout": self.hang_timeout})
+                 "hang_timeout": self.hang_timeout, "max_poll_interval": self.max_poll_interval})
 
     def _backend(self):
         return get_backend_class(self.handle.backend)(sink=self.log.info)
@@ -86,6 +103,7 @@ class DistributedJobTrigger(BaseTrigger):
 
     async def run(self) -> AsyncIterator[TriggerEvent]:
         errors = 0
+        interval = self.poll_interval
         while True:
             try:
                 payload = await self._poll()
@@ -106,8 +124,9 @@ class DistributedJobTrigger(BaseTrigger):
                 await self._backend().async_cancel(self.handle, hang.TEARDOWN_GRACE_S)
                 yield TriggerEvent(hung_payload(self.handle, verdict))
                 return
-            await asyncio.sleep(self.poll_interval if self.hang_timeout is None
-                                else min(self.poll_interval, hang.poll_interval(self.hang_timeout)))
+            await asyncio.sleep(interval if self.hang_timeout is None
+                                else min(interval, hang.poll_interval(self.hang_timeout)))
+            interval = next_interval(interval, self.max_poll_interval)
 
     async def _hang_verdict(self) -> hang.HangVerdict | None:
         """With hang_timeout: the verdict once a rank has been silent that long (its stacks
