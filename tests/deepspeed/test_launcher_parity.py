@@ -90,6 +90,8 @@ def test_a_zero_script_in_deepspeedexamples_style_runs_unchanged_from_the_cli(tm
         assert (r["LOCAL_SIZE"], r["CROSS_RANK"], r["CROSS_SIZE"]) == ("2", "0", "1")
         assert (r["zero_stage"], r["train_batch_size"], r["micro"], r["gas"]) == (2, 8, 2, 2)
         assert r["global_steps"] == 2
+        # DeepSpeed's shared-memory all-reduce buffer (one node, CPU): used, and gone after the job.
+        assert r["shm_buffer_existed"] and not os.path.exists(r["shm_buffer"])
     assert json.load(open(written))["train_batch_size"] == 8  # derived: 2 x 2 x DP 2
 
 
@@ -123,3 +125,22 @@ def test_both_scripts_run_through_the_operator(airflow_db, tmp_path):
     assert {(r["train_batch_size"], r["micro"], r["gas"]) for r in zero.values()} == {(8, 2, 1)}
     # The config the real deepspeed launcher accepts and the old check refused: 256 = 8 x 32 x DP 1.
     assert {(r["train_batch_size"], r["micro"], r["gas"], r["dp"]) for r in pipe.values()} == {(256, 8, 32, 1)}
+
+
+def test_the_rank_wrapper_unlinks_only_its_own_regular_shm_buffer(tmp_path):
+    from dtrain.launch.rank_entry import release_shared_memory
+
+    env = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29511", "RANK": "1"}
+    prefix = f"deepspeed_allreduce_buffer_{os.getuid()}_127.0.0.1_29511_"
+    mine, other = tmp_path / (prefix + "1"), tmp_path / (prefix + "0")
+    mine.write_bytes(b"x")
+    other.write_bytes(b"x")
+    release_shared_memory(env, shm_dir=str(tmp_path))
+    assert not mine.exists() and other.exists()  # rank 0's buffer is rank 0's to remove
+
+    target = tmp_path / "precious"
+    target.write_bytes(b"x")
+    os.symlink(target, mine)  # a planted link under the rank's name: neither followed nor removed
+    release_shared_memory(env, shm_dir=str(tmp_path))
+    assert mine.is_symlink() and target.exists()
+    release_shared_memory({**env, "MASTER_ADDR": "../../etc"}, shm_dir=str(tmp_path))  # no path escapes
