@@ -44,7 +44,7 @@ import time
 from typing import Any, Callable, Mapping, Sequence
 
 from dtrain.errors import LaunchError, SpecError
-from dtrain.launch.backends.base import Backend, DryRunRequest, JobHandle, JobStatus, NodeAccess, run_async
+from dtrain.launch.backends.base import Backend, DryRunRequest, JobHandle, JobStatus, NodeAccess
 from dtrain.launch.backends.ssh import control
 from dtrain.launch.backends.ssh import detached as nodes
 from dtrain.launch.backends.ssh.fanout import run_bounded, run_bounded_async
@@ -329,7 +329,7 @@ class SSHBackend(Backend):
 
     @staticmethod
     def _mux_dir(handle: JobHandle) -> str:
-        return control.control_dir(f"{handle.job_id}\0{handle.run_dir}")
+        return control.control_dir(f"{handle.job_id}\0{handle.run_dir}", create=False)
 
     async def _close_masters(self, target: nodes.Target, mux_dir: str) -> None:
         """End the job's ssh master connections on this host (they would idle out after ControlPersist)."""

@@ -39,10 +39,18 @@ def _private_dir(path: str) -> str:
     return path
 
 
-def control_dir(job_key: str, base: str | None = None) -> str:
-    """The job's private socket directory (created): ``<tmp>/dtrain-ssh-<uid>/<hash of job_key>``."""
-    root = _private_dir(os.path.join(base or tempfile.gettempdir(), f"dtrain-ssh-{os.getuid()}"))
-    return _private_dir(os.path.join(root, hashlib.sha256(job_key.encode()).hexdigest()[:12]))
+def control_dir(job_key: str, base: str | None = None, create: bool = True) -> str:
+    """The job's private socket directory: ``<tmp>/dtrain-ssh-<uid>/<hash of job_key>``, created
+    (and checked) now, or with ``create=False`` by :func:`ensure` when a first ssh call needs it."""
+    path = os.path.join(base or tempfile.gettempdir(), f"dtrain-ssh-{os.getuid()}",
+                        hashlib.sha256(job_key.encode()).hexdigest()[:12])
+    return ensure(path) if create else path
+
+
+def ensure(directory: str) -> str:
+    """Create (or check) the socket directory and its per-user parent: ours, mode 0700, no symlink."""
+    _private_dir(os.path.dirname(directory))
+    return _private_dir(directory)
 
 
 def socket_path(directory: str, node: int) -> str:

@@ -80,7 +80,10 @@ def stop_argvs(target: Target, run_dir: str, grace: float = DEFAULT_GRACE, mux_d
 
 
 def _mux(mux_dir: str | None, node: int) -> list[str]:
-    return [] if mux_dir is None else control.mux_options(control.socket_path(mux_dir, node))
+    if mux_dir is None:
+        return []
+    control.ensure(mux_dir)  # only now: a poll that needs no ssh leaves nothing behind
+    return control.mux_options(control.socket_path(mux_dir, node))
 
 
 def close_argvs(target: Target, mux_dir: str) -> list[list[str]]:
