@@ -3,6 +3,8 @@ every mistake is a SpecError naming where it is and what is allowed, before anyt
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
 from dtrain.errors import SpecError
@@ -153,3 +155,17 @@ def test_hosts_and_settings_from_an_airflow_ssh_connection():
     conn = Connection(conn_id="c", conn_type="ssh", host="a", extra='{"private_key": "-----BEGIN..."}')
     with pytest.raises(SpecError, match="key_file"):
         from_airflow_connection(conn)
+
+
+def test_cli_refuses_a_bad_fanout_with_exit_2_naming_it(tmp_path):
+    import subprocess
+    import sys
+
+    hostfile = tmp_path / "hosts"
+    hostfile.write_text("127.0.0.1 slots=1\n")
+    run_dir = tmp_path / "run"
+    proc = subprocess.run([os.path.join(os.path.dirname(sys.executable), "dtrain"), "launch", "--backend", "ssh",
+                           "--hostfile", str(hostfile), "--ssh-fanout", "0", "--run-dir", str(run_dir), "--",
+                           "python", "-c", "pass"], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2 and "ssh.fanout=0" in proc.stderr and "at least 1" in proc.stderr, proc.stderr
+    assert not run_dir.exists()
