@@ -103,3 +103,50 @@ def test_cached_and_memory_mapped_reads_agree_and_shard_loader_batches(digits_sh
     expected = mapped.get_batch(order)
     assert torch.equal(torch.cat([x for x, _ in batches]), expected[0])
     assert torch.equal(torch.cat([y for _, y in batches]), expected[1])
+
+
+def test_shard_loader_bounds_its_read_ahead_in_bytes(digits_shards):
+    """Large samples must not make a block of `read_ahead` batches hundreds of MB: the block is capped in
+    bytes (at least one batch), and the batches are the same whatever the block size."""
+    from dtrain.training.shards import ShardLoader
+
+    dataset = ShardDataset(digits_shards, cache_bytes=0)
+    assert dataset.sample_nbytes == 64 * 4 + 8  # x float32 (64,), y int64
+    gathered = []
+    get_batch = dataset.get_batch
+    dataset.get_batch = lambda idx: gathered.append(len(idx)) or get_batch(idx)
+    sampler = ShardSampler(len(dataset), num_replicas=1, rank=0, seed=2, drop_last=True)
+    capped = ShardLoader(dataset, batch_size=50, sampler=sampler, read_ahead=64, read_ahead_bytes=3 * 50 * 264 + 1)
+    assert capped.block_batches() == 3
+    batches = list(capped)
+    assert len(batches) == 1437 // 50 and max(gathered) == 150
+    assert ShardLoader(dataset, 4, sampler).block_batches() == 64  # small batches of small samples: below the cap
+    assert ShardLoader(dataset, 50, sampler).block_batches() == (512 << 10) // (50 * 264)  # 512 KiB
+    assert ShardLoader(dataset, 50, sampler, read_ahead_bytes=1).block_batches() == 1
+    whole = ShardLoader(dataset, batch_size=50, sampler=sampler, read_ahead=64)
+    for (x1, y1), (x2, y2) in zip(batches, whole, strict=True):
+        assert torch.equal(x1, x2) and torch.equal(y1, y2)
+
+
+@pytest.mark.parametrize("cache_bytes", [1 << 30, 0], ids=["cached", "mapped"])
+def test_reader_refuses_a_shard_whose_array_differs_from_the_manifest(tmp_path, digits_shards, cache_bytes):
+    """A field file of the right size whose array has another shape is refused with the file named, whether
+    the dataset is read into memory (straight from the files) or memory-mapped."""
+    import shutil
+
+    from dtrain.preprocess.errors import PreprocessError
+
+    copy = str(tmp_path / "copy")
+    shutil.copytree(digits_shards, copy)
+    manifest = json.load(open(os.path.join(copy, "manifest.json"), encoding="utf-8"))
+    victim = os.path.join(copy, manifest["shards"][1]["files"]["x"]["path"])
+    good = np.load(victim)
+    np.save(victim, good.reshape(len(good) * 2, 32))  # same bytes, same header length: only the shape differs
+    assert os.path.getsize(victim) == manifest["shards"][1]["files"]["x"]["bytes"]
+    dataset = ShardDataset(copy, cache_bytes=cache_bytes)
+    assert dataset.cached == bool(cache_bytes)
+    with pytest.raises(PreprocessError, match=r"holds float32 \(400, 32\), manifest says float32 \(200, 64\)"):
+        dataset.get_batch(range(len(dataset)))
+    np.save(victim, good.astype(">f4"))  # another byte order of the same values: converted, not refused
+    x, _ = ShardDataset(copy, cache_bytes=cache_bytes).get_batch(range(200, 400))
+    assert torch.equal(x, torch.from_numpy(good))

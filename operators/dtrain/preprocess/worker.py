@@ -59,9 +59,19 @@ def _excerpt(raw: Any) -> str | None:
 
 
 def _fields(out: Any, spec: dict[str, tuple] | None) -> dict[str, np.ndarray]:
-    """Validate one transform output against the chunk's first good sample."""
+    """Validate one transform output against the chunk's first good sample (``spec``: name -> (dtype, shape))."""
     if not isinstance(out, dict) or not out:
         raise TypeError(f"transform returned {type(out).__name__}, expected a non-empty dict of arrays or None")
+    if spec is not None and out.keys() == spec.keys():  # the common case, checked without building names
+        arrays = {}
+        for name, value in out.items():
+            array = np.asarray(value)
+            dtype, shape = spec[name]
+            if array.dtype != dtype or array.shape != shape:
+                break
+            arrays[name] = array
+        else:
+            return arrays
     arrays = {}
     for name, value in out.items():
         if not isinstance(name, str) or not shardfmt.FIELD_NAME.match(name):
@@ -72,8 +82,9 @@ def _fields(out: Any, spec: dict[str, tuple] | None) -> dict[str, np.ndarray]:
         arrays[name] = array
     if spec is not None:
         got = {n: (a.dtype.name, a.shape) for n, a in arrays.items()}
-        if got != spec:
-            raise ValueError(f"fields {got} differ from this shard's first sample {spec}")
+        want = {n: (d.name, s) for n, (d, s) in spec.items()}
+        if got != want:
+            raise ValueError(f"fields {got} differ from this shard's first sample {want}")
     return arrays
 
 
@@ -100,7 +111,7 @@ def process_chunk(task: dict[str, Any]) -> dict[str, Any]:
                         "excerpt": _excerpt(raw), "partition": task["partition"], "shard": task["name"]})
             continue
         if spec is None:
-            spec = {n: (a.dtype.name, a.shape) for n, a in arrays.items()}
+            spec = {n: (a.dtype, a.shape) for n, a in arrays.items()}
             columns = {n: [] for n in arrays}
         for name, array in arrays.items():
             columns[name].append(array)

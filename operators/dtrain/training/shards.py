@@ -24,11 +24,16 @@ from __future__ import annotations
 
 import bisect
 import hashlib
+import math
 import os
 from typing import Any, Iterator, Sequence
 
 from dtrain.preprocess.errors import PreprocessError
 from dtrain.preprocess.shardfmt import file_sha256, load_manifest
+
+
+DEFAULT_CACHE_BYTES = 32 << 20
+DEFAULT_READ_AHEAD_BYTES = 512 << 10
 
 
 class ShardDataset:
@@ -38,14 +43,16 @@ class ShardDataset:
         directory: the dataset directory (local or a mounted shared filesystem).
         fields: which fields make an item, in order (default ``("x", "y")``).
         verify: recompute every shard's SHA-256 against the manifest before use.
-        cache_bytes: when the chosen fields of the whole dataset fit in this many bytes, each
-            process reads them once into one contiguous array per field (a sequential read of
-            the shards), and a batch is then a single gather per field. Larger datasets stay
-            memory-mapped shard by shard (one gather per shard a batch touches). 0 = always map.
+        cache_bytes: when the chosen fields of the whole dataset fit in this many bytes (default
+            32 MiB), each process reads them once into one contiguous array per field (a
+            sequential read of the shards), and a batch is then a single gather per field. Larger
+            datasets stay memory-mapped shard by shard (one gather per shard a batch touches): their
+            pages are the page cache's, shared by every rank on the node, not a private copy per
+            process. 0 = always map.
     """
 
     def __init__(self, directory: str, fields: Sequence[str] = ("x", "y"), verify: bool = False,
-                 cache_bytes: int = 256 << 20):
+                 cache_bytes: int = DEFAULT_CACHE_BYTES):
         self.directory = os.path.abspath(directory)
         self.manifest = load_manifest(self.directory)
         missing = [f for f in fields if f not in self.manifest["fields"]]
@@ -67,6 +74,8 @@ class ShardDataset:
         self._maps: dict[tuple[int, str], Any] = {}
         self._pid = os.getpid()
         self.nbytes = sum(shard["files"][f]["bytes"] for shard in self.shards for f in self.fields)
+        specs = [self.manifest["fields"][f] for f in self.fields]
+        self.sample_nbytes = sum(np.dtype(s["dtype"]).itemsize * math.prod(s["shape"]) for s in specs)
         self.cached = self.nbytes <= cache_bytes
         self._cache: dict[str, Any] = {}
 
@@ -107,12 +116,42 @@ class ShardDataset:
         self._check_pid()
         array = self._cache.get(field)
         if array is None:
-            import numpy as np
-
-            array = self._cache[field] = np.concatenate([self._array(i, field) for i in range(len(self.shards))])
-            for i in range(len(self.shards)):  # the maps are no longer needed
-                self._maps.pop((i, field), None)
+            array = self._cache[field] = self._read_whole(field)
         return array
+
+    def _read_whole(self, field: str):
+        """Read every shard's file of ``field`` straight into one array: one copy of the data, and no
+        memory map whose pages would sit in this process's memory next to it while it is filled."""
+        import numpy as np
+        from numpy.lib import format as npy
+
+        spec = self.manifest["fields"][field]
+        dtype, shape = np.dtype(spec["dtype"]), tuple(spec["shape"])
+        out = np.empty((len(self), *shape), dtype=dtype)
+        for i, shard in enumerate(self.shards):
+            path = os.path.join(self.directory, shard["files"][field]["path"])
+            part = out[self.offsets[i]:self.offsets[i + 1]]  # a C-contiguous slice of the output
+            with open(path, "rb") as fh:
+                try:
+                    version = npy.read_magic(fh)
+                    read_header = {(1, 0): npy.read_array_header_1_0, (2, 0): npy.read_array_header_2_0}[version]
+                    got_shape, fortran, got_dtype = read_header(fh)
+                except (ValueError, KeyError) as e:
+                    raise PreprocessError(f"shard file {path} is not a .npy file this reader knows: {e}") from e
+                if got_shape != part.shape or got_dtype.name != dtype.name:
+                    raise PreprocessError(f"shard file {path} holds {got_dtype.name} {got_shape}, manifest says "
+                                          f"{dtype.name} {part.shape}")
+                if got_dtype != dtype or (fortran and part.ndim > 1):  # another byte order or layout: numpy converts
+                    part[...] = np.load(path, mmap_mode="r", allow_pickle=False)
+                    continue
+                view = memoryview(part.reshape(-1).view(np.uint8))
+                done = 0
+                while done < len(view):
+                    n = fh.readinto(view[done:])
+                    if not n:
+                        raise PreprocessError(f"shard file {path} is truncated")
+                    done += n
+        return out
 
     def _array(self, shard: int, field: str):
         self._check_pid()
@@ -123,7 +162,13 @@ class ShardDataset:
 
             path = os.path.join(self.directory, self.shards[shard]["files"][field]["path"])
             # A plain ndarray view of the map: np.memmap's own indexing hooks cost more than the gather.
-            array = self._maps[key] = np.load(path, mmap_mode="r", allow_pickle=False).view(np.ndarray)
+            array = np.load(path, mmap_mode="r", allow_pickle=False).view(np.ndarray)
+            spec = self.manifest["fields"][field]
+            want = (self.shards[shard]["num_samples"], *spec["shape"])
+            if array.shape != want or array.dtype.name != spec["dtype"]:
+                raise PreprocessError(f"shard file {path} holds {array.dtype} {array.shape}, manifest says "
+                                      f"{spec['dtype']} {want}")
+            self._maps[key] = array
         return array
 
     def _locate(self, index: int) -> tuple[int, int]:
@@ -236,6 +281,10 @@ class ShardSampler:
 class ShardLoader:
     """Batches of a ShardDataset, read ``read_ahead`` batches at a time with one gather per field.
 
+    ``read_ahead_bytes`` (default 512 KiB) bounds that block: with large samples (images) it holds
+    fewer batches, at least one. 64 batches of 256 images of 12 KiB would be a 200 MB block,
+    held twice while the next one is gathered, and slower to gather than one batch at a time.
+
     Iterating it once is one epoch in the sampler's current order (call ``sampler.set_epoch``
     before each). Yields tuples of batched tensors, like a DataLoader with the default collate,
     but with no per-sample work and no per-batch gather: a batch is a slice of the read-ahead
@@ -243,12 +292,18 @@ class ShardLoader:
     """
 
     def __init__(self, dataset: ShardDataset, batch_size: int, sampler: Any = None, drop_last: bool = True,
-                 read_ahead: int = 64, pin_memory: bool = False):
-        if batch_size < 1 or read_ahead < 1:
-            raise ValueError(f"batch_size={batch_size} and read_ahead={read_ahead} must be at least 1")
+                 read_ahead: int = 64, pin_memory: bool = False, read_ahead_bytes: int = DEFAULT_READ_AHEAD_BYTES):
+        if batch_size < 1 or read_ahead < 1 or read_ahead_bytes < 1:
+            raise ValueError(f"batch_size={batch_size}, read_ahead={read_ahead} and read_ahead_bytes="
+                             f"{read_ahead_bytes} must be at least 1")
         self.dataset, self.batch_size, self.drop_last = dataset, batch_size, drop_last
         self.sampler = sampler if sampler is not None else ShardSampler(len(dataset))
-        self.read_ahead, self.pin_memory = read_ahead, pin_memory
+        self.read_ahead, self.pin_memory, self.read_ahead_bytes = read_ahead, pin_memory, read_ahead_bytes
+
+    def block_batches(self) -> int:
+        """Batches gathered at once: ``read_ahead``, fewer when that would exceed ``read_ahead_bytes`` (at least 1)."""
+        batch_bytes = self.batch_size * max(1, getattr(self.dataset, "sample_nbytes", 0))
+        return max(1, min(self.read_ahead, self.read_ahead_bytes // batch_bytes))
 
     def __len__(self) -> int:
         n = len(self.sampler)
@@ -259,7 +314,7 @@ class ShardLoader:
 
         order = self.sampler.indices_array() if hasattr(self.sampler, "indices_array") else np.fromiter(self.sampler, np.int64)
         indices = order[: len(self) * self.batch_size]
-        block = self.batch_size * self.read_ahead
+        block = self.batch_size * self.block_batches()
         for start in range(0, len(indices), block):
             arrays = self.dataset.get_batch(indices[start:start + block])
             if self.pin_memory:
