@@ -7,7 +7,7 @@ cd "$(dirname "$0")/.."
 ROOT=$PWD
 PY=${PYTHON:-python3}
 
-# Extras to install: `test` unless DTRAIN_EXTRAS says otherwise (opt-in, e.g. DTRAIN_EXTRAS=test,bench for
+# Extras to install: `test` unless DTRAIN_EXTRAS says otherwise (opt-in, e.g. DTRAIN_EXTRAS=bench in a clone of its own for
 # bench/data_formats.py's peers; scripts/test.sh and CI never set it).
 EXTRAS=${DTRAIN_EXTRAS:-test}
 case "$EXTRAS" in
