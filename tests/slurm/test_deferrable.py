@@ -124,7 +124,7 @@ def test_trigger_serializes_primitives_and_reattaches_after_restart(slurm, tmp_p
     first = DistributedJobTrigger(handle=handle.to_dict(), poll_interval=0.3)
     classpath, kwargs = first.serialize()
     assert json.loads(json.dumps(kwargs)) == kwargs  # primitives only
-    assert kwargs == {"handle": handle.to_dict(), "poll_interval": 0.3, "hang_timeout": None}
+    assert kwargs == {"handle": handle.to_dict(), "poll_interval": 0.3, "hang_timeout": None, "max_poll_interval": None}
     assert kwargs["handle"]["backend"] == "slurm" and kwargs["handle"]["run_dir"] == job.run_dir
 
     async def first_life():
