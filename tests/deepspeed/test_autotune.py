@@ -5,6 +5,7 @@ from XCom; and the CLI."""
 
 from __future__ import annotations
 
+import glob
 import json
 import os
 import shutil
@@ -135,6 +136,12 @@ def test_the_cli_tunes_and_writes_the_optimum(tmp_path):
     results = tmp_path / "w" / "autotuning_results"
     assert json.load(open(output)) == json.load(open(results / "ds_config_optimal.json"))
     assert "| global " in out.stdout and "optimal config (z0_gas1_tmbspg1, throughput " in out.stdout
+    # DeepSpeed's CPU all-reduce left a 67 MB /dev/shm buffer per experiment; the runner removed them.
+    from dtrain.autotune.results import experiment_ports
+
+    ports = experiment_ports(str(results))
+    assert len(ports) >= 2, ports  # the profiling run and at least one tuning experiment
+    assert [p for port in ports for p in glob.glob(f"/dev/shm/deepspeed_allreduce_buffer_{os.getuid()}_*_{port}_*")] == []
 
 
 def test_the_cli_reports_bad_input_with_exit_2(tmp_path):

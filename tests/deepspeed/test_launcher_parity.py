@@ -128,7 +128,7 @@ def test_both_scripts_run_through_the_operator(airflow_db, tmp_path):
 
 
 def test_the_rank_wrapper_unlinks_only_its_own_regular_shm_buffer(tmp_path):
-    from dtrain.launch.rank_entry import release_shared_memory
+    from dtrain.launch.ds_shm import release_rank as release_shared_memory
 
     env = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29511", "RANK": "1"}
     prefix = f"deepspeed_allreduce_buffer_{os.getuid()}_127.0.0.1_29511_"
@@ -144,3 +144,15 @@ def test_the_rank_wrapper_unlinks_only_its_own_regular_shm_buffer(tmp_path):
     release_shared_memory(env, shm_dir=str(tmp_path))
     assert mine.is_symlink() and target.exists()
     release_shared_memory({**env, "MASTER_ADDR": "../../etc"}, shm_dir=str(tmp_path))  # no path escapes
+
+
+def test_the_autotuner_s_experiment_buffers_go_by_their_master_ports(tmp_path):
+    from dtrain.launch.ds_shm import release_ports
+
+    uid = os.getuid()
+    for port in (41000, 41001, 41002):
+        for rank in (0, 1):
+            (tmp_path / f"deepspeed_allreduce_buffer_{uid}_127.0.0.1_{port}_{rank}").write_bytes(b"x")
+    assert release_ports([41000, 41001], shm_dir=str(tmp_path)) == 4
+    assert sorted(p.name for p in tmp_path.iterdir()) == [f"deepspeed_allreduce_buffer_{uid}_127.0.0.1_41002_{r}"
+                                                          for r in (0, 1)]

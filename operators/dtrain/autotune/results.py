@@ -78,6 +78,26 @@ def experiment(directory: str) -> dict[str, Any]:
     return out
 
 
+def experiment_ports(results_dir: str) -> list[int]:
+    """The master port of every experiment (its exp.json), for cleaning up after them."""
+    ports = []
+    try:
+        names = sorted(os.listdir(results_dir))
+    except OSError:
+        return []
+    for name in names:
+        path = os.path.join(results_dir, name, "exp.json")
+        if not os.path.isfile(path):
+            continue
+        try:
+            port = _json(path).get("master_port")
+        except (AutotuneError, ValueError, AttributeError, OSError):
+            continue
+        if isinstance(port, int) and 0 < port < 65536:
+            ports.append(port)
+    return ports
+
+
 def read_results(results_dir: str) -> dict[str, Any]:
     """Everything the XCom hand-off needs; AutotuneError naming the failed experiments when no optimum exists."""
     if not os.path.isdir(results_dir):

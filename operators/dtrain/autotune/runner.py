@@ -164,6 +164,15 @@ def autotune_env(spec: AutotuneSpec, environ: Mapping[str, str] | None = None) -
     return env
 
 
+def release_experiment_buffers(results_dir: str) -> None:
+    """The experiments' DeepSpeed shm buffers (see dtrain.launch.ds_shm), by the master port each
+    experiment recorded in its exp.json (the autotuner gives experiment k the port + k)."""
+    from dtrain.autotune.results import experiment_ports
+    from dtrain.launch.ds_shm import release_ports
+
+    release_ports(experiment_ports(results_dir))
+
+
 def run_autotune(spec: AutotuneSpec, sink: Callable[[str], None] = print,
                  started: Callable[[subprocess.Popen], None] | None = None) -> dict[str, Any]:
     """Write the config (and hostfile), run DeepSpeed's autotuner in ``work_dir``, return its results."""
@@ -194,6 +203,7 @@ def run_autotune(spec: AutotuneSpec, sink: Callable[[str], None] = print,
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
+        release_experiment_buffers(os.path.join(spec.work_dir, RESULTS_DIR))
     result = read_results(os.path.join(spec.work_dir, RESULTS_DIR))
     result["exit_code"] = code
     return result

@@ -11,9 +11,8 @@ torchrun (or mpirun) starts this in place of the user's command, on every rank. 
 * streams the command's stdout and stderr line by line, prefixed ``[nodeN rankR]``;
 * writes an exit record (code, time, whether it was told to stop, last lines) into
   ``$DTRAIN_RUN_DIR/exits`` so the launcher can name the rank that failed first;
-* removes the rank's DeepSpeed shared-memory all-reduce buffer once the command has ended:
-  DeepSpeed (0.19) creates ``/dev/shm/deepspeed_allreduce_buffer_<uid>_<addr>_<port>_<rank>``
-  for a single-node CPU job and never unlinks it (67 MB of RAM per rank per job);
+* removes the rank's DeepSpeed shared-memory all-reduce buffer once the command has ended
+  (see dtrain.launch.ds_shm: DeepSpeed never does, 67 MB of RAM per rank per job);
 * marks the rank as progressing whenever it prints a line, and, when the launcher asks for
   stack dumps (a hang), makes sure this rank's dump exists: the training helper's own, or
   ``py-spy dump`` of the command, or a note saying why there is none (see dtrain.launch.hang).
@@ -29,13 +28,12 @@ import json
 import os
 import shutil
 import signal
-import stat
 import subprocess
 import sys
 import threading
 import time
 
-from dtrain.launch import hang, placeholders
+from dtrain.launch import ds_shm, hang, placeholders
 from dtrain.launch.env_contract import contract_from_env, deepspeed_launcher_env
 
 TAIL_LINES = 40
@@ -180,26 +178,6 @@ class RankProcess:
         os.replace(tmp, os.path.join(exits, name))
 
 
-SHM_DIR = "/dev/shm"
-
-
-def release_shared_memory(environ: dict[str, str], shm_dir: str = SHM_DIR) -> None:
-    """Unlink this rank's DeepSpeed all-reduce buffer, named as DeepSpeed's shm.cpp names it, if it
-    is a regular file of ours (never a symlink or someone else's). Other ranks that still map it
-    keep their mapping; only the name goes."""
-    name = "deepspeed_allreduce_buffer_{}_{}_{}_{}".format(os.getuid(), environ.get("MASTER_ADDR", ""),
-                                                           environ.get("MASTER_PORT", ""), environ.get("RANK", ""))
-    if "/" in name:
-        return
-    path = os.path.join(shm_dir, name)
-    try:
-        info = os.lstat(path)
-        if stat.S_ISREG(info.st_mode) and info.st_uid == os.getuid():
-            os.unlink(path)
-    except OSError:
-        pass
-
-
 def main(argv: list[str] | None = None) -> int:
     command = list(sys.argv[1:] if argv is None else argv)
     if command and command[0] == "--":
@@ -222,7 +200,7 @@ def main(argv: list[str] | None = None) -> int:
     for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         signal.signal(signum, rank.forward)
     code = rank.run()
-    release_shared_memory(environ)
+    ds_shm.release_rank(environ)
     rank.write_exit_record(code)
     return code
 
