@@ -47,6 +47,7 @@ from dtrain.launch.launcher import Launcher  # noqa: E402
 from dtrain.launch.spec import LaunchSpec  # noqa: E402
 from dtrain.launch.trigger import DistributedJobTrigger  # noqa: E402
 from tests.remote.sshd_cluster import start_cluster  # noqa: E402
+from tests.support import poll_until  # noqa: E402
 
 RANK = os.path.join(REPO, "bench", "scripts", "scale_rank.py")
 SPAWNED = [0]  # processes the event loop started (ssh clients): counted by the wrapper below
@@ -111,15 +112,6 @@ def job_processes(job_id: str) -> list[psutil.Process]:
     return found
 
 
-def wait_until(predicate, timeout: float, interval: float = 0.05) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(interval)
-    return predicate()
-
-
 async def previous_release_poll(handle, stop_at: float) -> None:
     """The trigger loop before this release: every host asked over ssh, all at once, every 2 s."""
     target = nodes.Target(hosts=tuple(handle.data["hosts"]), ssh=dict(handle.data["ssh"]))
@@ -167,7 +159,7 @@ def measure(n: int, work: str, window: float, fanout: int) -> dict:
         with PeakChildren({host.proc.pid for host in cluster.hosts}) as peak:
             handle = launcher.submit_detached()
         submitted = time.time() - started
-        if not wait_until(lambda: os.path.isdir(running) and len(os.listdir(running)) == n, timeout=900, interval=0.1):
+        if not poll_until(lambda: os.path.isdir(running) and len(os.listdir(running)) == n, timeout=900, interval=0.1):
             raise SystemExit(f"N={n}: only {len(os.listdir(running)) if os.path.isdir(running) else 0} ranks ran")
         launch = max(float(open(os.path.join(running, f)).read()) for f in os.listdir(running)) - started
         time.sleep(1)  # let the ranks settle into their idle loop: the windows below measure the watcher
@@ -175,7 +167,7 @@ def measure(n: int, work: str, window: float, fanout: int) -> dict:
         after = watch_cost(this_release_trigger, handle, window)
         stop_started = time.monotonic()
         launcher.backend.cancel(handle, grace=2)
-        if not wait_until(lambda: not job_processes(handle.job_id), timeout=120):
+        if not poll_until(lambda: not job_processes(handle.job_id), timeout=120, interval=0.05):
             raise SystemExit(f"N={n}: processes of the job are left after the cancel")
         teardown = time.monotonic() - stop_started
         return {"n": n, "start": submitted, "launch": launch, "peak": peak.peak, "teardown": teardown, "before": before, "after": after}
