@@ -8,7 +8,8 @@ torchrun (or mpirun) starts this in place of the user's command, on every rank. 
   dtrain.launch.placeholders) and appends ``--local_rank=N`` when the launch asked for it;
 * runs the command as an argv list (no shell), in this process group, and makes the
   kernel kill it if this wrapper dies (PR_SET_PDEATHSIG), so no rank outlives its agent;
-* streams the command's stdout and stderr line by line, prefixed ``[nodeN rankR]``;
+* streams the command's stdout and stderr line by line, prefixed ``[nodeN rankR]``, and keeps
+  them in ``$DTRAIN_RUN_DIR/logs/rank<R>.log`` (dtrain.launch.ranklog; the Training tab's tails);
 * writes an exit record (code, time, whether it was told to stop, last lines) into
   ``$DTRAIN_RUN_DIR/exits`` so the launcher can name the rank that failed first;
 * removes the rank's DeepSpeed shared-memory all-reduce buffer once the command has ended
@@ -34,6 +35,7 @@ import threading
 import time
 
 from dtrain.launch import ds_shm, hang, placeholders
+from dtrain.launch.ranklog import RankLog
 from dtrain.launch.env_contract import contract_from_env, deepspeed_launcher_env
 
 TAIL_LINES = 40
@@ -75,6 +77,10 @@ class RankProcess:
         self.stop_signal: int | None = None
         run_dir = environ.get("DTRAIN_RUN_DIR")
         self.progress = hang.ProgressToucher(hang.progress_dir(run_dir), environ.get("RANK", "x")) if run_dir else None
+        restart = environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+        self.log = RankLog(run_dir, environ.get("RANK", "x"),
+                           header=f"rank {environ.get('RANK', '?')} on node {environ.get('NODE_RANK', '?')} started "
+                                  f"(job {environ.get('DTRAIN_JOB_ID', '?')}, restart {restart})") if run_dir else None
         self.proc = subprocess.Popen(
             resolve_argv(command), env=environ, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
             preexec_fn=_die_with_parent,
@@ -88,6 +94,8 @@ class RankProcess:
                 self.progress.touch()
             with self.tail_lock:
                 self.tail.append(line.decode(errors="replace").rstrip("\n"))
+            if self.log is not None:
+                self.log.write(line if line.endswith(b"\n") else line + b"\n")
             sink.write(self.prefix + line if line.endswith(b"\n") else self.prefix + line + b"\n")
             sink.flush()
 
@@ -121,6 +129,8 @@ class RankProcess:
         code = self.proc.wait()
         for t in pumps:
             t.join(timeout=5)
+        if self.log is not None:
+            self.log.close()
         return 128 - code if code < 0 else code
 
     def ensure_stack_dump(self, directory: str) -> None:
