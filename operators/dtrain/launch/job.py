@@ -12,6 +12,10 @@ from dtrain.launch.spec import LaunchSpec
 from dtrain.launch.torchrun import AGENT_ENV
 
 
+#: XCom key under which the training operator records where its job writes (the Training tab reads it)
+RUN_RECORD_KEY = "dtrain_run"
+
+
 def dtrain_home() -> str:
     return os.environ.get("DTRAIN_HOME") or os.path.join(os.path.expanduser("~"), ".dtrain")
 
@@ -34,6 +38,16 @@ class Job:
     @property
     def exits_dir(self) -> str:
         return os.path.join(self.run_dir, "exits")
+
+
+def run_record(spec: LaunchSpec) -> dict:
+    """What the operator records (XCom :data:`RUN_RECORD_KEY`) before it launches: the run directory
+    every file of the job lies under, and the job's shape. Primitives only."""
+    return {
+        "run_dir": os.path.abspath(spec.run_dir or ""), "backend": spec.backend, "nodes": spec.nodes,
+        "procs_per_node": spec.procs_per_node, "world_size": spec.world_size, "distribution": spec.distribution,
+        "hang_timeout": spec.hang_timeout,
+    }
 
 
 def prepare_job(spec: LaunchSpec, *, create: bool = True) -> Job:

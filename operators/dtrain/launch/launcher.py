@@ -13,6 +13,7 @@ from typing import Any
 from dtrain.errors import LaunchError
 from dtrain.launch import hang
 from dtrain.launch.backends import Backend, BackendOutcome, JobHandle, backend_for
+from dtrain.launch.exits import first_failure_of
 from dtrain.launch.job import Job, prepare_job
 from dtrain.launch.processes import LineSink, print_sink
 from dtrain.launch.spec import LaunchSpec
@@ -69,8 +70,7 @@ def first_failure(exits_dir: str) -> dict[str, Any] | None:
                 records.append(json.load(fh))
         except (OSError, ValueError):
             continue
-    failed = [r for r in records if r.get("exit_code") and not r.get("stopped_by_signal")]
-    return min(failed, key=lambda r: r["time"]) if failed else None
+    return first_failure_of(records)
 
 
 def read_metrics(metrics_dir: str) -> dict[str, Any]:

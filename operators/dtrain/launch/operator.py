@@ -184,6 +184,7 @@ class DistributedTrainingOperator(ResumableJobMixin, BaseOperator):
         from dtrain.launch.launcher import Launcher
 
         spec = self.build_spec(context)  # raises SpecError before anything starts
+        self._record_run(spec, context)
         if self.deferrable:
             from dtrain.launch.deferrable import defer_job
 
@@ -202,6 +203,15 @@ class DistributedTrainingOperator(ResumableJobMixin, BaseOperator):
                       result.world_size, result.duration_s, result.checkpoint_dir, result.metrics)
         self.last_result = result.to_xcom()
         return self.last_result
+
+    def _record_run(self, spec, context) -> None:
+        """Where the job writes, in XCom before it starts: the Training tab (dtrain.ui) reads the
+        run directory from this record, never from a request, while the job runs and after it failed."""
+        from dtrain.launch.job import RUN_RECORD_KEY, run_record
+
+        ti = (context or {}).get("ti")
+        if ti is not None:
+            ti.xcom_push(key=RUN_RECORD_KEY, value=run_record(spec))
 
     def on_kill(self) -> None:
         if self._launcher is not None:

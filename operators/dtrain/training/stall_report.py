@@ -68,13 +68,25 @@ def _rank_stats(rank: int, records: list[dict[str, Any]], skip_first: int) -> di
 def summarize(metrics_dir: str, *, skip_first: int = 5, cpu_bottleneck_threshold: float = CPU_BOTTLENECK_THRESHOLD,
               load_balancing_ratio: float = LOAD_BALANCING_RATIO) -> dict[str, Any]:
     """Per-rank figures and the two rules' verdicts; every value a JSON primitive (XCom-able)."""
-    ranks = []
+    per_rank = {}
     for path in glob.glob(os.path.join(metrics_dir, "rank*.jsonl")):
         match = RANK_FILE.match(os.path.basename(path))
         if match:
-            stats = _rank_stats(int(match.group(1)), _read_rank(path), skip_first)
-            if stats:
-                ranks.append(stats)
+            per_rank[int(match.group(1))] = _read_rank(path)
+    return summarize_records(per_rank, metrics_dir, skip_first=skip_first,
+                             cpu_bottleneck_threshold=cpu_bottleneck_threshold,
+                             load_balancing_ratio=load_balancing_ratio)
+
+
+def summarize_records(per_rank: dict[int, list[dict[str, Any]]], metrics_dir: str = "", *, skip_first: int = 5,
+                      cpu_bottleneck_threshold: float = CPU_BOTTLENECK_THRESHOLD,
+                      load_balancing_ratio: float = LOAD_BALANCING_RATIO) -> dict[str, Any]:
+    """:func:`summarize` over records already read (rank -> its metrics records, in step order)."""
+    ranks = []
+    for rank, records in per_rank.items():
+        stats = _rank_stats(rank, [r for r in records if isinstance(r.get("step_time_s"), (int, float))], skip_first)
+        if stats:
+            ranks.append(stats)
     ranks.sort(key=lambda r: r["rank"])
 
     bottlenecked = [r["rank"] for r in ranks if r["data_wait_fraction"] > cpu_bottleneck_threshold]
