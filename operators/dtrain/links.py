@@ -4,10 +4,12 @@ In Airflow 3 a link is computed on the worker right after the task succeeds (get
 and stored in XCom for the UI; the training operator keeps its last result on itself,
 so the link needs no extra lookup. Locations are turned into URLs by templates the
 deployment sets, because only it knows how its shared filesystem and TensorBoard are
-served:
+served; the "Training" link needs no setting: it opens the task instance's Training tab
+(dtrain.ui), which shows the metrics, verdicts, logs and checkpoints the job wrote:
 
-* ``DTRAIN_STORAGE_URL`` (or ``AIRFLOW__DTRAIN__STORAGE_URL``), e.g. ``https://files.example/{path}``;
-  default ``file://{path}``.
+* ``DTRAIN_STORAGE_URL`` (or ``AIRFLOW__DTRAIN__STORAGE_URL``), e.g. ``https://files.example/{path}``:
+  a "Checkpoints" link to the checkpoint directory; none when unset (a ``file://`` link is one no
+  browser opens from a web page).
 * ``DTRAIN_TENSORBOARD_URL`` (or ``AIRFLOW__DTRAIN__TENSORBOARD_URL``), e.g.
   ``http://tensorboard:6006/?regexInput={job_id}``; no TensorBoard link when unset.
 """
@@ -36,8 +38,9 @@ def _setting(name: str) -> str | None:
 
 
 def storage_url(path: str) -> str:
-    template = _setting("STORAGE_URL") or "file://{path}"
-    return template.format(path=quote(path))
+    """The deployment's URL of a path on the shared filesystem ('' when it serves none)."""
+    template = _setting("STORAGE_URL")
+    return template.format(path=quote(path)) if template else ""
 
 
 def _result(operator: Any) -> dict[str, Any]:
@@ -52,12 +55,15 @@ class CheckpointLink(BaseOperatorLink):
         return storage_url(result["checkpoint_dir"]) if result.get("checkpoint_dir") else ""
 
 
-class MetricsLink(BaseOperatorLink):
-    name = "Training metrics"
+class TrainingLink(BaseOperatorLink):
+    """The task instance's Training tab in the Airflow UI (per-rank curves, verdicts, logs, checkpoints)."""
+
+    name = "Training"
 
     def get_link(self, operator, *, ti_key) -> str:
-        result = _result(operator)
-        return storage_url(result["metrics_dir"]) if result.get("metrics_dir") else ""
+        from dtrain.ui import training_tab_url
+
+        return training_tab_url(ti_key.dag_id, ti_key.run_id, ti_key.task_id, ti_key.map_index)
 
 
 class TensorBoardLink(BaseOperatorLink):
@@ -70,4 +76,4 @@ class TensorBoardLink(BaseOperatorLink):
         return template.format(job_id=quote(str(result.get("job_id", ""))), run_dir=quote(str(result.get("run_dir", ""))))
 
 
-LINKS = [CheckpointLink(), MetricsLink(), TensorBoardLink()]
+LINKS = [TrainingLink(), CheckpointLink(), TensorBoardLink()]

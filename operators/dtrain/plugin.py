@@ -1,4 +1,8 @@
-"""The Airflow plugin: template macros and the training operator's extra links.
+"""The Airflow plugin: template macros, the training operator's extra links, and the UI pages.
+
+Pages (dtrain.ui): a "Training" tab on every task instance (``external_views`` with destination
+``task_instance``) and a "Retraining" page in the navigation, both served with their JSON API
+by the plugin's FastAPI app under ``/dtrain`` (built on its first request).
 
 Macros, in any templated field: ``{{ macros.dtrain.scaled_lr(0.1, 256, 32) }}`` and
 ``{{ macros.dtrain.global_batch_size(32, params.nodes, params.procs_per_node) }}``.
@@ -19,6 +23,7 @@ from __future__ import annotations
 from airflow.plugins_manager import AirflowPlugin
 
 from dtrain.links import LINKS, MACROS
+from dtrain.ui import URL_PREFIX, LazyApp, external_views, ui_base
 
 ENTRY_POINT_GROUP = "airflow.plugins"
 ENTRY_POINT_VALUE = "dtrain.plugin:DTrainPlugin"
@@ -28,6 +33,8 @@ class DTrainPlugin(AirflowPlugin):
     name = "dtrain"
     macros = MACROS
     operator_extra_links = LINKS
+    fastapi_apps = [{"app": LazyApp(), "url_prefix": URL_PREFIX, "name": "dtrain"}]
+    external_views = external_views(ui_base())
 
 
 def registered_by_entry_point() -> bool:

@@ -48,7 +48,7 @@ def get_provider_info() -> dict:
         ],
         "extra-links": [
             "dtrain.links.CheckpointLink",
-            "dtrain.links.MetricsLink",
+            "dtrain.links.TrainingLink",
             "dtrain.links.TensorBoardLink",
         ],
     }

@@ -1,0 +1,220 @@
+"""The plugin's FastAPI app, mounted by Airflow's API server under ``/dtrain``.
+
+Pages (shown by the Airflow UI in an iframe; see dtrain.plugin):
+
+* ``GET /dtrain/ti?dag_id&run_id&task_id&map_index``: the Training tab of one task instance;
+* ``GET /dtrain/retraining``: the Retraining page (every retraining pipeline the user may read).
+
+JSON API (what the pages use; other tools may call it with an Airflow token):
+
+* ``GET /dtrain/api/ti/summary``: the job (backend, shape, state, duration, result), the failing
+  rank and its tail, the hang verdict and which stack dumps exist, the stall report, checkpoints;
+* ``GET /dtrain/api/ti/curves?since_step=N``: per-rank points of loss, samples/s, data-wait fraction;
+* ``GET /dtrain/api/ti/logs?lines=N``: the last lines of each rank's log;
+* ``GET /dtrain/api/ti/stack?rank=R``: a rank's stack dump (text);
+* ``GET /dtrain/api/ti/plot/{curve}.svg``: one curve, a line per rank;
+* ``GET /dtrain/api/retraining`` and ``/dtrain/api/retraining/plot.svg?dag_id``.
+
+Every ``ti`` endpoint takes the task instance as query parameters and is guarded by Airflow's own
+``requires_access_dag`` (reading that DAG's task instances; logs and stacks need its task logs), so
+the deployment's auth manager decides; the retraining endpoints list only the DAGs the auth manager
+says the user may read. Files are located from the task instance's recorded XCom, never from the
+request (dtrain.ui.rundir reads them without following symlinks, bounded).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import stat
+from html import escape
+from importlib import resources
+from typing import Annotated, Any
+
+from fastapi import Depends, FastAPI, HTTPException, Query, Request
+from fastapi.responses import HTMLResponse, JSONResponse, PlainTextResponse, Response
+
+from airflow.api_fastapi.auth.managers.models.resource_details import DagAccessEntity
+from airflow.api_fastapi.common.db.common import SessionDep
+from airflow.api_fastapi.core_api.security import GetUserDep, requires_access_dag, requires_authenticated
+
+from dtrain.launch.job import RUN_RECORD_KEY
+from dtrain.ui import plots, retraining, store, training, ui_base
+from dtrain.ui.rundir import RunDir, UnsafeRunDir
+
+#: what a page may load: its own scripts and styles (matplotlib's SVG uses style attributes), framed
+#: only by the Airflow UI of the same origin
+CSP = ("default-src 'none'; script-src 'self'; style-src 'self' 'unsafe-inline'; img-src 'self' data:; "
+       "connect-src 'self'; frame-ancestors 'self'; base-uri 'none'; form-action 'none'")
+MAP_INDEX = re.compile(r"-?\d{1,9}")
+MAX_ID = 250  # Airflow's ID_LEN
+STATIC = {"training.js": "text/javascript", "retraining.js": "text/javascript", "dtrain.css": "text/css"}
+#: the published metrics.json is written by dtrain.pipeline.publish; a larger one is not ours
+MAX_PUBLISHED_BYTES = 4 << 20
+
+read_ti = Depends(requires_access_dag("GET", DagAccessEntity.TASK_INSTANCE))
+read_logs = Depends(requires_access_dag("GET", DagAccessEntity.TASK_LOGS))
+read_runs = Depends(requires_access_dag("GET", DagAccessEntity.RUN))
+authenticated = Depends(requires_authenticated())
+
+
+class TaskInstanceRef:
+    """The task instance a ``ti`` request is about (query parameters, checked)."""
+
+    def __init__(self, dag_id: Annotated[str, Query(max_length=MAX_ID)], run_id: Annotated[str, Query(max_length=MAX_ID)],
+                 task_id: Annotated[str, Query(max_length=MAX_ID)], map_index: Annotated[str, Query(max_length=12)] = "-1"):
+        # The UI leaves {MAP_INDEX} in the link of a task that is not mapped.
+        if map_index in ("", "{MAP_INDEX}"):
+            map_index = "-1"
+        if not MAP_INDEX.fullmatch(map_index):
+            raise HTTPException(422, f"map_index={map_index!r}: an integer (-1 for a task that is not mapped)")
+        for name, value in (("dag_id", dag_id), ("run_id", run_id), ("task_id", task_id)):
+            if not value or "\0" in value:
+                raise HTTPException(422, f"{name}={value!r}: a non-empty id")
+        self.dag_id, self.run_id, self.task_id, self.map_index = dag_id, run_id, task_id, int(map_index)
+
+    def query(self) -> dict[str, Any]:
+        return {"dag_id": self.dag_id, "run_id": self.run_id, "task_id": self.task_id, "map_index": self.map_index}
+
+
+TIRef = Annotated[TaskInstanceRef, Depends()]
+
+
+def _secure(response: Response) -> Response:
+    response.headers["Content-Security-Policy"] = CSP
+    response.headers["X-Content-Type-Options"] = "nosniff"
+    response.headers["Cache-Control"] = "no-store"
+    return response
+
+
+def _json(data: Any) -> Response:
+    return _secure(JSONResponse(data))
+
+
+def _records(session, ref: TaskInstanceRef) -> tuple[dict[str, Any], dict[str, Any]]:
+    ti = store.task_instance(session, ref.dag_id, ref.run_id, ref.task_id, ref.map_index)
+    if ti is None:
+        raise HTTPException(404, f"no task instance {ref.dag_id}/{ref.run_id}/{ref.task_id}[{ref.map_index}]")
+    return ti, store.xcoms(session, ref.dag_id, ref.run_id, ref.task_id, ref.map_index,
+                           (RUN_RECORD_KEY, "return_value", "hang"))
+
+
+def _run_dir(records: dict[str, Any]) -> RunDir | None:
+    """The run directory the task recorded before it launched (None: it launched no job)."""
+    record = records.get(RUN_RECORD_KEY)
+    if not isinstance(record, dict):
+        return None
+    try:
+        return RunDir(record.get("run_dir"))
+    except UnsafeRunDir:
+        return None
+
+
+def _require_run(session, ref: TaskInstanceRef) -> RunDir:
+    run = _run_dir(_records(session, ref)[1])
+    if run is None:
+        raise HTTPException(404, f"task {ref.task_id} of {ref.dag_id}/{ref.run_id} recorded no training job")
+    return run
+
+
+def read_published(metrics_path: str) -> dict[str, Any] | None:
+    """A published model's metrics.json, as the publish task recorded its path: the file itself,
+    never through a symlink, bounded."""
+    if not os.path.isabs(metrics_path) or os.path.normpath(metrics_path) != metrics_path \
+            or os.path.basename(metrics_path) != "metrics.json":
+        return None
+    try:
+        fd = os.open(metrics_path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError:
+        return None
+    with os.fdopen(fd, "rb") as fh:
+        if not stat.S_ISREG(os.fstat(fh.fileno()).st_mode):
+            return None
+        raw = fh.read(MAX_PUBLISHED_BYTES + 1)
+    try:
+        data = json.loads(raw) if len(raw) <= MAX_PUBLISHED_BYTES else None
+    except ValueError:
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def _page(request: Request, name: str, title: str, data: dict[str, str]) -> Response:
+    root = request.scope.get("root_path", "")
+    attrs = " ".join(f'data-{k}="{escape(v)}"' for k, v in {"root": root, **data}.items())
+    body = resources.files("dtrain.ui").joinpath("static", name).read_text(encoding="utf-8")
+    html = (f'<!doctype html><html lang="en"><head><meta charset="utf-8"><title>{escape(title)}</title>'
+            f'<link rel="stylesheet" href="{escape(root)}/static/dtrain.css"></head>'
+            f'<body {attrs}>{body}<script src="{escape(root)}/static/{name.replace(".html", ".js")}"></script>'
+            "</body></html>")
+    return _secure(HTMLResponse(html))
+
+
+def create_app() -> FastAPI:
+    app = FastAPI(title="dtrain", docs_url=None, redoc_url=None, openapi_url=None)
+
+    @app.get("/ti", dependencies=[read_ti])
+    def training_tab(request: Request, ref: TIRef) -> Response:
+        return _page(request, "training.html", f"Training: {ref.dag_id} / {ref.task_id}",
+                     {k: str(v) for k, v in ref.query().items()} | {"ui": ui_base()})
+
+    @app.get("/retraining", dependencies=[authenticated])
+    def retraining_page(request: Request) -> Response:
+        return _page(request, "retraining.html", "Retraining", {"ui": ui_base()})
+
+    @app.get("/static/{name}", dependencies=[authenticated])
+    def static(name: str) -> Response:
+        if name not in STATIC:
+            raise HTTPException(404, "no such file")
+        body = resources.files("dtrain.ui").joinpath("static", name).read_bytes()
+        return _secure(Response(body, media_type=STATIC[name]))
+
+    @app.get("/api/ti/summary", dependencies=[read_ti])
+    def ti_summary(session: SessionDep, ref: TIRef) -> Response:
+        ti, records = _records(session, ref)
+        result = records.get("return_value") if isinstance(records.get("return_value"), dict) else None
+        hang = records.get("hang") if isinstance(records.get("hang"), dict) else None
+        return _json(training.job_view(ti=ti, record=records.get(RUN_RECORD_KEY) if _run_dir(records) else None,
+                                       result=result, hang=hang, run=_run_dir(records)))
+
+    @app.get("/api/ti/curves", dependencies=[read_ti])
+    def ti_curves(session: SessionDep, ref: TIRef, since_step: Annotated[int, Query(ge=-1)] = -1) -> Response:
+        run = _require_run(session, ref)
+        return _json({"curves": training.curves(run.metrics(), since_step)})
+
+    @app.get("/api/ti/plot/{curve}.svg", dependencies=[read_ti])
+    def ti_plot(session: SessionDep, ref: TIRef, curve: str) -> Response:
+        if curve not in training.CURVES:
+            raise HTTPException(404, f"curve={curve!r}: one of {', '.join(training.CURVES)}")
+        run = _require_run(session, ref)
+        title, ylabel = training.CURVES[curve]
+        svg = plots.rank_curves(curve, title, ylabel, training.curves(run.metrics())[curve])
+        return _secure(Response(svg, media_type="image/svg+xml"))
+
+    @app.get("/api/ti/logs", dependencies=[read_logs])
+    def ti_logs(session: SessionDep, ref: TIRef, lines: Annotated[int, Query(ge=1, le=200)] = training.TAIL_LINES) -> Response:
+        run = _require_run(session, ref)
+        return _json({"tails": {str(rank): tail for rank, tail in run.log_tails(lines).items()}})
+
+    @app.get("/api/ti/stack", dependencies=[read_logs])
+    def ti_stack(session: SessionDep, ref: TIRef, rank: Annotated[int, Query(ge=0, le=1_000_000)]) -> Response:
+        text = _require_run(session, ref).stack(rank)
+        if text is None:
+            raise HTTPException(404, f"no stack dump of rank {rank}")
+        return _secure(PlainTextResponse(text))
+
+    @app.get("/api/retraining")
+    def retraining_api(session: SessionDep, user: GetUserDep) -> Response:
+        from airflow.api_fastapi.app import get_auth_manager
+
+        readable = get_auth_manager().get_authorized_dag_ids(user=user, method="GET", session=session)
+        return _json({"pipelines": [retraining.pipeline_view(dag_id, store.pipeline_runs(session, dag_id), read_published)
+                                    for dag_id in store.retraining_dag_ids(session, readable)]})
+
+    @app.get("/api/retraining/plot.svg", dependencies=[read_runs])
+    def retraining_plot(session: SessionDep, dag_id: Annotated[str, Query(max_length=MAX_ID)]) -> Response:
+        view = retraining.pipeline_view(dag_id, store.pipeline_runs(session, dag_id), read_published)
+        svg = plots.partition_metric(dag_id, view["metric"] or "metric", view["points"])
+        return _secure(Response(svg, media_type="image/svg+xml"))
+
+    return app

@@ -1,0 +1,103 @@
+"""Plots as SVG, drawn on the server by matplotlib: the pages need no script library and no internet.
+
+Every series is a group whose id names it (``<curve>-rank<R>``, ``<dag_id>-published``), so a page,
+a test or a person's browser tools can tell the series apart in the DOM. matplotlib is imported
+on the first plot (never on the DAG-parse path); drawing is serialized because pyplot's state
+is global.
+"""
+
+from __future__ import annotations
+
+import io
+import re
+import threading
+from typing import Mapping, Sequence
+
+_LOCK = threading.Lock()
+_ID_SAFE = re.compile(r"[^A-Za-z0-9_.-]+")
+WIDTH_IN, HEIGHT_IN = 5.6, 2.8
+
+
+def series_id(*parts: str) -> str:
+    """An id usable in HTML and CSS selectors from untrusted parts (DAG ids, curve names)."""
+    return "-".join(_ID_SAFE.sub("_", part) for part in parts)
+
+
+def _figure():
+    import matplotlib
+
+    matplotlib.use("Agg", force=False)
+    from matplotlib.figure import Figure
+
+    figure = Figure(figsize=(WIDTH_IN, HEIGHT_IN), dpi=96, layout="constrained")
+    return figure, figure.add_subplot()
+
+
+def _svg(figure) -> str:
+    buffer = io.StringIO()
+    figure.savefig(buffer, format="svg", metadata={"Date": None, "Creator": None})
+    text = buffer.getvalue()
+    return text[text.index("<svg"):]  # inline in a page: no XML declaration or doctype
+
+
+def rank_curves(curve: str, title: str, ylabel: str, by_rank: Mapping[str, Sequence[Sequence[float]]]) -> str:
+    """One line per rank: x = step, y = the curve's value; the line's group id is ``<curve>-rank<R>``."""
+    with _LOCK:
+        figure, ax = _figure()
+        for rank in sorted(by_rank, key=int):
+            points = by_rank[rank]
+            ax.plot([p[0] for p in points], [p[1] for p in points], label=f"rank {rank}", linewidth=1.2,
+                    marker="o" if len(points) < 30 else None, markersize=2.5, gid=series_id(curve, f"rank{rank}"))
+        ax.set_title(title, fontsize=10)
+        ax.set_xlabel("step", fontsize=8)
+        ax.set_ylabel(ylabel, fontsize=8)
+        ax.tick_params(labelsize=7)
+        ax.grid(alpha=0.3)
+        if by_rank:
+            ax.legend(fontsize=7, ncols=min(4, len(by_rank)), loc="best")
+        else:
+            ax.text(0.5, 0.5, "no metrics yet", ha="center", va="center", transform=ax.transAxes, fontsize=9)
+        return _svg(figure)
+
+
+def partition_metric(dag_id: str, metric: str, points: Sequence[Mapping]) -> str:
+    """The gate's metric per partition: published models joined by a line, gated-out runs as crosses.
+
+    ``points``: ``{"partition": "YYYY-MM-DD", "value": float, "published": bool}``."""
+    import datetime as dt
+
+    with _LOCK:
+        figure, ax = _figure()
+        for published, style in ((True, {"marker": "o", "linestyle": "-", "label": "published"}),
+                                 (False, {"marker": "x", "linestyle": "none", "label": "gated out",
+                                          "markersize": 7})):
+            chosen = sorted((p for p in points if bool(p["published"]) is published), key=lambda p: p["partition"])
+            if chosen:
+                ax.plot([dt.date.fromisoformat(p["partition"]) for p in chosen], [p["value"] for p in chosen],
+                        gid=series_id(dag_id, "published" if published else "gated-out"), **style)
+        _date_ticks(ax, sorted({p["partition"] for p in points}))
+        ax.set_title(f"{dag_id}: {metric} per partition", fontsize=10)
+        ax.set_ylabel(metric, fontsize=8)
+        ax.tick_params(labelsize=7)
+        ax.grid(alpha=0.3)
+        if points:
+            ax.legend(fontsize=7)
+        else:
+            ax.text(0.5, 0.5, "no evaluated run yet", ha="center", va="center", transform=ax.transAxes, fontsize=9)
+        return _svg(figure)
+
+
+def _date_ticks(ax, partitions: Sequence[str]) -> None:
+    """Partitions are days: label days, one tick per partition while they fit."""
+    import datetime as dt
+
+    from matplotlib import dates
+
+    if 0 < len(partitions) <= 10:
+        ax.set_xticks([dt.date.fromisoformat(p) for p in partitions])
+    else:
+        ax.xaxis.set_major_locator(dates.AutoDateLocator(minticks=3, maxticks=10))
+    ax.xaxis.set_major_formatter(dates.DateFormatter("%Y-%m-%d"))
+    for label in ax.get_xticklabels():
+        label.set_rotation(30)
+        label.set_horizontalalignment("right")

@@ -1,0 +1,97 @@
+"""What the pages read from Airflow's metadata database: task instances, DAG runs and XComs.
+
+Every location the API opens comes from here, from a task instance's recorded XCom: the
+training task's run record (dtrain.launch.job.RUN_RECORD_KEY) and the publish task's result.
+Read-only queries through the API server's own session.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from typing import Any, Iterable
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from dtrain.launch.job import RUN_RECORD_KEY
+from dtrain.pipeline.config import partition_of
+
+#: the tag the pipeline factory gives every retraining DAG (dtrain.pipeline.factory)
+RETRAINING_TAG = "retraining"
+#: runs of one pipeline shown on the Retraining page, newest first
+MAX_RUNS = 200
+
+
+def _iso(value: dt.datetime | None) -> str | None:
+    return value.isoformat() if value else None
+
+
+def task_instance(session: Session, dag_id: str, run_id: str, task_id: str, map_index: int) -> dict[str, Any] | None:
+    from airflow.models.taskinstance import TaskInstance
+
+    ti = session.scalar(select(TaskInstance).where(
+        TaskInstance.dag_id == dag_id, TaskInstance.run_id == run_id, TaskInstance.task_id == task_id,
+        TaskInstance.map_index == map_index))
+    if ti is None:
+        return None
+    duration = ti.duration
+    if duration is None and ti.start_date is not None:
+        duration = (dt.datetime.now(dt.timezone.utc) - ti.start_date).total_seconds()
+    return {"dag_id": dag_id, "run_id": run_id, "task_id": task_id, "map_index": map_index,
+            "state": str(ti.state.value if hasattr(ti.state, "value") else ti.state) if ti.state else None,
+            "try_number": ti.try_number, "start_date": _iso(ti.start_date), "end_date": _iso(ti.end_date),
+            "duration_s": round(duration, 1) if duration is not None else None}
+
+
+def xcoms(session: Session, dag_id: str, run_id: str, task_id: str, map_index: int,
+          keys: Iterable[str]) -> dict[str, Any]:
+    """The task instance's XComs under ``keys`` (absent keys left out)."""
+    from airflow.models.xcom import XComModel
+
+    rows = session.execute(select(XComModel.key, XComModel.value).where(
+        XComModel.dag_id == dag_id, XComModel.run_id == run_id, XComModel.task_id == task_id,
+        XComModel.map_index == map_index, XComModel.key.in_(list(keys)))).all()
+    return {row.key: XComModel.deserialize_value(row) for row in rows}
+
+
+def retraining_dag_ids(session: Session, readable: set[str]) -> list[str]:
+    """Retraining pipelines (tagged by the factory) that the user may read, by name."""
+    from airflow.models.dag import DagModel, DagTag
+
+    rows = session.scalars(select(DagTag.dag_id).join(DagModel, DagModel.dag_id == DagTag.dag_id).where(
+        DagTag.name == RETRAINING_TAG, DagModel.is_stale.is_(False))).all()
+    return sorted(set(rows) & readable)
+
+
+def pipeline_runs(session: Session, dag_id: str) -> list[dict[str, Any]]:
+    """The pipeline's runs, newest first, each with its gate decision, evaluation, publish result and
+    the tasks that recorded a training job (their Training tabs)."""
+    from airflow.models.dagrun import DagRun
+    from airflow.models.xcom import XComModel
+
+    runs = session.scalars(select(DagRun).where(DagRun.dag_id == dag_id)
+                           .order_by(DagRun.run_after.desc()).limit(MAX_RUNS)).all()
+    if not runs:
+        return []
+    wanted = ((("gate", "decision"), "decision"), (("evaluate", "return_value"), "evaluation"),
+              (("publish", "return_value"), "published"))
+    rows = session.execute(select(XComModel.run_id, XComModel.task_id, XComModel.map_index, XComModel.key,
+                                  XComModel.value).where(
+        XComModel.dag_id == dag_id, XComModel.run_id.in_([r.run_id for r in runs]),
+        XComModel.key.in_(["decision", "return_value", RUN_RECORD_KEY]))).all()
+    found: dict[str, dict[str, Any]] = {r.run_id: {"training_tasks": []} for r in runs}
+    for row in rows:
+        entry = found[row.run_id]
+        if row.key == RUN_RECORD_KEY:
+            entry["training_tasks"].append({"task_id": row.task_id, "map_index": row.map_index})
+            continue
+        for (task_id, key), name in wanted:
+            if row.task_id == task_id and row.key == key:
+                entry[name] = XComModel.deserialize_value(row)
+    out = []
+    for run in runs:
+        out.append({"run_id": run.run_id, "state": str(run.state.value if hasattr(run.state, "value") else run.state),
+                    "run_type": str(run.run_type.value if hasattr(run.run_type, "value") else run.run_type),
+                    "partition": partition_of(run), "run_after": _iso(run.run_after),
+                    "conf": run.conf or {}, **found[run.run_id]})
+    return out
