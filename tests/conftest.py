@@ -22,6 +22,8 @@ os.environ.setdefault("AIRFLOW__DAG_PROCESSOR__DAG_BUNDLE_CONFIG_LIST", json.dum
      "kwargs": {"path": os.path.join(REPO, "dags")}},
     {"name": "test-dags", "classpath": "airflow.dag_processing.bundles.local.LocalDagBundle",
      "kwargs": {"path": os.path.join(REPO, "tests", "dags")}},
+    {"name": "ui-test-dags", "classpath": "airflow.dag_processing.bundles.local.LocalDagBundle",
+     "kwargs": {"path": os.path.join(REPO, "tests", "ui", "dags")}},
 ]))
 os.environ.setdefault("PYTHONUNBUFFERED", "1")
 # The venv's bin must be on PATH: launched ranks, `airflow` subcommands and `dtrain` run from it.
@@ -47,11 +49,11 @@ def airflow_db() -> str:
     return home
 
 
-def load_test_dag(filename: str, dag_id: str):
-    """The DAG ``dag_id`` from tests/dags/<filename>, ready for ``dag.test(run_conf=...)``."""
+def load_test_dag(filename: str, dag_id: str, folder: str = os.path.join("tests", "dags")):
+    """The DAG ``dag_id`` from <folder>/<filename>, ready for ``dag.test(run_conf=...)``."""
     import importlib.util
 
-    path = os.path.join(REPO, "tests", "dags", filename)
+    path = os.path.join(REPO, folder, filename)
     spec = importlib.util.spec_from_file_location(f"test_dags_{filename[:-3]}", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)

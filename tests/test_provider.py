@@ -27,7 +27,7 @@ from dtrain.provider import get_provider_info
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BIN = os.path.dirname(sys.executable)
 PACKAGE = "airflow-dtrain"
-LINK_CLASSES = {"dtrain.links.CheckpointLink", "dtrain.links.MetricsLink", "dtrain.links.TensorBoardLink"}
+LINK_CLASSES = {"dtrain.links.CheckpointLink", "dtrain.links.TrainingLink", "dtrain.links.TensorBoardLink"}
 MACROS = {"dtrain.training.scaling.scaled_lr", "dtrain.links.global_batch_size"}
 ENTRY_POINT = "dtrain.plugin:DTrainPlugin"
 

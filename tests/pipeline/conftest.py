@@ -14,6 +14,8 @@ from tests.airflow_services import BIN, REPO, AirflowServices, bundle  # noqa: F
 DATES = ["2026-01-01", "2026-01-02", "2026-01-03", "2026-01-04", "2026-02-01"]
 #: the example pipeline (examples/tabular): a user's own package, found through PYTHONPATH
 TABULAR = os.path.join(REPO, "examples", "tabular")
+#: the Training tab's test DAG (tests/pipeline/test_ui_browser.py)
+UI_DAGS = os.path.join(REPO, "tests", "ui", "dags")
 TABULAR_BUCKET = "tabular-demo"
 #: date -> (rows, label noise): 03-03's labels are noisy, so its model is worse than 03-02's
 TABULAR_DATES = {"2026-02-27": (2000, 0.1), "2026-03-01": (2000, 0.1), "2026-03-02": (3000, 0.1),
@@ -62,13 +64,15 @@ class Standalone(AirflowServices):
 
     def __init__(self, home: str, env: dict[str, str]):
         dags = os.path.join(REPO, "dags")
-        super().__init__(home, env, dags, [bundle("dags-folder", dags), bundle("tabular", os.path.join(TABULAR, "dags"))])
+        super().__init__(home, env, dags, [bundle("dags-folder", dags), bundle("tabular", os.path.join(TABULAR, "dags")),
+                                           bundle("ui-test-dags", UI_DAGS)])
 
     def start(self, timeout: float = 180) -> None:
         self.migrate()
         self.spawn("standalone", "standalone")
         self.wait_ready("retrain_pipeline", timeout)
         self.wait_ready("tabular_retraining_reviewed", timeout)
+        self.wait_ready("ui_training", timeout)
 
 
 @pytest.fixture(scope="session")
