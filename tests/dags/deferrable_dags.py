@@ -38,8 +38,10 @@ with DAG(dag_id="slurm_deferrable_test", schedule=None, catchup=False,
         nodes=2,
         procs_per_node=1,
         device="cpu",
+        # params.sleep keeps the job running (at most that long): until the test creates
+        # OUT_DIR/release (tests/slurm/test_triggerer_restart.py, once it saw what it waits for).
         command=[DDP_REPORT, "{{ params.out_dir }}/rep", "--steps", "10", "--fail-rank", "{{ params.fail_rank }}",
-                 "--sleep", "{{ params.sleep }}"],
+                 "--sleep", "{{ params.sleep }}", "--until-file", "{{ params.out_dir }}/release"],
         env={"GLOO_SOCKET_IFNAME": "lo"},
         workdir=REPO,
         backend_options={"slurm": {"poll_interval": 0.5}},

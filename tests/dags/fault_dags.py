@@ -24,7 +24,10 @@ SCRIPT_BUG = "ValueError: a bug in the training script"
 
 
 def train_command() -> list[str]:
-    return [TRAIN, "{{ params.out_dir }}", "--sleep", "{{ params.sleep }}"]
+    # The job trains until the test creates OUT_DIR/release (once the retry has re-attached), or
+    # for params.sleep seconds at most: no fixed worst-case sleep to wait out.
+    return [TRAIN, "{{ params.out_dir }}", "--sleep", "{{ params.sleep }}",
+            "--until-file", "{{ params.out_dir }}/release"]
 
 
 # -- re-attach after a worker crash: real scheduler, the worker SIGKILLed mid-training --------------

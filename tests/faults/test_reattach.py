@@ -25,14 +25,30 @@ import os
 import pytest
 
 from dtrain.launch.backends import JobHandle
+from tests.faults import airflow_fixtures
 from tests.faults.airflow_fixtures import (REPO, RESUMABLE_TRAIN, airflow_running, crash_worker, task_log, tries,
                                            worker_processes)
 from tests.remote.conftest import job_processes
 from tests.slurm.conftest import queue
 from tests.support import wait_for
 
-JOB_SECONDS = 80  # training time: the crash, the missed heartbeats (30 s) and the retry's start (~45 s in all) fit in it
+# The most the job trains. It trains until the test releases it (creates OUT_DIR/release), which
+# the test does only once the retry has logged that it re-attached to the still-running job; this
+# bound only stops a job nobody released (the test has failed by then).
+JOB_SECONDS = 300
 KEY = "dtrain_job"  # the operator's external_id_key
+# The scheduler fails the crashed try this long after its last heartbeat (the retry starts only
+# then). With a beat every second (MIN_HEARTBEAT_INTERVAL below) 15 s is 14 missed beats in a
+# row: a slow but live worker on 2 loaded cores is not failed by it, and the retry starts 15 s
+# after the crash rather than the fixture's default 30 s.
+HEARTBEAT_TIMEOUT_S = 15
+MIN_HEARTBEAT_INTERVAL = "1"  # [workers] min_heartbeat_interval: the supervisor's beat (default 5 s)
+
+
+@pytest.fixture
+def fast_heartbeat_timeout(monkeypatch):
+    """airflow_running configures the scheduler with airflow_fixtures.HEARTBEAT_TIMEOUT_S."""
+    monkeypatch.setattr(airflow_fixtures, "HEARTBEAT_TIMEOUT_S", HEARTBEAT_TIMEOUT_S)
 
 
 def starts(out_dir) -> list[dict]:
@@ -67,7 +83,8 @@ def assert_one_job_trained(out_dir, id_field: str) -> str:
 # -- in real Airflow: SIGKILL the worker mid-training, the retry re-attaches -----------------------
 
 def crash_mid_training_then_retry(services, dag_id: str, conf: dict, out_dir, job_alive) -> dict:
-    """Trigger, SIGKILL the task's worker once every rank trains, check the job outlived it, wait for
+    """Trigger, SIGKILL the task's worker once every rank trains, check the job outlived it, wait
+    until the retry re-attached to it, check it still runs, release it (OUT_DIR/release), wait for
     the run; returns the task's XCom result and the retry's log, after asserting it re-attached."""
     run_id = "crash-1"
     services.trigger(dag_id, run_id, conf)
@@ -79,7 +96,18 @@ def crash_mid_training_then_retry(services, dag_id: str, conf: dict, out_dir, jo
     ti = wait_for(training, timeout=300, interval=1, what="the task running and both ranks training")
     crash_worker(ti["id"])
     assert job_alive(), "the job died with the worker"
-    run = services.wait_run(dag_id, run_id, timeout=JOB_SECONDS + 420)
+    # The job trains until released: the retry can only have found it running.
+    def reattached():
+        assert len(starts(out_dir)) == 2, f"the retry started another job: {starts(out_dir)}"
+        status, run = services.request("GET", f"/dags/{dag_id}/dagRuns/{run_id}")
+        assert status == 200 and run["state"] != "failed", services.failure_report(dag_id, run_id)
+        return "Reconnecting to existing job" in task_log(services, dag_id, run_id, "train", 2)
+
+    wait_for(reattached, timeout=JOB_SECONDS - 60, interval=1, what="the retry to re-attach to the running job")
+    assert job_alive(), "the job ended before it was released"
+    assert len(starts(out_dir)) == 2 and not ranks_done(out_dir)  # still the first job, not done
+    (out_dir / "release").touch()
+    run = services.wait_run(dag_id, run_id, timeout=JOB_SECONDS + 120)
     assert run["state"] == "success", services.failure_report(dag_id, run_id)
     history = tries(services, dag_id, run_id, "train")
     assert [(t["try_number"], t["state"]) for t in history] == [(1, "failed"), (2, "success")], history
@@ -94,9 +122,10 @@ def crash_mid_training_then_retry(services, dag_id: str, conf: dict, out_dir, jo
     return (json.loads(value) if isinstance(value, str) else value), retry_log
 
 
-def test_slurm_worker_crash_retry_reattaches_to_the_running_job(slurm, tmp_path):
+def test_slurm_worker_crash_retry_reattaches_to_the_running_job(slurm, tmp_path, fast_heartbeat_timeout):
     out = tmp_path / "out"
-    with airflow_running(str(tmp_path / "home"), ["fault_reattach_slurm"]) as services:
+    env = dict(os.environ, AIRFLOW__WORKERS__MIN_HEARTBEAT_INTERVAL=MIN_HEARTBEAT_INTERVAL)
+    with airflow_running(str(tmp_path / "home"), ["fault_reattach_slurm"], env) as services:
         result, retry_log = crash_mid_training_then_retry(
             services, "fault_reattach_slurm", {"out_dir": str(out), "sleep": JOB_SECONDS}, out,
             job_alive=lambda: len(queue(slurm)) == 1)
@@ -110,10 +139,11 @@ def test_slurm_worker_crash_retry_reattaches_to_the_running_job(slurm, tmp_path)
         f"slurm-{slurm_job}.submission.json"]
 
 
-def test_ssh_worker_crash_retry_reattaches_to_the_running_job(ssh_cluster, tmp_path):
+def test_ssh_worker_crash_retry_reattaches_to_the_running_job(ssh_cluster, tmp_path, fast_heartbeat_timeout):
     out = tmp_path / "out"
     env = dict(os.environ, DTRAIN_TEST_SSH_KEY=ssh_cluster.key_file,
-               DTRAIN_TEST_SSH_KNOWN_HOSTS=ssh_cluster.known_hosts)
+               DTRAIN_TEST_SSH_KNOWN_HOSTS=ssh_cluster.known_hosts,
+               AIRFLOW__WORKERS__MIN_HEARTBEAT_INTERVAL=MIN_HEARTBEAT_INTERVAL)
     conf = {"out_dir": str(out), "sleep": JOB_SECONDS, "hostfile": ssh_cluster.hostfile(1)}
     job_id = {}
 

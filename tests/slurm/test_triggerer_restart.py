@@ -11,13 +11,19 @@ from __future__ import annotations
 
 import json
 import os
+import time
 
 from tests.airflow_services import AirflowServices, bundle
 
 from .conftest import REPO, queue, wait_for
 
 DAG = "slurm_deferrable_test"
-JOB_SECONDS = 75  # long enough for the crash, the takeover and a few polls by the new triggerer
+# The job sleeps until the test releases it (creates OUT_DIR/release): after the crash, the
+# takeover and a few polls by the new triggerer. This is only the most it sleeps if never released.
+JOB_SECONDS = 300
+# After the takeover the job runs on this long, watched by the new triggerer only: its trigger
+# polls every 0.5 s (the DAG's poll_interval), and must not fire while the job still runs.
+WATCHED_BY_THE_NEW_TRIGGERER_S = 5
 
 
 def triggerer_of(ti: dict) -> int | None:
@@ -56,8 +62,13 @@ def test_deferred_task_survives_a_triggerer_crash(slurm, tmp_path):
             ti = services.task_instance(DAG, "crash-1", "train")
             return triggerer_of(ti) not in (None, first) and ti
 
-        ti = wait_for(taken_over, timeout=JOB_SECONDS - 15, interval=1, what="the new triggerer to take the trigger over")
+        ti = wait_for(taken_over, timeout=120, interval=1, what="the new triggerer to take the trigger over")
         assert ti["state"] == "deferred" and queue(slurm) == [job_id]
+        time.sleep(WATCHED_BY_THE_NEW_TRIGGERER_S)
+        ti = services.task_instance(DAG, "crash-1", "train")
+        assert ti["state"] == "deferred" and triggerer_of(ti) not in (None, first) and queue(slurm) == [job_id]
+        assert not (out / "rep").exists()  # the job has not trained yet: it ends only once released
+        (out / "release").touch()
 
         run = services.wait_run(DAG, "crash-1", timeout=300)
         assert run["state"] == "success", services.failure_report(DAG, "crash-1")

@@ -1,12 +1,15 @@
 """A training job that leaves evidence of how many times it ran, for the re-attach and retry tests.
 
-    resumable_train.py OUT_DIR [--sleep S] [--fail-once TEXT]
+    resumable_train.py OUT_DIR [--sleep S] [--until-file FILE] [--fail-once TEXT]
 
 Every rank appends one line to ``OUT_DIR/starts.jsonl`` as it starts (its rank, pid, dtrain job
 id, Slurm job id): a job that ran twice leaves twice as many lines. ``--fail-once TEXT``: rank 0
 of the first run prints TEXT and exits 1 (later runs find ``OUT_DIR/failed-once`` and carry on).
-``--sleep S``: train for S seconds (a line every second: the job is alive). Then, with more than
-one rank, a real gloo all-reduce of ``rank + 1`` over every rank, and ``OUT_DIR/rank<R>.json``.
+``--sleep S``: train for S seconds (a line every second: the job is alive). ``--until-file FILE``:
+stop training as soon as FILE exists, S being only the most it trains (a test releases the job
+once it has seen what had to happen while the job ran, instead of sleeping a worst-case time).
+Then, with more than one rank, a real gloo all-reduce of ``rank + 1`` over every rank, and
+``OUT_DIR/rank<R>.json``.
 """
 
 import argparse
@@ -20,6 +23,7 @@ def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("out_dir")
     parser.add_argument("--sleep", type=float, default=0.0)
+    parser.add_argument("--until-file", default="")
     parser.add_argument("--fail-once", default="")
     args = parser.parse_args()
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
@@ -41,7 +45,7 @@ def main() -> int:
             return 1
     deadline = time.monotonic() + args.sleep
     step = 0
-    while time.monotonic() < deadline:
+    while time.monotonic() < deadline and not (args.until_file and os.path.exists(args.until_file)):
         step += 1
         print(f"rank {rank}: step {step}", flush=True)
         time.sleep(min(1.0, max(0.0, deadline - time.monotonic())))

@@ -4,10 +4,12 @@ Every rank trains on its own shard of synthetic data with DistributedDataParalle
 (so gradients are all-reduced across nodes) and writes a report with its env
 (RANK, NODE_RANK, SLURM_NODEID...), its final parameters, loss and argv.
 
-    ddp_report.py REPORT_DIR [--steps N] [--sleep S] [--fail-rank R] [ARGS...]
+    ddp_report.py REPORT_DIR [--steps N] [--sleep S [--until-file FILE]] [--fail-rank R] [ARGS...]
 
---sleep keeps the job alive (to cancel it); --fail-rank R exits 7 on rank R after
-printing a marker line, to test failure reporting.
+--sleep keeps the job alive (to cancel it); with --until-file it ends its sleep as soon as
+FILE exists (S is then only the most it sleeps: a test releases the job once it has seen
+what had to happen while the job ran). --fail-rank R exits 7 on rank R after printing a
+marker line, to test failure reporting.
 """
 
 import argparse
@@ -22,13 +24,16 @@ def main() -> int:
     parser.add_argument("report_dir")
     parser.add_argument("--steps", type=int, default=30)
     parser.add_argument("--sleep", type=float, default=0.0)
+    parser.add_argument("--until-file", default="")
     parser.add_argument("--fail-rank", type=int, default=-1)
     args, extra = parser.parse_known_args()
 
     rank = int(os.environ["RANK"])
     if args.sleep:
         print(f"rank {rank} sleeping {args.sleep}s pid={os.getpid()}", flush=True)
-        time.sleep(args.sleep)
+        deadline = time.monotonic() + args.sleep
+        while time.monotonic() < deadline and not (args.until_file and os.path.exists(args.until_file)):
+            time.sleep(min(0.2, max(0.0, deadline - time.monotonic())))
     if rank == args.fail_rank:
         print(f"rank {rank}: deliberate failure marker", flush=True)
         return 7
