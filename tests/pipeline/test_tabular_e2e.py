@@ -63,6 +63,7 @@ def test_a_dags_test_publishes_the_first_model(airflow_db, pipeline_env, capsys)
 
 
 def test_b_rest_trigger_with_params(standalone, capsys):
+    standalone.wait_idle()  # no task runs while this test writes through the API (AirflowServices.wait_idle)
     status, before = standalone.request("GET", f"/dags/{DAG}/dagRuns")
     for bad in ({"epochs": 0}, {"lr": float("nan")}, {"lr": "fast"}, {"procs_per_node": 0}):
         status, body = standalone.request("POST", f"/dags/{DAG}/dagRuns",

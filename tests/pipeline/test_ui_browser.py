@@ -145,6 +145,11 @@ def trigger_ui_run(standalone, run_id: str, **conf) -> None:
     standalone.trigger("ui_training", run_id, conf)
 
 
+def wait_idle(standalone) -> None:
+    """Before a REST write: no task may be running (see AirflowServices.wait_idle)."""
+    assert standalone.wait_idle(), "runs of earlier tests still running after 300 s"
+
+
 def wait_running(standalone, run_id: str, timeout: float = 180) -> None:
     wait_for(lambda: standalone.task_instance("ui_training", run_id, "train")["state"] == "running", timeout,
              interval=1, what=f"{run_id}: its training task to start")
@@ -153,6 +158,7 @@ def wait_running(standalone, run_id: str, timeout: float = 180) -> None:
 def test_training_tab_grows_live_then_shows_every_rank_and_the_verdicts(standalone, browser, capsys):
     started = time.monotonic()
     run_id = "ui_live_2x2"
+    wait_idle(standalone)
     # 2 nodes x 2 ranks, 60 steps; rank 3 waits 3x longer for each batch (CPUBottleneck), so every
     # rank runs at its pace through DDP's all-reduce: about 0.4 s a step.
     trigger_ui_run(standalone, run_id, nodes=2, procs_per_node=2,
@@ -193,6 +199,7 @@ def test_training_tab_grows_live_then_shows_every_rank_and_the_verdicts(standalo
 def test_a_failed_and_a_hung_job_show_the_rank_its_tail_and_the_stacks(standalone, browser):
     from selenium.webdriver.common.by import By
 
+    wait_idle(standalone)
     trigger_ui_run(standalone, "ui_failed_2x2", nodes=2, procs_per_node=2,
                    args=["--steps", "30", "--fail-rank", "3", "--fail-step", "7"])
     trigger_ui_run(standalone, "ui_hung_1x2", nodes=1, procs_per_node=2, hang_timeout="5",
