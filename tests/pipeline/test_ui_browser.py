@@ -104,6 +104,8 @@ def page_state(driver) -> dict:
           series: series, loss_vertices: path ? (path.getAttribute('d').match(/L/g) || []).length + 1 : 0,
           tails: [...document.querySelectorAll('#tail-list .rank-tail')].map(d => d.dataset.rank),
           tail_text: [...document.querySelectorAll('#tail-list pre')].map(p => p.textContent).join('\\n'),
+          tails_at_end: [...document.querySelectorAll('#tail-list pre')].every(
+                          p => p.scrollHeight - p.scrollTop - p.clientHeight < 2),
           verdicts: Object.fromEntries([...document.querySelectorAll('#verdicts li')].map(
                       li => [li.dataset.rule, {triggered: li.dataset.triggered, text: li.textContent}])),
           checkpoints: [...document.querySelectorAll('#checkpoint-table tbody tr')].map(r => Number(r.dataset.step)),
@@ -189,7 +191,7 @@ def test_training_tab_grows_live_then_shows_every_rank_and_the_verdicts(standalo
     assert "rank(s) 3" in final["verdicts"]["CPUBottleneck"]["text"]
     assert final["verdicts"]["LoadBalancing"]["triggered"] == "false"
     assert final["checkpoints"] == [50, 55, 60]  # every 5 steps, the last 3 kept
-    assert "step 60 loss" in final["tail_text"]
+    assert "step 60 loss" in final["tail_text"] and final["tails_at_end"]  # the newest lines in view
     shot(browser, "training-tab.png")
     with capsys.disabled():
         print(f"\n[ui] 2x2 live Training tab: growing view seen {live_s:.1f} s after the trigger "

@@ -167,6 +167,7 @@
     const tails = (await (await fetchOk(api("logs"))).json()).tails;
     const list = $("tail-list");
     list.replaceChildren();
+    show("tails", Object.keys(tails).length > 0);  // laid out first: a hidden box has no scroll height
     for (const rank of Object.keys(tails).sort((a, b) => a - b)) {
       const box = el("div", null, {class: "rank-tail", "data-rank": rank});
       const pre = el("pre", tails[rank].join("\n"), {class: "tail"});
@@ -174,7 +175,6 @@
       list.append(box);
       pre.scrollTop = pre.scrollHeight;  // the newest line in view, as tail -f
     }
-    show("tails", Object.keys(tails).length > 0);
   }
 
   async function refresh() {
