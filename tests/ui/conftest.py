@@ -47,9 +47,11 @@ def api(airflow_db):
     from airflow.api_fastapi.auth.managers.simple.user import SimpleAuthManagerUser
     from airflow.configuration import conf
 
-    saved = {key: conf.get("core", key, fallback=None) for key in ("auth_manager", "simple_auth_manager_users")}
+    options = (("core", "auth_manager"), ("core", "simple_auth_manager_users"), ("api_auth", "jwt_secret"))
+    saved = {option: conf.get(*option, fallback=None) for option in options}
     conf.set("core", "auth_manager", "tests.ui.auth.DagScopedAuthManager")
     conf.set("core", "simple_auth_manager_users", "admin:admin,viewer:viewer,outsider:viewer")
+    conf.set("api_auth", "jwt_secret", os.urandom(48).hex())  # 96 characters: as long as SHA512 wants
     api_app._AuthManagerState.instance = None
     try:
         client = TestClient(api_app.create_app("core"))
@@ -58,8 +60,8 @@ def api(airflow_db):
         yield client
     finally:
         api_app._AuthManagerState.instance = None
-        for key, value in saved.items():
+        for (section, key), value in saved.items():
             if value is None:
-                conf.remove_option("core", key)
+                conf.remove_option(section, key)
             else:
-                conf.set("core", key, value)
+                conf.set(section, key, value)
