@@ -153,3 +153,33 @@ def test_retraining_rows_tell_published_gated_out_and_unfinished_runs_apart():
     assert view["points"] == [{"partition": "2026-03-03", "value": 0.5, "published": False, "run_id": "r3"},
                               {"partition": "2026-03-02", "value": 0.25, "published": True, "run_id": "r2"}]
     assert (view["metric"], view["published"], view["gated_out"]) == ("rmse", 1, 1)
+
+
+def test_the_published_metrics_are_read_only_from_a_metrics_json_file_itself(tmp_path):
+    from dtrain.ui.app import read_published
+
+    model = tmp_path / "models" / "p" / "v1" / "2026-03-02"
+    model.mkdir(parents=True)
+    (model / "metrics.json").write_text(json.dumps({"evaluation": {"rmse": 0.25}}))
+    assert read_published(str(model / "metrics.json")) == {"evaluation": {"rmse": 0.25}}
+    secret = tmp_path / "secret.json"
+    secret.write_text('{"SECRET": 1}')
+    linked = tmp_path / "models" / "p" / "v1" / "2026-03-03"
+    linked.mkdir()
+    os.symlink(secret, linked / "metrics.json")
+    assert read_published(str(linked / "metrics.json")) is None
+    assert read_published(str(secret)) is None  # not a metrics.json
+    assert read_published(str(model / ".." / "2026-03-02" / "metrics.json")) is None  # not normalized
+
+
+def test_a_rank_log_never_writes_into_a_planted_logs_folder(tmp_path):
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    run = tmp_path / "run"
+    run.mkdir()
+    os.symlink(elsewhere, run / "logs")
+    log = RankLog(str(run), 0, header="started", max_bytes=4096)
+    for i in range(600):
+        log.write(f"step {i}\n".encode())  # would also rotate, if it had opened anything
+    log.close()
+    assert os.listdir(elsewhere) == []

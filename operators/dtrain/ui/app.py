@@ -27,7 +27,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import stat
 from html import escape
 from importlib import resources
 from typing import Annotated, Any
@@ -121,20 +120,12 @@ def _require_run(session, ref: TaskInstanceRef) -> RunDir:
 def read_published(metrics_path: str) -> dict[str, Any] | None:
     """A published model's metrics.json, as the publish task recorded its path: the file itself,
     never through a symlink, bounded."""
-    if not os.path.isabs(metrics_path) or os.path.normpath(metrics_path) != metrics_path \
-            or os.path.basename(metrics_path) != "metrics.json":
+    if os.path.basename(metrics_path) != "metrics.json":
         return None
     try:
-        fd = os.open(metrics_path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
-    except OSError:
-        return None
-    with os.fdopen(fd, "rb") as fh:
-        if not stat.S_ISREG(os.fstat(fh.fileno()).st_mode):
-            return None
-        raw = fh.read(MAX_PUBLISHED_BYTES + 1)
-    try:
-        data = json.loads(raw) if len(raw) <= MAX_PUBLISHED_BYTES else None
-    except ValueError:
+        raw = RunDir(os.path.dirname(metrics_path)).read("metrics.json", limit=MAX_PUBLISHED_BYTES)
+        data = json.loads(raw) if raw is not None else None
+    except (UnsafeRunDir, ValueError):
         return None
     return data if isinstance(data, dict) else None
 
