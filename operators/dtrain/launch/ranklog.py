@@ -31,8 +31,9 @@ def log_path(run_dir: str, rank: int | str) -> str:
     return os.path.join(logs_dir(run_dir), f"rank{rank}.log")
 
 
-def _open_append(path: str) -> int:
-    return os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+def _open_append(name: str, dir_fd: int) -> int:
+    return os.open(name, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644,
+                   dir_fd=dir_fd)
 
 
 class RankLog:
@@ -43,16 +44,21 @@ class RankLog:
 
     def __init__(self, run_dir: str, rank: int | str, header: str = "", max_bytes: int | None = None):
         self.path = log_path(run_dir, rank)
+        self.name = os.path.basename(self.path)
         self.max_bytes = max_bytes if max_bytes is not None else _max_bytes()
         self._lock = threading.Lock()
         self._fd: int | None = None
+        self._dir_fd: int | None = None
         self._size = 0
         try:
             os.makedirs(os.path.dirname(self.path), exist_ok=True)
-            self._fd = _open_append(self.path)
+            # The logs folder too is opened without following a link: a planted logs -> elsewhere
+            # would have this rank write (and rotate) files in a folder of someone else's choosing.
+            self._dir_fd = os.open(os.path.dirname(self.path), os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+            self._fd = _open_append(self.name, self._dir_fd)
             self._size = os.fstat(self._fd).st_size
         except OSError:
-            self._fd = None
+            self.close_locked()
         if header:
             self.write(f"# {time.strftime('%Y-%m-%dT%H:%M:%S%z')} {header}\n".encode())
 
@@ -71,17 +77,18 @@ class RankLog:
     def _rotate(self) -> None:
         os.close(self._fd)
         self._fd = None
-        os.replace(self.path, self.path + ".1")
-        self._fd = _open_append(self.path)
+        os.replace(self.name, self.name + ".1", src_dir_fd=self._dir_fd, dst_dir_fd=self._dir_fd)
+        self._fd = _open_append(self.name, self._dir_fd)
         self._size = 0
 
     def close_locked(self) -> None:
-        if self._fd is not None:
-            try:
-                os.close(self._fd)
-            except OSError:
-                pass
-            self._fd = None
+        for fd in (self._fd, self._dir_fd):
+            if fd is not None:
+                try:
+                    os.close(fd)
+                except OSError:
+                    pass
+        self._fd = self._dir_fd = None
 
     def close(self) -> None:
         with self._lock:
