@@ -27,6 +27,7 @@ from __future__ import annotations
 import json
 import os
 import re
+from functools import lru_cache
 from html import escape
 from importlib import resources
 from typing import Annotated, Any
@@ -40,7 +41,7 @@ from airflow.api_fastapi.core_api.security import GetUserDep, requires_access_da
 
 from dtrain.launch.job import RUN_RECORD_KEY
 from dtrain.ui import plots, retraining, store, training, ui_base
-from dtrain.ui.rundir import RunDir, UnsafeRunDir
+from dtrain.ui.rundir import METRICS_FILE, RunDir, UnsafeRunDir
 
 #: what a page may load: its own scripts and styles (matplotlib's SVG uses style attributes), framed
 #: only by the Airflow UI of the same origin
@@ -110,6 +111,18 @@ def _run_dir(records: dict[str, Any]) -> RunDir | None:
         return None
 
 
+def _metrics(run: RunDir) -> dict[int, list[dict[str, Any]]]:
+    """The run's metrics records, read once per change of its files: one refresh of a page asks for
+    the summary and three plots, every 2 s, each needing all of them (callers must not mutate)."""
+    files = tuple(sorted((rank, e.size, e.mtime) for rank, e in run.ranked("metrics", METRICS_FILE).items()))
+    return _read_metrics(run.path, files)
+
+
+@lru_cache(maxsize=32)
+def _read_metrics(path: str, files: tuple) -> dict[int, list[dict[str, Any]]]:
+    return RunDir(path).metrics()
+
+
 def _require_run(session, ref: TaskInstanceRef) -> RunDir:
     run = _run_dir(_records(session, ref)[1])
     if run is None:
@@ -165,13 +178,14 @@ def create_app() -> FastAPI:
         ti, records = _records(session, ref)
         result = records.get("return_value") if isinstance(records.get("return_value"), dict) else None
         hang = records.get("hang") if isinstance(records.get("hang"), dict) else None
-        return _json(training.job_view(ti=ti, record=records.get(RUN_RECORD_KEY) if _run_dir(records) else None,
-                                       result=result, hang=hang, run=_run_dir(records)))
+        run = _run_dir(records)
+        return _json(training.job_view(ti=ti, record=records.get(RUN_RECORD_KEY) if run else None,
+                                       result=result, hang=hang, run=run, metrics=_metrics(run) if run else None))
 
     @app.get("/api/ti/curves", dependencies=[read_ti])
     def ti_curves(session: SessionDep, ref: TIRef, since_step: Annotated[int, Query(ge=-1)] = -1) -> Response:
         run = _require_run(session, ref)
-        return _json({"curves": training.curves(run.metrics(), since_step)})
+        return _json({"curves": training.curves(_metrics(run), since_step)})
 
     @app.get("/api/ti/plot/{curve}.svg", dependencies=[read_ti])
     def ti_plot(session: SessionDep, ref: TIRef, curve: str) -> Response:
@@ -179,7 +193,7 @@ def create_app() -> FastAPI:
             raise HTTPException(404, f"curve={curve!r}: one of {', '.join(training.CURVES)}")
         run = _require_run(session, ref)
         title, ylabel = training.CURVES[curve]
-        svg = plots.rank_curves(curve, title, ylabel, training.curves(run.metrics())[curve])
+        svg = plots.rank_curves(curve, title, ylabel, training.curves(_metrics(run))[curve])
         return _secure(Response(svg, media_type="image/svg+xml"))
 
     @app.get("/api/ti/logs", dependencies=[read_logs])

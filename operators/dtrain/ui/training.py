@@ -79,18 +79,20 @@ def _job_state(ti_state: str | None, result: Mapping[str, Any] | None, failure, 
 
 
 def job_view(*, ti: Mapping[str, Any], record: Mapping[str, Any] | None, result: Mapping[str, Any] | None,
-             hang: Mapping[str, Any] | None, run: RunDir | None) -> dict[str, Any]:
+             hang: Mapping[str, Any] | None, run: RunDir | None,
+             metrics: Mapping[int, list[dict[str, Any]]] | None = None) -> dict[str, Any]:
     """The Training tab's summary of one training task instance.
 
     ``ti``: the task instance's dag_id, run_id, task_id, map_index, state, try_number,
-    start_date, end_date, duration (as the API gives them). ``record``: the run record
+    start_date, end_date, duration (as the API gives them). ``metrics``: the run's metrics records
+    when already read (default: read here). ``record``: the run record
     (None: this task launched no job). ``result``: the task's return value (success only).
     ``hang``: the hang verdict XCom. ``run``: the recorded run directory."""
     view: dict[str, Any] = {"ti": dict(ti), "job": dict(record) if record else None}
     if run is None:
         view.update(state="no job", failure=None, hang=None, stall=None, checkpoints=[], stacks=[])
         return view
-    metrics = run.metrics()
+    metrics = run.metrics() if metrics is None else metrics
     failure = first_failure_of(run.exits())
     if failure is not None:
         failure = {k: failure.get(k) for k in ("rank", "node_rank", "local_rank", "exit_code", "time", "host", "tail")}
