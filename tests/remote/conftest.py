@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import os
 import shutil
+import subprocess
 import sys
+import threading
 
 import psutil
 import pytest
@@ -63,6 +65,47 @@ def still_alive(procs: list[psutil.Process]) -> list[str]:
         except psutil.NoSuchProcess:
             continue
     return out
+
+
+def describe_job(job_id: str, limit: int = 120) -> list[str]:
+    """Every live process of the job and every orted (they carry no job id), each with its
+    state and command line, and py-spy's dump of the Python ones: what a stuck job is doing."""
+    py_spy = os.path.join(os.path.dirname(sys.executable), "py-spy")
+    procs = job_processes(job_id) + [p for p in psutil.process_iter(["name"]) if p.info["name"] == "orted"]
+    out: list[str] = []
+    for proc in procs:
+        try:
+            out.append(f"[test] pid {proc.pid} ppid {proc.ppid()} {proc.status()}: {' '.join(proc.cmdline())[:200]}")
+            if "python" not in proc.name() or not os.path.exists(py_spy):
+                continue
+            dump = subprocess.run([py_spy, "dump", "--pid", str(proc.pid)], capture_output=True, text=True, timeout=30)
+            out += ["[test]   " + line for line in (dump.stdout + dump.stderr).splitlines()[:limit]]
+        except (psutil.Error, OSError, subprocess.TimeoutExpired) as e:
+            out.append(f"[test] pid {proc.pid}: {e!r}")
+    return out
+
+
+def run_within(launcher, lines: list[str], seconds: float = 90.0):
+    """``launcher.run()``, but a job still running after ``seconds`` (these take about 10 s) is
+    described into ``lines`` (and printed: pytest shows it with a failure) and stopped, so the
+    test fails on its own assertion with the launch log, not on pytest-timeout without it."""
+
+    def expire() -> None:
+        job = launcher.job
+        found = [f"[test] the job still runs after {seconds:g} s; its processes:"]
+        found += describe_job(job.job_id) if job is not None else ["[test] (no job was created)"]
+        print("\n".join(found), flush=True)
+        lines.extend(found)
+        launcher.terminate()
+
+    timer = threading.Timer(seconds, expire)
+    timer.daemon = True
+    timer.start()
+    try:
+        return launcher.run()
+    finally:
+        timer.cancel()
+        timer.join()
 
 
 def wait_for(predicate, timeout: float, interval: float = 0.2):

@@ -11,8 +11,8 @@ import pytest
 
 from dtrain.launch.launcher import Launcher
 from dtrain.launch.spec import LaunchSpec
-from tests.remote.conftest import (job_processes, needs_mpirun, needs_sshd, reports, still_alive, train_command,
-                                   wait_for)
+from tests.remote.conftest import (job_processes, needs_mpirun, needs_sshd, reports, run_within, still_alive,
+                                   train_command, wait_for)
 
 pytestmark = [needs_sshd, needs_mpirun, pytest.mark.timeout(240)]
 
@@ -37,7 +37,7 @@ def test_mpirun_trains_ddp_on_two_hosts_with_the_env_mapped(ssh_cluster, tmp_pat
     t0 = time.time()
     lines: list[str] = []
     launcher = Launcher(mpi_spec(ssh_cluster, tmp_path, train_command("--steps", "6")), sink=lines.append)
-    result = launcher.run()
+    result = run_within(launcher, lines)
     assert result.exit_code == 0, "\n".join(lines[-40:])
     assert any(line.startswith("[dtrain] mpirun: mpirun --hostfile") for line in lines)
     got = reports(result.run_dir)
@@ -61,7 +61,7 @@ def test_mpi_failing_rank_stops_every_rank_with_its_exit_code(ssh_cluster, tmp_p
     t0 = time.time()
     lines: list[str] = []
     spec = mpi_spec(ssh_cluster, tmp_path, train_command("--steps", "50", "--fail-rank", "2", "--hang"))
-    result = Launcher(spec, sink=lines.append).run()
+    result = run_within(Launcher(spec, sink=lines.append), lines)
     assert result.exit_code == 3 and result.failed_rank == 2, "\n".join(lines[-40:])
     assert result.failed_node == 1
     assert still_alive(job_processes(result.job_id)) == []

@@ -16,7 +16,8 @@ import pytest
 
 from dtrain.launch.launcher import Launcher
 from dtrain.launch.spec import LaunchSpec
-from tests.remote.conftest import job_processes, needs_sshd, reports, still_alive, train_command, wait_for
+from tests.remote.conftest import (job_processes, needs_sshd, reports, run_within, still_alive, train_command,
+                                   wait_for)
 
 pytestmark = [needs_sshd, pytest.mark.timeout(240)]
 DTRAIN = os.path.join(os.path.dirname(sys.executable), "dtrain")
@@ -39,7 +40,7 @@ def ddp_run(ssh_cluster, tmp_path_factory):
     lines: list[str] = []
     spec = ssh_spec(ssh_cluster, tmp, train_command("--steps", "6", "--", *HOSTILE), fanout=1)
     launcher = Launcher(spec, sink=lines.append)
-    result = launcher.run()
+    result = run_within(launcher, lines)
     return result, lines, launcher
 
 
@@ -104,7 +105,7 @@ def test_failing_rank_tears_down_every_host_and_propagates_its_exit_code(ssh_clu
     watcher = threading.Thread(target=watch)
     watcher.start()
     try:
-        result = launcher.run()
+        result = run_within(launcher, lines)
     finally:
         done.set()
         watcher.join()
@@ -168,7 +169,7 @@ def test_tensorflow_ranks_get_their_tf_config_over_ssh(ssh_cluster, tmp_path):
     lines: list[str] = []
     spec = ssh_spec(ssh_cluster, tmp_path, train_command("--start-only"), distribution="tensorflow",
                     parameter_servers=1)
-    result = Launcher(spec, sink=lines.append).run()
+    result = run_within(Launcher(spec, sink=lines.append), lines)
     assert result.exit_code == 0, "\n".join(lines[-40:])
     got = reports(result.run_dir)
     port = int(json.loads(got[0]["tf_config"])["cluster"]["worker"][0].split(":")[1])
@@ -208,7 +209,7 @@ def test_unreachable_host_fails_with_ssh_status_and_stops_the_others(ssh_cluster
                       device="cpu", run_dir=str(tmp_path / "run"),
                       backend_options={"hosts": [f"root@{ssh_cluster.hosts[0].line} slots=1", f"root@127.0.0.1:{closed}"],
                                        **ssh_cluster.ssh_settings()})
-    result = Launcher(spec, sink=lines.append).run()
+    result = run_within(Launcher(spec, sink=lines.append), lines)
     assert result.exit_code == 255 and result.failed_node == 1, "\n".join(lines[-20:])
     assert any("Connection refused" in line for line in result.tail), result.tail
     assert any("ssh to 127.0.0.1 failed (exit 255)" in line for line in lines)
@@ -226,7 +227,7 @@ def test_rank_output_never_steers_teardown(ssh_cluster, tmp_path):
                           backend_options={"hostfile": ssh_cluster.hostfile(1), **ssh_cluster.ssh_settings()})
         lines: list[str] = []
         launcher = Launcher(spec, sink=lines.append)
-        result = launcher.run()
+        result = run_within(launcher, lines)
         assert result.exit_code == 3, lines[-30:]
         assert set(launcher.backend.pgids) == {0, 1} and victim.pid not in launcher.backend.pgids.values()
         assert victim.poll() is None, "the victim's process group was signalled by rank output"
