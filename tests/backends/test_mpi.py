@@ -1,7 +1,14 @@
-"""The backend contract on the mpi backend (mpirun starts every rank on this host)."""
+"""The backend contract on the mpi backend (mpirun starts every rank on this host), and an
+mpirun that outlives its ranks."""
 
-from tests.backends.contract import BackendContract
-from tests.remote.conftest import needs_mpirun
+import pytest
+
+from dtrain.launch.backends.mpi.backend import MPIBackend, outcome_of
+from dtrain.launch.launcher import Launcher
+from dtrain.launch.spec import LaunchSpec
+from tests.backends.contract import SCRIPT, BackendContract, ranks
+from tests.remote.conftest import job_processes, needs_mpirun, still_alive
+from tests.support import alive, wait_for
 
 
 @needs_mpirun
@@ -11,3 +18,49 @@ class TestMPIBackend(BackendContract):
 
     def extra_spec(self) -> dict:
         return {"distribution": "mpi", "mpi_options": ["--oversubscribe"]}
+
+
+# Fault injection (named as such): an mpirun that hangs in its own teardown after every rank
+# ended, as OpenMPI's runtime can at finalize (open-mpi/ompi#4726, #7790). The real mpirun runs
+# the job; the wrapper then stays, holding mpirun's output pipe, as a hung mpirun would.
+LINGERING_MPIRUN = """#!/bin/sh
+echo $$ > "{pid_file}"
+mpirun "$@"
+code=$?
+sleep 300
+exit $code
+"""
+
+
+@needs_mpirun
+@pytest.mark.parametrize("fail", [False, True], ids=["ok", "rank1-exits-3"])
+def test_an_mpirun_that_outlives_its_ranks_ends_with_their_outcome_and_is_stopped(tmp_path, fail):
+    pid_file = tmp_path / "wrapper.pid"
+    wrapper = tmp_path / "mpirun"
+    wrapper.write_text(LINGERING_MPIRUN.format(pid_file=pid_file))
+    wrapper.chmod(0o755)
+    out = tmp_path / "out"
+    out.mkdir()
+    spec = LaunchSpec(command=[SCRIPT, *(["--fail", "1", "3"] if fail else [])], nodes=1, procs_per_node=2,
+                      backend="mpi", distribution="mpi", device="cpu", env={"OUT_DIR": str(out)},
+                      run_dir=str(tmp_path / "run"), mpi_options=["--oversubscribe"])
+    lines: list[str] = []
+    backend = MPIBackend(sink=lines.append, mpirun=str(wrapper), linger_seconds=1)
+    result = Launcher(spec, sink=lines.append, backend=backend).run()
+    log = "\n".join(lines)
+    assert ("[dtrain] every rank ended but mpirun still runs 1 s later (hung in its own teardown): the job ends "
+            f"with the ranks' exit code {3 if fail else 0}; stopping mpirun") in lines, log
+    assert (result.exit_code, result.failed_rank) == ((3, 1) if fail else (0, None)), log
+    assert sorted(ranks(out)) == [0, 1]
+    assert wait_for(lambda: not alive([int(pid_file.read_text())]), 10)
+    assert wait_for(lambda: not still_alive(job_processes(result.job_id)), 10)
+
+
+def test_outcome_of_the_records_is_the_first_rank_that_failed_on_its_own():
+    records = [{"rank": 0, "node_rank": 0, "exit_code": 143, "stopped_by_signal": 15, "time": 5.0},
+               {"rank": 3, "node_rank": 1, "exit_code": 3, "stopped_by_signal": None, "time": 7.0},
+               {"rank": 2, "node_rank": 1, "exit_code": 4, "stopped_by_signal": None, "time": 6.0}]
+    assert outcome_of(records) == (4, 1)
+    assert outcome_of(records[:1]) == (143, None)  # only stopped ranks: still a failure
+    assert outcome_of([{"rank": 0, "exit_code": 0, "time": 1.0}]) == (0, None)
+    assert outcome_of([]) == (0, None)

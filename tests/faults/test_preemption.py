@@ -306,7 +306,7 @@ def test_slurm_script_exports_the_grace_and_cancel_signals_before_it_cancels(tmp
 
 
 def test_slurm_waits_for_new_exit_records_of_every_rank(tmp_path):
-    from dtrain.launch.backends.slurm.backend import exit_records, ranks_exited_since
+    from dtrain.launch.exits import exit_records, ranks_exited_since
 
     exits = tmp_path / "exits"
     exits.mkdir()

@@ -1,11 +1,59 @@
-"""Which rank failed first, from the ranks' exit records (written by dtrain.launch.rank_entry).
+"""The ranks' exit records (``<run_dir>/exits/rank<R>.restart<N>.json``, written by
+dtrain.launch.rank_entry as each rank ends): which ranks ended since a moment, and which rank
+failed first.
 
-Stdlib only: the launcher and the Training tab's API both read exit records.
+Stdlib only: the launcher, the backends and the Training tab's API all read exit records.
 """
 
 from __future__ import annotations
 
+import json
+import os
 from typing import Any, Iterable
+
+#: Bound on one record's size (a record holds a rank's last lines): larger is not ours.
+MAX_RECORD_BYTES = 1 << 20
+
+
+def exit_records(run_dir: str) -> dict[str, int]:
+    """The rank exit records now: file name -> mtime (ns)."""
+    folder = os.path.join(run_dir, "exits")
+    found = {}
+    try:
+        names = os.listdir(folder)
+    except OSError:
+        return {}
+    for name in names:
+        if name.startswith("rank") and name.endswith(".json"):
+            try:
+                found[name] = os.stat(os.path.join(folder, name)).st_mtime_ns
+            except OSError:
+                continue
+    return found
+
+
+def ranks_exited_since(before: dict[str, int], now: dict[str, int], world_size: int) -> bool:
+    """Whether every rank wrote an exit record since ``before`` (a new file, or one rewritten)."""
+    ranks = {name.split(".", 1)[0] for name, mtime in now.items() if before.get(name) != mtime}
+    return len(ranks) >= world_size
+
+
+def records_since(run_dir: str, before: dict[str, int], now: dict[str, int]) -> list[dict[str, Any]]:
+    """The records written since ``before`` (``now`` from :func:`exit_records`), parsed; a record
+    that cannot be read (half-written, too large, not JSON) is skipped."""
+    out = []
+    for name, mtime in sorted(now.items()):
+        if before.get(name) == mtime:
+            continue
+        try:
+            with open(os.path.join(run_dir, "exits", name), "rb") as fh:
+                data = fh.read(MAX_RECORD_BYTES + 1)
+            record = json.loads(data) if len(data) <= MAX_RECORD_BYTES else None
+        except (OSError, ValueError):
+            continue
+        if isinstance(record, dict):
+            out.append(record)
+    return out
 
 
 def first_failure_of(records: Iterable[dict[str, Any]]) -> dict[str, Any] | None:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import glob
 import json
 import os
 import threading
@@ -13,7 +12,7 @@ from typing import Any
 from dtrain.errors import LaunchError
 from dtrain.launch import hang
 from dtrain.launch.backends import Backend, BackendOutcome, JobHandle, backend_for
-from dtrain.launch.exits import first_failure_of
+from dtrain.launch.exits import exit_records, first_failure_of, records_since
 from dtrain.launch.job import Job, prepare_job
 from dtrain.launch.processes import LineSink, print_sink
 from dtrain.launch.spec import LaunchSpec
@@ -63,14 +62,8 @@ class LaunchResult:
 
 def first_failure(exits_dir: str) -> dict[str, Any] | None:
     """The rank that failed first on its own (not one stopped by its agent or by us)."""
-    records = []
-    for path in glob.glob(os.path.join(exits_dir, "rank*.json")):
-        try:
-            with open(path, encoding="utf-8") as fh:
-                records.append(json.load(fh))
-        except (OSError, ValueError):
-            continue
-    return first_failure_of(records)
+    run_dir = os.path.dirname(exits_dir)
+    return first_failure_of(records_since(run_dir, {}, exit_records(run_dir)))
 
 
 def read_metrics(metrics_dir: str) -> dict[str, Any]:

@@ -14,6 +14,11 @@ MASTER_ADDR (first node) and MASTER_PORT (free there) are exported to every rank
 Teardown: SIGTERM to mpirun first (it stops the ranks on every host through its daemons),
 then the supervisor's process-tree teardown after the grace period. A killed mpirun also
 stops the remote ranks: each orted exits when it loses mpirun.
+
+mpirun can hang in its own teardown after every rank ended (races in OpenMPI's runtime at
+finalize: open-mpi/ompi#4726, #7790). Every rank's wrapper writes an exit record as it ends,
+so once each rank has one and mpirun still runs ``linger_seconds`` later, the job is over: its
+outcome is the records', and mpirun, its ssh sessions and daemons are torn down.
 """
 
 from __future__ import annotations
@@ -27,6 +32,7 @@ from dtrain.errors import LaunchError, SpecError
 from dtrain.launch.backends import get_backend_class
 from dtrain.launch.backends.base import Backend, DryRunRequest, JobHandle, JobStatus
 from dtrain.launch.backends.mpi.render import check_export_names, coerce_mpi_options, mpirun_argv, mpirun_env
+from dtrain.launch.exits import exit_records, first_failure_of, ranks_exited_since, records_since
 from dtrain.launch.job import Job
 from dtrain.launch.processes import NodeSupervisor
 from dtrain.launch.spec import LaunchSpec
@@ -35,6 +41,22 @@ from dtrain.launch.spec import LaunchSpec
 def mpi_hostfile_text(nodes: int, procs_per_node: int) -> str:
     """mpirun's hostfile over the ssh_config aliases, in node order."""
     return "".join(f"dtrain-node{i} slots={procs_per_node}\n" for i in range(nodes))
+
+
+#: How long mpirun may outlive the last of its ranks (it normally exits within a second).
+LINGER_S = 30.0
+#: How often poll looks for exit records (poll itself runs every 20 ms).
+RECORDS_CHECK_S = 1.0
+
+
+def outcome_of(records: list[dict]) -> tuple[int, int | None]:
+    """(exit code, node) mpirun would have ended with: the first rank that failed on its own,
+    else any nonzero code (a rank stopped by a signal), else 0."""
+    failure = first_failure_of(records)
+    if failure is not None:
+        return int(failure["exit_code"]), failure.get("node_rank")
+    codes = [r.get("exit_code") for r in records if isinstance(r.get("exit_code"), int) and r.get("exit_code")]
+    return (codes[0], None) if codes else (0, None)
 
 
 def _write_private(path: str, text: str) -> None:
@@ -53,11 +75,15 @@ class MPIBackend(Backend):
     install_hint = "apt-get install openmpi-bin"
     single_host = True  # when named itself: mpirun on this host
 
-    def __init__(self, sink=None, grace_seconds: float = 5.0, mpirun: str = "mpirun"):
+    def __init__(self, sink=None, grace_seconds: float = 5.0, mpirun: str = "mpirun", linger_seconds: float = LINGER_S):
         super().__init__(**({"sink": sink} if sink else {}))
         self.grace_seconds = grace_seconds
         self.mpirun = mpirun
+        self.linger_seconds = linger_seconds
         self.supervisor = NodeSupervisor(self._mpirun_sink, grace_seconds=grace_seconds)
+        self._records_before: dict[str, int] = {}
+        self._records_checked = 0.0
+        self._ranks_ended_at: float | None = None
 
     @classmethod
     def validate(cls, spec: LaunchSpec) -> None:
@@ -118,6 +144,7 @@ class MPIBackend(Backend):
             os.makedirs(os.path.dirname(path), exist_ok=True)
             _write_private(path, text)
         argv = list(request.argvs[0])
+        self._records_before, self._ranks_ended_at = exit_records(job.run_dir), None  # not this mpirun's ranks
         self.sink("[dtrain] mpirun: " + " ".join(argv[: argv.index("-m") - 1]))
         self.supervisor.job_id = job.job_id  # teardown also finds what left the tree
         self.supervisor.start([argv], [mpirun_env({**os.environ, **request.env})], cwd=job.spec.workdir)
@@ -127,9 +154,28 @@ class MPIBackend(Backend):
     def poll(self, handle: JobHandle) -> JobStatus:
         done, code, node = self.supervisor.check(expected=1)
         if not done:
-            return JobStatus(state="RUNNING", done=False)
+            return self._outlived_ranks(handle) or JobStatus(state="RUNNING", done=False)
         return JobStatus(state="COMPLETED" if code == 0 else "FAILED", done=True, exit_code=code,
                          failed_node=None if node is None else 0, tail=[] if node is None else list(node.tail))
+
+    def _outlived_ranks(self, handle: JobHandle) -> JobStatus | None:
+        """The job's end when every rank has ended and mpirun has not, ``linger_seconds`` on."""
+        now = time.monotonic()
+        if self._ranks_ended_at is None:
+            if now - self._records_checked < RECORDS_CHECK_S:
+                return None
+            self._records_checked = now
+            if not ranks_exited_since(self._records_before, exit_records(handle.run_dir), handle.world_size):
+                return None
+            self._ranks_ended_at = now
+        if now - self._ranks_ended_at < self.linger_seconds:
+            return None
+        records = records_since(handle.run_dir, self._records_before, exit_records(handle.run_dir))
+        code, node = outcome_of(records)
+        self.sink(f"[dtrain] every rank ended but mpirun still runs {self.linger_seconds:g} s later (hung in its "
+                  f"own teardown): the job ends with the ranks' exit code {code}; stopping mpirun")
+        return JobStatus(state="COMPLETED" if code == 0 else "FAILED", done=True, exit_code=code,
+                         failed_node=node, tail=self.logs(handle))
 
     def cancel(self, handle: JobHandle | None = None, grace: float | None = None) -> None:
         # mpirun first: it stops the ranks on every host in order; then whatever is left.

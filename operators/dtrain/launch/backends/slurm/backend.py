@@ -28,6 +28,7 @@ from dtrain.errors import DTrainError, LaunchError
 from dtrain.launch.backends.base import Backend, DryRunRequest, JobHandle, JobStatus, run_async
 from dtrain.launch.backends.slurm import render as R
 from dtrain.launch.backends.slurm.render import SlurmOptions
+from dtrain.launch.exits import exit_records, ranks_exited_since
 from dtrain.launch.job import Job
 from dtrain.launch.spec import LaunchSpec
 from dtrain.launch.tailfile import TAIL_LINES, LogFollower, read_tail
@@ -96,29 +97,6 @@ GRACE_POLL_INTERVAL = 0.5
 
 def handle_grace(handle: JobHandle, grace: float | None) -> float:
     return float(grace) if grace is not None else float(handle.data.get("stop_grace", DEFAULT_STOP_GRACE))
-
-
-def exit_records(run_dir: str) -> dict[str, int]:
-    """The rank exit records (``exits/rank*.json``, written by every rank's wrapper) now: name -> mtime."""
-    folder = os.path.join(run_dir, "exits")
-    found = {}
-    try:
-        names = os.listdir(folder)
-    except OSError:
-        return {}
-    for name in names:
-        if name.startswith("rank") and name.endswith(".json"):
-            try:
-                found[name] = os.stat(os.path.join(folder, name)).st_mtime_ns
-            except OSError:
-                continue
-    return found
-
-
-def ranks_exited_since(before: dict[str, int], now: dict[str, int], world_size: int) -> bool:
-    """Whether every rank wrote an exit record since ``before`` (a new file, or one rewritten)."""
-    ranks = {name.split(".", 1)[0] for name, mtime in now.items() if before.get(name) != mtime}
-    return len(ranks) >= world_size
 
 
 def mark_stop(run_dir: str, job_id: str) -> None:
