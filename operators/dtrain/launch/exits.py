@@ -2,7 +2,8 @@
 dtrain.launch.rank_entry as each rank ends): which ranks ended since a moment, and which rank
 failed first.
 
-Stdlib only: the launcher, the backends and the Training tab's API all read exit records.
+No Airflow or torch import: the launcher, the backends and the Training tab's API all read
+exit records.
 """
 
 from __future__ import annotations
@@ -10,6 +11,8 @@ from __future__ import annotations
 import json
 import os
 from typing import Any, Iterable
+
+from dtrain.launch.retry import communication_error  # the one list of those patterns
 
 #: Bound on one record's size (a record holds a rank's last lines): larger is not ours.
 MAX_RECORD_BYTES = 1 << 20
@@ -58,7 +61,21 @@ def records_since(run_dir: str, before: dict[str, int], now: dict[str, int]) -> 
 
 def first_failure_of(records: Iterable[dict[str, Any]]) -> dict[str, Any] | None:
     """The record of the rank that failed first on its own: a nonzero exit not caused by a stop
-    signal from its agent or from us (those ranks were taken down by the failure, not its cause)."""
+    signal from its agent or from us (those ranks were taken down by the failure, not its cause).
+
+    A rank whose last lines show a broken collective ("Connection closed by peer"...) failed
+    because a peer went away, so a rank without such lines is named before it whatever the
+    times say: the two exits are milliseconds apart and the order their wrappers see them in
+    is the scheduler's. Only when every failed rank shows one (a network fault) is the earliest
+    of them named."""
     failed = [r for r in records if r.get("exit_code") and not r.get("stopped_by_signal")
               and isinstance(r.get("time"), (int, float))]
-    return min(failed, key=lambda r: r["time"]) if failed else None
+    if not failed:
+        return None
+    return min(failed, key=lambda r: (lost_a_peer(r), r["time"]))
+
+
+def lost_a_peer(record: dict[str, Any]) -> bool:
+    """Whether the rank's last lines show a gloo/NCCL communication error."""
+    tail = record.get("tail")
+    return communication_error(tail if isinstance(tail, list) else []) is not None

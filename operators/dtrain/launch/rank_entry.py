@@ -75,6 +75,7 @@ class RankProcess:
         self.tail: collections.deque[str] = collections.deque(maxlen=TAIL_LINES)
         self.tail_lock = threading.Lock()
         self.stop_signal: int | None = None
+        self.ended_at: float | None = None
         run_dir = environ.get("DTRAIN_RUN_DIR")
         self.progress = hang.ProgressToucher(hang.progress_dir(run_dir), environ.get("RANK", "x")) if run_dir else None
         restart = environ.get("TORCHELASTIC_RESTART_COUNT", "0")
@@ -127,6 +128,9 @@ class RankProcess:
             threading.Thread(target=self.ensure_stack_dump, args=(self.environ[hang.HANG_DIR_ENV],),
                              daemon=True).start()
         code = self.proc.wait()
+        # When it ended, not when its output drained (the pumps may wait up to 5 s below): which
+        # rank failed first is read from these times.
+        self.ended_at = time.time()
         for t in pumps:
             t.join(timeout=5)
         if self.log is not None:
@@ -178,7 +182,7 @@ class RankProcess:
             "local_rank": int(self.environ.get("LOCAL_RANK", -1)),
             "exit_code": exit_code,
             "stopped_by_signal": self.stop_signal,
-            "time": time.time(),
+            "time": self.ended_at if self.ended_at is not None else time.time(),
             "host": os.uname().nodename,
             "tail": list(self.tail),
         }
