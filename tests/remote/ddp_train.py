@@ -89,9 +89,15 @@ def main() -> int:
     print(f"rank {rank} done: loss {losses[0]:.4f} -> {losses[-1]:.4f}", flush=True)
     if args.hang:
         time.sleep(3600)
-    dist.destroy_process_group()
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    code = main()
+    if "torch.distributed" not in sys.modules:  # --start-only: no torch to tear down (or import)
+        sys.exit(code)
+    from dtrain.training.dist import exit_now
+
+    # Destroys the process group and skips the interpreter's teardown, in which gloo can abort
+    # or stall a finished rank (see dtrain.training.dist.exit_now), as the reference script does.
+    exit_now(code)

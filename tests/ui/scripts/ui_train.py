@@ -67,4 +67,9 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from dtrain.training.dist import exit_now
+
+    # As the reference script does (dtrain.training.dist.exit_now): without it the failing rank
+    # tears its interpreter down with the process group alive, slowly enough that the launcher
+    # can SIGTERM it after its peer aborted, and the stopped rank cannot be named as the cause.
+    exit_now(main())
