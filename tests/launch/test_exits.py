@@ -19,8 +19,8 @@ def record(rank: int, code: int, time: float, tail: list[str], stopped: int | No
 
 
 def test_a_rank_that_lost_its_peer_is_not_named_even_when_its_wrapper_wrote_first():
-    # What CI saw: rank 1 raised (exit 3); rank 0 lost the connection to it and aborted in
-    # gloo's teardown (134); rank 0's wrapper happened to write its record 4 ms sooner.
+    # Rank 1 raised (exit 3); rank 0 lost the connection to it and aborted in gloo's teardown
+    # (134), and rank 0's wrapper happened to write its record first.
     victim = record(0, 134, 100.000, ["step 7 loss 3.43", BROKEN, "terminate called without an active exception"])
     culprit = record(1, 3, 100.004, ["step 7: RuntimeError: rank 1 hit a bad batch"])
     assert first_failure_of([victim, culprit]) == culprit
