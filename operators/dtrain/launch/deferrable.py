@@ -88,7 +88,8 @@ def _validated(event: Any) -> tuple[dict[str, Any], JobHandle]:
 
 def resume_job(operator, event: Any) -> dict[str, Any]:
     """Turn the trigger's event into the task's result, or raise with the job's last lines."""
-    from dtrain.launch.launcher import LaunchResult, first_failure, read_metrics
+    from dtrain.launch.exits import first_failure
+    from dtrain.launch.launcher import LaunchResult, read_metrics
 
     event, handle = _validated(event)
     if operator is not None:
@@ -114,7 +115,7 @@ def resume_job(operator, event: Any) -> dict[str, Any]:
         raise LaunchError(f"{where} {event.get('reason')}", HANG_EXIT_CODE, stuck[0] if stuck else None,
                           event["tail"], "HUNG")
     if event["status"] == "failed":
-        failure = first_failure(os.path.join(run_dir, "exits"))
+        failure = first_failure(run_dir)
         summary = f"{where} ended {event.get('state')}"
         if failure is None:  # no rank ran to its end (bad interpreter, node failure...): the job log says why
             error = LaunchError(f"{summary} with exit code {result.exit_code}; last lines of the job log:\n"

@@ -59,6 +59,11 @@ def records_since(run_dir: str, before: dict[str, int], now: dict[str, int]) -> 
     return out
 
 
+def first_failure(run_dir: str) -> dict[str, Any] | None:
+    """The record of the rank that failed first on its own among those in ``run_dir`` now."""
+    return first_failure_of(records_since(run_dir, {}, exit_records(run_dir)))
+
+
 def first_failure_of(records: Iterable[dict[str, Any]]) -> dict[str, Any] | None:
     """The record of the rank that failed first on its own: a nonzero exit not caused by a stop
     signal from its agent or from us (those ranks were taken down by the failure, not its cause).

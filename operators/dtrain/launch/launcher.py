@@ -12,7 +12,7 @@ from typing import Any
 from dtrain.errors import LaunchError
 from dtrain.launch import hang
 from dtrain.launch.backends import Backend, BackendOutcome, JobHandle, backend_for
-from dtrain.launch.exits import exit_records, first_failure_of, records_since
+from dtrain.launch.exits import first_failure
 from dtrain.launch.job import Job, prepare_job
 from dtrain.launch.processes import LineSink, print_sink
 from dtrain.launch.spec import LaunchSpec
@@ -58,12 +58,6 @@ class LaunchResult:
         data = asdict(self)
         data["tail"] = data["tail"][-10:]
         return data
-
-
-def first_failure(exits_dir: str) -> dict[str, Any] | None:
-    """The rank that failed first on its own (not one stopped by its agent or by us)."""
-    run_dir = os.path.dirname(exits_dir)
-    return first_failure_of(records_since(run_dir, {}, exit_records(run_dir)))
 
 
 def read_metrics(metrics_dir: str) -> dict[str, Any]:
@@ -119,7 +113,7 @@ class Launcher:
         elif outcome.stopped or self._terminated.is_set():
             result.exit_code, result.stopped = STOPPED_EXIT_CODE, True
         elif outcome.exit_code != 0:
-            failure = first_failure(job.exits_dir)
+            failure = first_failure(job.run_dir)
             if failure is not None:
                 result.exit_code = failure["exit_code"]
                 result.failed_rank = failure["rank"]
