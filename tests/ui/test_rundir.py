@@ -12,7 +12,7 @@ import pytest
 from dtrain.launch.ranklog import RankLog
 from dtrain.ui import external_views, training_tab_url
 from dtrain.ui.retraining import pipeline_view
-from dtrain.ui.rundir import RunDir, UnsafeRunDir
+from dtrain.rundir import RunDir, UnsafeRunDir
 from dtrain.ui.training import curves
 
 
@@ -45,7 +45,7 @@ def test_metrics_skip_cut_lines_and_foreign_records_and_ignore_other_names(tmp_p
 
 
 def test_a_huge_metrics_file_is_read_from_its_end_only(tmp_path, monkeypatch):
-    import dtrain.ui.rundir as rundir
+    import dtrain.rundir as rundir
 
     monkeypatch.setattr(rundir, "MAX_METRICS_BYTES", 4096)
     write_metrics(tmp_path, 0, [step(n) for n in range(1, 1001)])

@@ -19,7 +19,7 @@ Every ``ti`` endpoint takes the task instance as query parameters and is guarded
 ``requires_access_dag`` (reading that DAG's task instances; logs and stacks need its task logs), so
 the deployment's auth manager decides; the retraining endpoints list only the DAGs the auth manager
 says the user may read. Files are located from the task instance's recorded XCom, never from the
-request (dtrain.ui.rundir reads them without following symlinks, bounded).
+request (dtrain.rundir reads them without following symlinks, bounded).
 """
 
 from __future__ import annotations
@@ -41,7 +41,7 @@ from airflow.api_fastapi.core_api.security import GetUserDep, requires_access_da
 
 from dtrain.launch.job import RUN_RECORD_KEY
 from dtrain.ui import plots, retraining, store, training, ui_base
-from dtrain.ui.rundir import METRICS_FILE, RunDir, UnsafeRunDir
+from dtrain.rundir import METRICS_FILE, RunDir, UnsafeRunDir
 
 #: what a page may load: its own scripts and styles (matplotlib's SVG uses style attributes), framed
 #: only by the Airflow UI of the same origin

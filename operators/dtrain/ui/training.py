@@ -1,7 +1,7 @@
 """What the Training tab shows, assembled from what the job wrote: pure, no Airflow.
 
 Inputs are the training task's records (its XComs: the run record pushed before launch, the
-result on success, the hang verdict) and its run directory (:class:`~dtrain.ui.rundir.RunDir`).
+result on success, the hang verdict) and its run directory (:class:`~dtrain.rundir.RunDir`).
 Everything returned is JSON primitives: the JSON API serves it as is.
 """
 
@@ -12,7 +12,7 @@ from typing import Any, Mapping
 
 from dtrain.launch.exits import first_failure_of
 from dtrain.training.stall_report import summarize_records
-from dtrain.ui.rundir import RunDir
+from dtrain.rundir import RunDir
 
 #: the per-rank curves, by API name: (title, y label)
 CURVES = {
