@@ -103,7 +103,7 @@ def resume_job(operator, event: Any) -> dict[str, Any]:
         job_id=handle.job_id, run_dir=run_dir, world_size=handle.world_size,
         exit_code=0 if event["status"] == "success" else (event.get("exit_code") or 1),
         duration_s=round(time.time() - handle.submitted_at, 3),
-        checkpoint_dir=os.path.join(run_dir, "checkpoints"), metrics_dir=metrics_dir, metrics=read_metrics(metrics_dir),
+        checkpoint_dir=os.path.join(run_dir, "checkpoints"), metrics_dir=metrics_dir, metrics=read_metrics(run_dir),
     )
     where = f"{handle.backend} job {handle.backend_job_id}"
     if handle.backend_job_id != handle.job_id:
