@@ -34,6 +34,8 @@ import stat
 from dataclasses import dataclass
 from typing import Any, Iterator
 
+from dtrain.errors import DTrainError
+
 # -- layout: the names below a run directory -------------------------------------------------------
 
 CHECKPOINTS = "checkpoints"
@@ -73,7 +75,7 @@ MAX_RANKS = 4096
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 
 
-class UnsafeRunDir(ValueError):
+class UnsafeRunDir(DTrainError, ValueError):
     """The run directory, or a directory the product owns inside it, is not what it must be
     (not an absolute normalized path, a symlink, not a directory)."""
 
@@ -244,7 +246,7 @@ class RunDir:
     def ranked(self, directory: str, pattern: re.Pattern) -> dict[int, Entry]:
         """Regular files of ``directory`` whose names match ``pattern`` (group 1: the rank), by rank."""
         found: dict[int, Entry] = {}
-        for entry in self.list(directory):
+        for entry in self.list(*([directory] if directory else [])):  # "": the run directory itself
             match = pattern.match(entry.name)
             if match and not entry.is_dir and len(found) < MAX_RANKS:
                 found[int(match.group(1))] = entry
@@ -376,9 +378,15 @@ class RunDir:
 
     def metrics(self) -> dict[int, list[dict[str, Any]]]:
         """Each rank's metrics records (dtrain.training.metrics), in file order; cut lines skipped."""
+        return {rank: [r for r in records if _has_step(r)] for rank, records in self.ranked_jsonl(METRICS).items()}
+
+    def ranked_jsonl(self, directory: str = METRICS) -> dict[int, list[dict[str, Any]]]:
+        """Each rank's JSON-lines records (``rank<R>.jsonl`` in ``directory``; "": the run directory
+        itself), the newest :data:`MAX_METRICS_BYTES` of each file; lines that are not an object skipped."""
         out: dict[int, list[dict[str, Any]]] = {}
-        for rank, entry in sorted(self.ranked(METRICS, METRICS_FILE).items()):
-            data, whole = self.read_end(METRICS, entry.name, limit=MAX_METRICS_BYTES)
+        where = (directory,) if directory else ()
+        for rank, entry in sorted(self.ranked(directory, METRICS_FILE).items()):
+            data, whole = self.read_end(*where, entry.name, limit=MAX_METRICS_BYTES)
             lines = data.split(b"\n")
             if not whole:
                 lines = lines[1:]  # the first line was cut by the bound
@@ -447,5 +455,9 @@ def _records(lines: list[bytes]) -> Iterator[dict[str, Any]]:
             record = json.loads(line)
         except ValueError:
             continue  # a line cut by a kill, or a rank's garbage
-        if isinstance(record, dict) and isinstance(record.get("step"), int) and not isinstance(record["step"], bool):
+        if isinstance(record, dict):
             yield record
+
+
+def _has_step(record: dict[str, Any]) -> bool:
+    return isinstance(record.get("step"), int) and not isinstance(record["step"], bool)

@@ -108,6 +108,17 @@ def read_bounded(path: str, limit: int) -> bytes | None:
         return None
 
 
+def exists(path: str) -> bool:
+    """Whether ``path`` (a file in a hang directory) exists, itself not followed, its directory
+    opened without following a link: how a rank sees the request and its own dump."""
+    if not os.path.isabs(path):
+        return False
+    try:
+        return RunDir(os.path.dirname(os.path.normpath(path))).stat(os.path.basename(path)) is not None
+    except UnsafeRunDir:
+        return False
+
+
 class ProgressToucher:
     """Marks a rank as making progress: touches ``<progress dir>/rank<R>`` at most once per
     ``every`` seconds (an mtime the watcher reads), so a chatty rank costs one syscall a second."""

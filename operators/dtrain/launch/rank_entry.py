@@ -140,10 +140,7 @@ class RankProcess:
     def ensure_stack_dump(self, directory: str) -> None:
         """Once the launcher asks, give this rank's stack: the helper's dump if it answers in time,
         else py-spy's view of the command from outside, else a note saying why there is none."""
-        if not os.path.isabs(directory):
-            return
-        where = RunDir(os.path.normpath(directory))
-        while where.stat(os.path.basename(hang.request_path(directory))) is None:
+        while not hang.exists(hang.request_path(directory)):
             if self.proc.poll() is not None:
                 return
             time.sleep(0.5)
@@ -151,7 +148,7 @@ class RankProcess:
         target = hang.stack_path(directory, rank)
         deadline = time.monotonic() + hang.HELPER_DUMP_WAIT_S
         while time.monotonic() < deadline:
-            if where.stat(os.path.basename(target)) is not None:
+            if hang.exists(target):
                 return
             time.sleep(0.2)
         try:
