@@ -130,3 +130,27 @@ def test_rundir_refuses_names_that_leave_it(tmp_path):
         assert run.read(bad, limit=10) is None
         with pytest.raises(OSError):
             run.write(bad, data=b"x")
+
+
+def test_the_trigger_still_gives_a_verdict_when_a_rank_removed_the_hang_directory(tmp_path, monkeypatch):
+    # Old code: request_dumps raised FileNotFoundError out of the trigger's loop (the deferred job
+    # was then followed by nobody). The real trigger's hang step, on a job whose ranks went silent.
+    import asyncio
+    import time
+
+    from dtrain.launch import hang
+    from dtrain.launch.backends import JobHandle
+    from dtrain.launch.trigger import DistributedJobTrigger
+
+    run_dir = tmp_path / "run"
+    for rank in (0, 1):
+        hang.ProgressToucher(hang.progress_dir(str(run_dir)), rank).touch()
+    started = time.time() - 60
+    monkeypatch.setattr(hang, "DUMP_WAIT_S", 0.5)
+    handle = JobHandle("ssh", "job", "job", str(run_dir), 2, started,
+                       data={"hosts": ["a"], "ssh": {}, "detached": True}).to_dict()
+    trigger = DistributedJobTrigger(handle=handle, poll_interval=2, hang_timeout=1)
+    assert not (run_dir / "hang").exists()  # never made, or removed by a rank
+    time.sleep(1.1)
+    verdict = asyncio.run(trigger._hang_verdict())
+    assert verdict is not None and verdict.stuck_ranks == [0, 1] and verdict.missing_stacks == [0, 1]

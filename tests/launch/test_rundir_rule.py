@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import ast
 import os
+import sys
 
 import dtrain
 
@@ -125,5 +126,5 @@ def test_the_scan_sees_a_planted_call(tmp_path, monkeypatch):
     module = tmp_path / "launch"
     module.mkdir()
     (module / "bad.py").write_text("import os\ndef read(run_dir):\n    return open(os.path.join(run_dir, 'x'))\n")
-    monkeypatch.setattr(__import__(__name__), "PACKAGE", str(tmp_path))
+    monkeypatch.setattr(sys.modules[__name__], "PACKAGE", str(tmp_path))
     assert file_system_calls() == {"launch/bad.py:read": [3]}
