@@ -88,6 +88,8 @@ def file_system_calls() -> dict[str, list[int]]:
     found: dict[str, list[int]] = {}
     for top in SCANNED:
         root = os.path.join(PACKAGE, top)
+        if not os.path.exists(root):
+            continue
         paths = [root] if root.endswith(".py") else [os.path.join(d, f) for d, _, fs in os.walk(root)
                                                       for f in fs if f.endswith(".py")]
         for path in paths:
