@@ -42,6 +42,9 @@ POLICY_VALUE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.,:=+-]*")
 #: a small positive count (mpirun's --cpus-per-proc)
 COUNT_VALUE = re.compile(r"[1-9][0-9]{0,3}")
 
+#: the most nodes a job may have (a launch, DeepSpeed's autotuner, the throughput planner)
+MAX_NODES = 4096
+
 #: variables of the environment contract and of the launcher: set per rank, never by the user
 CONTRACT_VARIABLES = frozenset({
     "MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE", "RANK", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "NODE_RANK",
