@@ -14,6 +14,7 @@ import sys
 
 import pytest
 
+from tests.conftest import REPO
 
 DTRAIN = os.path.join(os.path.dirname(sys.executable), "dtrain")
 MEMORY_LIMIT = 1 << 30  # the CLI needs about 30 MB; an unbounded read of /dev/zero hits this
@@ -94,3 +95,11 @@ def test_stage_progress_interval_is_a_positive_finite_number(value, allowed, tmp
 def test_plan_nodes_is_a_bounded_integer(value, shown):
     refused(dtrain("plan", "--dataset-size", "1GB", "--epoch-seconds", "30", "--nodes", value), shown)
 
+
+def test_autotune_work_dir_that_cannot_be_made_exits_2(tmp_path):
+    config = tmp_path / "ds.json"
+    config.write_text(json.dumps({"train_micro_batch_size_per_gpu": 1}))
+    script = os.path.join(REPO, "tests", "deepspeed", "scripts", "ds_zero_style.py")
+    proc = dtrain("autotune", "--deepspeed-config", str(config), "--device", "cpu", "--work-dir", "/dev/null/x",
+                  "--", "python", script)
+    refused(proc, "work_dir='/dev/null/x'", "a directory")
