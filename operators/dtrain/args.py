@@ -50,7 +50,7 @@ def read_input_file(name: str, path: Any, limit: int = MAX_INPUT_FILE_BYTES) -> 
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
     except OSError as e:
-        raise SpecError(name, path, f"a readable regular file ({e.strerror})") from e
+        raise SpecError(name, path, f"a readable file ({e.strerror})") from e
     if not stat.S_ISREG(os.fstat(fd).st_mode):  # checked on the fd: os.fdopen refuses a directory itself
         os.close(fd)
         raise SpecError(name, path, "a regular file (not a device, a FIFO or a directory)")
