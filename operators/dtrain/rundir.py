@@ -148,15 +148,25 @@ class RunDir:
 
     # -- reading -----------------------------------------------------------------------------------
 
-    def read(self, *parts: str, limit: int) -> bytes | None:
-        """The file's bytes; None when missing, not a regular file, a symlink, or over ``limit``."""
+    def _open_file(self, parts: tuple[str, ...]) -> int | None:
+        """A read-only fd for the regular file ``run_dir/parts...``; None when it is missing, a
+        symlink, or anything but a regular file. Checked on the fd before ``os.fdopen``, which
+        raises IsADirectoryError for a directory planted in the file's place."""
         try:
             fd = self._open(parts, os.O_RDONLY | os.O_NONBLOCK)
         except OSError:
             return None
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            os.close(fd)
+            return None
+        return fd
+
+    def read(self, *parts: str, limit: int) -> bytes | None:
+        """The file's bytes; None when missing, not a regular file, a symlink, or over ``limit``."""
+        fd = self._open_file(parts)
+        if fd is None:
+            return None
         with os.fdopen(fd, "rb") as fh:
-            if not stat.S_ISREG(os.fstat(fh.fileno()).st_mode):
-                return None
             data = fh.read(limit + 1)
         return data if len(data) <= limit else None
 
@@ -172,14 +182,11 @@ class RunDir:
 
     def read_end(self, *parts: str, limit: int) -> tuple[bytes, bool]:
         """The last ``limit`` bytes of the file, and whether that is all of it (missing: b'', True)."""
-        try:
-            fd = self._open(parts, os.O_RDONLY | os.O_NONBLOCK)
-        except OSError:
+        fd = self._open_file(parts)
+        if fd is None:
             return b"", True
         with os.fdopen(fd, "rb") as fh:
             info = os.fstat(fh.fileno())
-            if not stat.S_ISREG(info.st_mode):
-                return b"", True
             start = max(0, info.st_size - limit)
             fh.seek(start)
             return fh.read(limit), start == 0
@@ -187,14 +194,11 @@ class RunDir:
     def read_from(self, *parts: str, offset: int, limit: int) -> tuple[bytes, int] | None:
         """Up to ``limit`` bytes from ``offset``, and the file's size now; None when the file cannot
         be read (missing, a symlink, not a regular file). A follower of a growing log reads this way."""
-        try:
-            fd = self._open(parts, os.O_RDONLY | os.O_NONBLOCK)
-        except OSError:
+        fd = self._open_file(parts)
+        if fd is None:
             return None
         with os.fdopen(fd, "rb") as fh:
             info = os.fstat(fh.fileno())
-            if not stat.S_ISREG(info.st_mode):
-                return None
             fh.seek(min(offset, info.st_size))
             return fh.read(limit), info.st_size
 
