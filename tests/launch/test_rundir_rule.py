@@ -56,7 +56,6 @@ ALLOWED = {
     "launch/ranklog.py:RankLog._rotate": "rename relative to the logs directory fd (never through a link)",
     "launch/ds_shm.py:unlink_ours": "DeepSpeed's /dev/shm buffers",
     "launch/ds_shm.py:release_ports": "DeepSpeed's /dev/shm buffers",
-    "launch/backends/ssh/hostfile.py:read_hostfile": "the user's hostfile",
     "launch/backends/ssh/hostfile.py:SSHSettings._validated": "the user's ssh key and known_hosts paths exist",
     "launch/backends/ssh/control.py:_private_dir": "ssh control sockets: the job's own 0700 temp directory",
     "launch/backends/ssh/control.py:live_sockets": "ssh control sockets: the job's own 0700 temp directory",
