@@ -21,13 +21,15 @@ the deployment's auth manager decides; the retraining endpoints list only the DA
 says the user may read. Files are located from the task instance's recorded XCom, never from the
 request, and shown only when their provenance holds (dtrain.provenance: under the configured
 root, marked by the launcher for this task instance; otherwise 404 with the reason), read by
-dtrain.rundir without following symlinks, bounded.
+dtrain.rundir without following symlinks, bounded. A run's metrics are followed once per run
+directory, within bounds (dtrain.ui.metrics_cache). Rank-written numbers that JSON or a plot cannot
+carry are dropped there; any non-finite number left in a view is sent as null.
 """
 
 from __future__ import annotations
 
+import math
 import re
-from functools import lru_cache
 from html import escape
 from importlib import resources
 from typing import Annotated, Any
@@ -42,8 +44,8 @@ from airflow.api_fastapi.core_api.security import GetUserDep, requires_access_da
 from dtrain.errors import SpecError
 from dtrain.launch.job import RUN_RECORD_KEY
 from dtrain.provenance import Untrusted, models_roots, runs_roots, trusted_published, trusted_run_dir
-from dtrain.rundir import METRICS_FILE, RunDir
-from dtrain.ui import plots, retraining, store, training, ui_base
+from dtrain.rundir import RunDir
+from dtrain.ui import metrics_cache, plots, retraining, store, training, ui_base
 
 #: what a page may load: its own scripts and styles (matplotlib's SVG uses style attributes), framed
 #: only by the Airflow UI of the same origin
@@ -88,8 +90,20 @@ def _secure(response: Response) -> Response:
     return response
 
 
+def _finite(value: Any) -> Any:
+    """``value`` with every non-finite float as None: JSON has no inf or NaN (starlette refuses them),
+    and a ratio or sum of rank-written numbers can still overflow."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_finite(v) for v in value]
+    return value
+
+
 def _json(data: Any) -> Response:
-    return _secure(JSONResponse(data))
+    return _secure(JSONResponse(_finite(data)))
 
 
 def _records(session, ref: TaskInstanceRef) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -118,18 +132,6 @@ def _run_dir(ti: dict[str, Any], records: dict[str, Any]) -> RunDir | None:
     except Untrusted as exc:
         raise HTTPException(404, f"not showing the job of task {ti['task_id']} of {ti['dag_id']}/{ti['run_id']}: "
                                  f"{exc}") from None
-
-
-def _metrics(run: RunDir) -> dict[int, list[dict[str, Any]]]:
-    """The run's metrics records, read once per change of its files: one refresh of a page asks for
-    the summary and three plots, every 2 s, each needing all of them (callers must not mutate)."""
-    files = tuple(sorted((rank, e.size, e.mtime) for rank, e in run.ranked("metrics", METRICS_FILE).items()))
-    return _read_metrics(run.path, files)
-
-
-@lru_cache(maxsize=32)
-def _read_metrics(path: str, files: tuple) -> dict[int, list[dict[str, Any]]]:
-    return RunDir(path).metrics()
 
 
 def _require_run(session, ref: TaskInstanceRef) -> RunDir:
@@ -189,21 +191,24 @@ def create_app() -> FastAPI:
         result = records.get("return_value") if isinstance(records.get("return_value"), dict) else None
         hang = records.get("hang") if isinstance(records.get("hang"), dict) else None
         run = _run_dir(ti, records)
+        metrics = metrics_cache.follow(run).records if run else None
         return _json(training.job_view(ti=ti, record=records.get(RUN_RECORD_KEY) if run else None,
-                                       result=result, hang=hang, run=run, metrics=_metrics(run) if run else None))
+                                       result=result, hang=hang, run=run, metrics=metrics))
 
     @app.get("/api/ti/curves", dependencies=[read_ti])
     def ti_curves(session: SessionDep, ref: TIRef, since_step: Annotated[int, Query(ge=-1)] = -1) -> Response:
-        run = _require_run(session, ref)
-        return _json({"curves": training.curves(_metrics(run), since_step)})
+        live = metrics_cache.follow(_require_run(session, ref))
+        curves = live.once("curves", training.curves) if since_step < 0 else training.curves(live.records, since_step)
+        return _json({"curves": curves})
 
     @app.get("/api/ti/plot/{curve}.svg", dependencies=[read_ti])
     def ti_plot(session: SessionDep, ref: TIRef, curve: str) -> Response:
         if curve not in training.CURVES:
             raise HTTPException(404, f"curve={curve!r}: one of {', '.join(training.CURVES)}")
-        run = _require_run(session, ref)
+        live = metrics_cache.follow(_require_run(session, ref))
         title, ylabel = training.CURVES[curve]
-        svg = plots.rank_curves(curve, title, ylabel, training.curves(_metrics(run))[curve])
+        svg = live.once(("plot", curve), lambda _: plots.rank_curves(
+            curve, title, ylabel, training.plot_points(live.once("curves", training.curves)[curve])))
         return _secure(Response(svg, media_type="image/svg+xml"))
 
     @app.get("/api/ti/logs", dependencies=[read_logs])
