@@ -142,7 +142,8 @@ def pipeline_run(api):
         assert response.status_code == 200, response.text
         made.append(run_id)
         for (task_id, key), value in xcoms.items():
-            response = rest(api, "POST", xcom_entries("retrain_pipeline", run_id, task_id), {"key": key, "value": value})
+            response = rest(api, "POST", xcom_entries("retrain_pipeline", run_id, task_id),
+                            {"key": key, "value": value})
             assert response.status_code == 201, response.text
 
     try:

@@ -90,8 +90,8 @@ def forged_dirs():
         shutil.rmtree(path, ignore_errors=True)
 
 
-@pytest.mark.parametrize("kind", ["another DAG's job", "outside the runs root", "another run's job", "a link on the way",
-                                  "no marker", "a later try", "a marker of another directory"])
+@pytest.mark.parametrize("kind", ["another DAG's job", "outside the runs root", "another run's job",
+                                  "a link on the way", "no marker", "a later try", "a marker of another directory"])
 def test_a_patched_run_record_shows_nothing_of_a_directory_this_task_did_not_launch(
         api, failed_run, hung_run, patch_run_record, dag_b_run_dir, forged_dirs, tmp_path, kind):
     hung_dir = get(api, "/dtrain/api/ti/summary", ti_query(hung_run)).json()["job"]["run_dir"]

@@ -171,7 +171,8 @@ def test_the_published_metrics_are_read_only_from_a_metrics_json_file_itself(tmp
     os.symlink(secret, linked / "metrics.json")
     assert read_published("p", str(linked / "metrics.json"), "2026-03-03") is None
     assert read_published("p", str(secret), "2026-03-03") is None  # not a metrics.json
-    assert read_published("p", str(model / ".." / "2026-03-02" / "metrics.json"), "2026-03-02") is None  # not normalized
+    not_normalized = str(model / ".." / "2026-03-02" / "metrics.json")
+    assert read_published("p", not_normalized, "2026-03-02") is None
 
 
 def test_a_rank_log_never_writes_into_a_planted_logs_folder(tmp_path):
