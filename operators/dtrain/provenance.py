@@ -142,10 +142,10 @@ def trusted_run_dir(run_dir: Any, ti: Mapping[str, Any], roots: Sequence[str]) -
     if parts[0] != ti["dag_id"]:
         raise Untrusted(f"run_dir={_short(run_dir)} is not in DAG {ti['dag_id']!r}'s folder of the runs root "
                         f"({os.path.join(root, ti['dag_id'])})")
-    run = RunDir(run_dir, below=root)
     try:
+        run = RunDir(run_dir, below=root)
         problem = marker_problem(run.read_json(MARKER), ti, run_dir)
-    except UnsafeRunDir as exc:
+    except UnsafeRunDir as exc:  # a NUL in the path, a link on the way
         problem = str(exc)
     if problem:
         raise Untrusted(f"run_dir={_short(run_dir)}: {problem}")

@@ -107,6 +107,27 @@ def test_a_patched_run_record_shows_nothing_of_a_directory_this_task_did_not_lau
         assert SECRET not in response.text and "ui_train.py" not in response.text  # nor the hung job's stacks
 
 
+def test_a_run_directory_made_a_link_after_its_check_is_refused_not_an_error(
+        api, failed_run, own_run_dir, monkeypatch, tmp_path):
+    from dtrain.ui import app as ui_app
+
+    write_job(str(own_run_dir))
+    check = ui_app.trusted_run_dir
+
+    def checked_then_swapped(run_dir, ti, roots):
+        run = check(run_dir, ti, roots)
+        if not os.path.islink(run_dir):  # a rank renames its directory and leaves a link in its place
+            os.rename(run_dir, tmp_path / "moved")
+            os.symlink(tmp_path / "moved", run_dir)
+        return run
+
+    monkeypatch.setattr(ui_app, "trusted_run_dir", checked_then_swapped)
+    for path in ("/dtrain/api/ti/logs", "/dtrain/api/ti/summary"):
+        response = get(api, path, ti_query(failed_run))
+        assert response.status_code == 404 and "symlink" in response.json()["detail"], response.text[:300]
+        assert SECRET not in response.text
+
+
 def test_the_launcher_marks_the_run_directory_with_its_task_instance(api, failed_run):
     view = get(api, "/dtrain/api/ti/summary", ti_query(failed_run)).json()
     run_dir = view["job"]["run_dir"]
@@ -194,6 +215,7 @@ def test_a_marker_vouches_only_for_its_own_task_instance_directory_and_a_try_up_
     ("relative/a/r1", "not under the configured root"),
     (None, "not under the configured root"),
     ("/runs/b/r1/train", "not in DAG 'a''s folder"),
+    ("/runs/a/r1\0/train", "not an absolute, normalized path"),
 ])
 def test_a_run_dir_must_lie_in_its_dags_folder_of_a_runs_root(run_dir, reason):
     with pytest.raises(Untrusted, match=reason.replace("(", r"\(")):

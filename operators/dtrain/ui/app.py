@@ -44,7 +44,7 @@ from airflow.api_fastapi.core_api.security import GetUserDep, requires_access_da
 from dtrain.errors import SpecError
 from dtrain.launch.job import RUN_RECORD_KEY
 from dtrain.provenance import Untrusted, models_roots, runs_roots, trusted_published, trusted_run_dir
-from dtrain.rundir import RunDir
+from dtrain.rundir import RunDir, UnsafeRunDir
 from dtrain.ui import metrics_cache, plots, retraining, store, training, ui_base
 
 #: what a page may load: its own scripts and styles (matplotlib's SVG uses style attributes), framed
@@ -166,8 +166,14 @@ def _page(request: Request, name: str, title: str, data: dict[str, str]) -> Resp
     return _secure(HTMLResponse(html))
 
 
+def _refused(request: Request, exc: UnsafeRunDir) -> Response:
+    """A run directory made a link after its provenance check (a rank may rename its own): refused."""
+    return _secure(JSONResponse({"detail": f"not showing the job: {exc}"}, status_code=404))
+
+
 def create_app() -> FastAPI:
     app = FastAPI(title="dtrain", docs_url=None, redoc_url=None, openapi_url=None)
+    app.add_exception_handler(UnsafeRunDir, _refused)
 
     @app.get("/ti", dependencies=[read_ti])
     def training_tab(request: Request, ref: TIRef) -> Response:
