@@ -192,6 +192,7 @@ def watch(run_id: str, seconds: float, rss_limit_mb: float) -> None:
                 raise SystemExit(f"{path}: {response.status_code} {response.text[:500]}")
         times.append(time.perf_counter() - started)
         cpu.append(time.process_time() - started_cpu)
+        result.setdefault("rss_warm_mb", round(me.memory_info().rss / 2**20))  # after the first refresh
         time.sleep(2.0)
     stopped.set()
     print(json.dumps(summary(result, times, cpu, start_rss, me.memory_info().rss, peak[0])), flush=True)
@@ -202,15 +203,18 @@ def summary(result: dict, times: list[float], cpu: list[float], start: int, end:
     return {**result, "rss_start_mb": round(start / mb), "rss_end_mb": round(end / mb),
             "rss_peak_mb": round(max(peak, end) / mb), "refreshes": len(times),
             "s_per_refresh": round(statistics.mean(times), 3) if times else None,
+            "s_per_refresh_median": round(statistics.median(times), 3) if times else None,
             "s_per_refresh_max": round(max(times), 3) if times else None,
-            "cpu_per_refresh_s": round(statistics.mean(cpu), 3) if cpu else None}
+            "cpu_per_refresh_s": round(statistics.mean(cpu), 3) if cpu else None,
+            "cpu_per_refresh_median_s": round(statistics.median(cpu), 3) if cpu else None}
 
 
 def describe(name: str, r: dict) -> str:
     stopped = f", STOPPED at {r['stopped_at_mb']} MB" if "stopped_at_mb" in r else ""
     per = "-" if r["s_per_refresh"] is None else f"{r['s_per_refresh']:.3f}"
-    return (f"{name}: RSS {r['rss_start_mb']}/{r['rss_end_mb']}/{r['rss_peak_mb']} MB (start/end/peak), "
-            f"{per} s/refresh (max {r['s_per_refresh_max']}, CPU {r.get('cpu_per_refresh_s', '-')} s, "
+    return (f"{name}: RSS {r['rss_start_mb']}/{r.get('rss_warm_mb', '-')}/{r['rss_end_mb']}/{r['rss_peak_mb']} MB "
+            f"(start/after the first refresh/end/peak), {per} s/refresh (median {r['s_per_refresh_median']}, max "
+            f"{r['s_per_refresh_max']}; CPU mean {r['cpu_per_refresh_s']} s, median {r['cpu_per_refresh_median_s']} s; "
             f"{r['refreshes']} refreshes){stopped}")
 
 
