@@ -88,6 +88,12 @@ class Entry:
     is_dir: bool
     mtime_ns: int = 0
     ctime: float = 0.0
+    #: the file's identity: a follower of a growing file tells a replaced file from a grown one
+    ino: int = 0
+
+
+def _normalized(path: Any) -> bool:
+    return isinstance(path, str) and os.path.isabs(path) and os.path.normpath(path) == path and "\0" not in path
 
 
 def _check_part(part: str) -> None:
@@ -96,12 +102,22 @@ def _check_part(part: str) -> None:
 
 
 class RunDir:
-    """One run directory, read and written safely (see the module docstring)."""
+    """One run directory, read and written safely (see the module docstring).
 
-    def __init__(self, path: str):
-        if not isinstance(path, str) or not os.path.isabs(path) or os.path.normpath(path) != path or "\0" in path:
+    ``below``: a configured root the run directory must lie under (a reader that takes the path
+    from a record anyone may edit: the UI). The root itself is trusted and followed (``/fsx`` may be
+    a link to the mount); every component from it down to the run directory is opened without
+    following a symlink, so the directory read is the one the path names, not one a link leads to.
+    """
+
+    def __init__(self, path: str, *, below: str | None = None):
+        if not _normalized(path):
             raise UnsafeRunDir(f"run_dir={path!r} is not an absolute, normalized path")
+        if below is not None and not (_normalized(below) and path != below
+                                      and os.path.commonpath([below, path]) == below):
+            raise UnsafeRunDir(f"run_dir={path!r} is not below {below!r}")
         self.path = path
+        self.below = below
 
     def __repr__(self) -> str:
         return f"RunDir({self.path!r})"
@@ -114,7 +130,18 @@ class RunDir:
 
     def _root(self) -> int:
         try:
-            return os.open(self.path, _DIR_FLAGS)
+            if self.below is None:
+                return os.open(self.path, _DIR_FLAGS)
+            fd = os.open(self.below, _DIR_FLAGS & ~os.O_NOFOLLOW)
+            try:
+                for part in os.path.relpath(self.path, self.below).split(os.sep):
+                    child = os.open(part, _DIR_FLAGS, dir_fd=fd)
+                    os.close(fd)
+                    fd = child
+            except BaseException:
+                os.close(fd)
+                raise
+            return fd
         except OSError as exc:
             if exc.errno in (errno.ELOOP, errno.ENOTDIR):
                 raise UnsafeRunDir(f"run_dir={self.path!r} is a symlink or not a directory: refusing it") from exc
@@ -242,7 +269,7 @@ class RunDir:
                     if stat.S_ISLNK(info.st_mode):
                         continue
                     entries.append(Entry(item.name, info.st_size, info.st_mtime, stat.S_ISDIR(info.st_mode),
-                                         info.st_mtime_ns, info.st_ctime))
+                                         info.st_mtime_ns, info.st_ctime, info.st_ino))
         finally:
             os.close(fd)
         return entries
