@@ -17,6 +17,11 @@ cancelled by the trigger, which then reports it.
 
 ``on_kill`` (a user marked the deferred task failed/success or cleared it) cancels the job
 on every host; a triggerer restart does not call it, so the job keeps running.
+
+The handle in the kwargs may hold a per-job secret (``data["secret"]``: the SSH daemons' records
+are signed with it). Airflow keeps trigger kwargs encrypted (Fernet) in its metadata database and
+the REST API does not show them; events and this trigger's repr are logged, so they carry the
+handle's public form (:meth:`JobHandle.public`: the secret's digest only).
 """
 
 from __future__ import annotations
@@ -35,18 +40,18 @@ from dtrain.launch.backends.base import MAX_POLL_ERRORS
 
 def event_payload(handle: JobHandle, status: JobStatus) -> dict[str, Any]:
     """Primitives only: what the task gets back when it resumes."""
-    return {"status": "success" if status.ok else "failed", "handle": handle.to_dict(), "state": status.state,
+    return {"status": "success" if status.ok else "failed", "handle": handle.public(), "state": status.state,
             "exit_code": status.exit_code, "failed_node": status.failed_node, "reason": status.reason,
             "tail": [str(line) for line in status.tail]}
 
 
 def hung_payload(handle: JobHandle, verdict: hang.HangVerdict) -> dict[str, Any]:
-    return {"status": "hung", "handle": handle.to_dict(), "state": "HUNG", "exit_code": hang.HANG_EXIT_CODE,
+    return {"status": "hung", "handle": handle.public(), "state": "HUNG", "exit_code": hang.HANG_EXIT_CODE,
             "failed_node": None, "reason": verdict.message(), "tail": [], "hang": verdict.to_dict()}
 
 
 def error_payload(handle: JobHandle, reason: str) -> dict[str, Any]:
-    return {"status": "error", "handle": handle.to_dict(), "state": "UNKNOWN", "exit_code": None,
+    return {"status": "error", "handle": handle.public(), "state": "UNKNOWN", "exit_code": None,
             "failed_node": None, "reason": reason, "tail": []}
 
 
@@ -83,6 +88,9 @@ class DistributedJobTrigger(BaseTrigger):
         return (f"{type(self).__module__}.{type(self).__qualname__}",
                 {"handle": self.handle.to_dict(), "poll_interval": self.poll_interval,
                  "hang_timeout": self.hang_timeout, "max_poll_interval": self.max_poll_interval})
+
+    def __repr__(self) -> str:  # Airflow logs triggers: never with the secret
+        return self.repr(self.serialize()[0], {"handle": self.handle.public()})
 
     def _backend(self):
         return get_backend_class(self.handle.backend)(sink=self.log.info)
