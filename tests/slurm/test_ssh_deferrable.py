@@ -6,7 +6,8 @@ stopping the nodes still running; on_kill stops every host's node.
 
 Hostile ranks (issue #22; tests/remote/forge_detached.py): forged exit records neither end
 the watch nor break it; node logs swapped for links are not read into the event; the job's
-secret reaches neither the ranks, nor the run directory, nor the event."""
+secret reaches neither the ranks, nor the run directory, nor the event; a watch that fails
+in a way nobody planned for cancels the job and reports an error."""
 
 from __future__ import annotations
 
@@ -256,3 +257,22 @@ def test_the_job_secret_reaches_neither_the_ranks_nor_the_run_directory_nor_the_
     event = first_event(rebuilt(trigger), 60)
     assert event["status"] == "failed" and secret not in json.dumps(event)  # the triggerer logs its events
 
+
+def test_a_watch_failing_unexpectedly_cancels_the_job_and_reports_an_error(ssh_cluster, tmp_path, deferred,
+                                                                           monkeypatch):
+    """No input makes a poll raise anything but "cannot ask" any more; a bug still could. The poll is
+    made to raise (the fault injected); the trigger and the cancel over ssh are the real ones."""
+    from dtrain.launch.backends.ssh import SSHBackend
+
+    spec = one_rank_per_host(ssh_cluster, tmp_path, SLEEPER)
+    _, trigger = deferred(spec)
+    job_id = trigger.handle.job_id
+    pids = wait_for(lambda: len(found := job_pids(job_id)) >= 6 and found, 60, what="the job up")
+
+    async def broken(self, handle):
+        raise RuntimeError("a bug in the poll")
+
+    monkeypatch.setattr(SSHBackend, "async_poll", broken)
+    event = first_event(rebuilt(trigger), 60)
+    assert event["status"] == "error" and "RuntimeError: a bug in the poll" in event["reason"], event
+    assert wait_for(lambda: not (pids & job_pids(job_id)), 30, what="the job cancelled")  # not left unwatched
