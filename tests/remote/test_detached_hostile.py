@@ -22,7 +22,7 @@ import pytest
 
 from dtrain.launch.backends import JobHandle
 from dtrain.launch.backends.ssh import detached as nodes
-from dtrain.launch.backends.ssh.detached_node import MODULE, paths
+from dtrain.launch.backends.ssh.detached_node import MODULE, paths, status_from_files
 from dtrain.launch.backends.ssh.records import JobKey, RecordError, parse
 from dtrain.launch.launcher import Launcher
 from dtrain.launch.spec import LaunchSpec
@@ -124,6 +124,18 @@ def test_records_are_signed_for_one_job_node_and_kind_and_checked_field_by_field
         with pytest.raises(RecordError):
             parse(raw)
     assert "0f0f" not in repr(key)
+
+
+def test_a_node_that_was_stopped_never_reads_as_a_success(tmp_path):
+    """Its agent may exit 0 after a stop (seen here: torchrun stopped with a sleeping rank, one run in
+    three): the node still failed, with 143, as the retry policy reads a preemption."""
+    key, run_dir = JobKey("job", "ab" * 32), str(tmp_path)
+    os.makedirs(os.path.dirname(paths(run_dir, 0)["exit"]))
+    with open(paths(run_dir, 0)["exit"], "w", encoding="utf-8") as fh:
+        json.dump(key.sign("exit", 0, {"exit_code": 0, "stopped_by_signal": 15, "time": 1.0}), fh)
+    node = status_from_files(run_dir, 0, 2.0, 15, key=key)
+    status = nodes.decide([node])
+    assert (status.state, status.done, status.exit_code, status.ok) == ("FAILED", True, 143, False)
 
 
 def test_a_host_answer_is_believed_only_as_a_node_status():

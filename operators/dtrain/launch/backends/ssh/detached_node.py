@@ -240,7 +240,11 @@ def start(args: argparse.Namespace, line: bytes, key: JobKey) -> int:
 # -- status / stop ---------------------------------------------------------------------------
 
 def _exited(run_dir: RunDir, node: int, record: dict, tail: int, ignored: list[str]) -> dict:
-    code = record["exit_code"]
+    """An exited node's status. A node that was stopped (SIGTERM from ``stop``, or its host shutting
+    down) never reads as a success, even when its agent then exited 0 (ranks that save a checkpoint
+    and exit cleanly on SIGTERM): its code is 128 + the signal, as the retry policy reads a preemption."""
+    signum = record["stopped_by_signal"]
+    code = record["exit_code"] or (128 + signum if signum else 0)
     return {"node": node, "state": "exited", "exit_code": code, "stopped_by_signal": record["stopped_by_signal"],
             "tail": log_tail(run_dir, node, tail) if code else [], "ignored": ignored}
 
