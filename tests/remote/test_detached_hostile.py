@@ -60,7 +60,8 @@ def forged(run_dir: str, ranks=(0, 1)) -> bool:
 
 
 def up(handle: JobHandle) -> list[psutil.Process]:
-    """Once both hosts run their daemon, torchrun and rank: each node's daemon and every process below it."""
+    """Once both hosts run their daemon, torchrun and rank: each node's daemon and every process
+    below it (from its state records: a job whose ranks forge nothing)."""
     wait_for(lambda: len(job_processes(handle.job_id)) >= 6, 60, what=f"job {handle.job_id} up on both hosts")
     daemons = []
     for node in (0, 1):
@@ -73,8 +74,10 @@ def up(handle: JobHandle) -> list[psutil.Process]:
 def test_a_state_record_copied_from_another_job_does_not_get_that_job_stopped(submit, secret):
     _, victim = submit("victim", SLEEPER)
     victim_procs = up(victim)
+    victim_seen = still_alive(victim_procs)
     launcher, handle = submit("forger", [sys.executable, FORGE, "state", victim.run_dir])
-    ours = up(handle)
+    wait_for(lambda: len(job_processes(handle.job_id)) >= 6, 60, what="the forging job up on both hosts")
+    ours = job_processes(handle.job_id)  # by its job id (its state records may be forged already)
     wait_for(lambda: forged(handle.run_dir, (0,)), 60, what="the forged state records")
     with open(paths(handle.run_dir, 0)["state"], encoding="utf-8") as fh:
         assert json.load(fh)["job_id"] == victim.job_id  # the victim's own signed record, verbatim
@@ -83,9 +86,9 @@ def test_a_state_record_copied_from_another_job_does_not_get_that_job_stopped(su
     chosen = handle if secret.startswith("with ") else JobHandle.from_dict(handle.public())
     launcher.backend.cancel(chosen, grace=2)
 
-    assert poll_until(lambda: not still_alive(ours), 30), still_alive(ours)  # this job is stopped...
-    assert still_alive(victim_procs) == [f"{p.pid} {' '.join(p.cmdline())[:160]}" for p in victim_procs], \
-        "the forged state record got another job's processes signalled"  # ...the other one untouched
+    assert still_alive(victim_procs) == victim_seen, \
+        "the forged state record got another job's processes signalled"  # the other job untouched...
+    assert poll_until(lambda: not still_alive(ours), 30), still_alive(ours)  # ...this one stopped
     expected = "ignored detached/node0.state.json" if chosen is handle else "refused PID"
     assert any(expected in note for note in notes), notes  # and the host said why it did not believe it
 

@@ -242,8 +242,11 @@ def test_the_job_secret_reaches_neither_the_ranks_nor_the_run_directory_nor_the_
     job_id, secret = trigger.handle.job_id, trigger.handle.data["secret"]
     wait_for(lambda: len(job_pids(job_id)) >= 6, 60, what="daemons, agents and ranks up")  # on each host: 3
     for pid in job_pids(job_id):  # the daemons, torchrun, the ranks: argv and environment
-        seen = json.dumps([psutil.Process(pid).cmdline(), environ_of(pid)])
-        assert secret not in seen, psutil.Process(pid).cmdline()
+        try:
+            argv = psutil.Process(pid).cmdline()
+        except psutil.NoSuchProcess:
+            continue
+        assert secret not in json.dumps([argv, environ_of(pid)]), argv
     for folder, _, files in os.walk(spec.run_dir):  # what the ranks can read (the submission record too)
         for name in files:
             with open(os.path.join(folder, name), "rb") as fh:
