@@ -160,8 +160,7 @@ def _daemon(args: argparse.Namespace, env: dict[str, str], key: JobKey) -> None:
     stopped: list[int] = []
     try:
         log_fd = run_dir.open_append(DETACHED, files["log"], mode=0o600)
-        null_fd = os.open(os.devnull, os.O_RDONLY)
-        os.dup2(null_fd, 0)
+        # stdin stays the pipe from start, read to its end (EOF): nothing of ssh's session is held open
         os.dup2(log_fd, 1)
         os.dup2(log_fd, 2)
         me = psutil.Process()
