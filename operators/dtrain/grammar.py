@@ -41,6 +41,8 @@ MCA_VALUE = re.compile(r"\^?[A-Za-z0-9_*][A-Za-z0-9_.,:/*=+-]*")
 POLICY_VALUE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.,:=+-]*")
 #: a small positive count (mpirun's --cpus-per-proc)
 COUNT_VALUE = re.compile(r"[1-9][0-9]{0,3}")
+#: a per-job secret (32 random bytes as lowercase hex): keys the MAC of records a daemon writes
+SECRET = re.compile(r"[0-9a-f]{64}")
 
 #: an argument that a remote shell reads through DeepSpeed's PDSH runner (multi-node autotuning).
 #: DeepSpeed 0.19 joins the argv with spaces into one ssh command line and only wraps an argument

@@ -128,6 +128,19 @@ class SSHCluster:
                     host.proc.kill()
 
 
+def _same_code() -> str:
+    """An sshd_config line giving the hosts' sessions this process's PYTHONPATH (OpenSSH 8.7+), so
+    what runs on a "host" is the code under test, not whatever the venv's install points at (a
+    checkout run with PYTHONPATH=<worktree> would otherwise test its own launcher against
+    another checkout's remote side)."""
+    path = os.environ.get("PYTHONPATH")
+    if not path:
+        return ""
+    if any(c in path for c in '"\\\n'):
+        raise RuntimeError(f"PYTHONPATH={path!r} cannot be written into an sshd_config")
+    return f'SetEnv "PYTHONPATH={path}"\n'
+
+
 def start_cluster(directory: str, count: int = 2, timeout: float = 10.0) -> SSHCluster:
     """Start ``count`` sshd daemons on 127.0.0.1 (separate ports) and wait until each accepts connections."""
     os.makedirs(PRIVSEP_DIR, mode=0o755, exist_ok=True)
@@ -151,7 +164,7 @@ def start_cluster(directory: str, count: int = 2, timeout: float = 10.0) -> SSHC
             config = os.path.join(host_dir, "sshd_config")
             with open(config, "w", encoding="utf-8") as fh:
                 fh.write(CONFIG.format(port=port, host_key=host_key, pid_file=os.path.join(host_dir, "sshd.pid"),
-                                       authorized_keys=authorized))
+                                       authorized_keys=authorized) + _same_code())
             log = open(os.path.join(host_dir, "sshd.log"), "wb")
             # -D: stay in the foreground, so this Popen is the daemon and stop() can reach it.
             proc = subprocess.Popen([SSHD, "-D", "-e", "-f", config], stdout=log, stderr=log,

@@ -21,6 +21,7 @@ from dtrain.launch.backends.ssh import control
 from dtrain.launch.backends.ssh import detached as nodes
 from dtrain.launch.backends.ssh.detached_node import paths, status_from_files
 from dtrain.launch.backends.ssh.fanout import NOT_RUN, run_bounded, run_bounded_async
+from dtrain.launch.backends.ssh.records import JobKey
 from dtrain.launch.backends.ssh.hostfile import SSHSettings, coerce_hosts, ssh_argv
 from dtrain.launch.launcher import Launcher
 from dtrain.launch.spec import LaunchSpec
@@ -171,9 +172,10 @@ def test_shared_status_reads_exit_records_and_fresh_heartbeats(tmp_path):
     assert status_from_files(run_dir, 0, time.time() + 16, 15) is None  # stale
     with open(files["log"], "w", encoding="utf-8") as fh:
         fh.write("Traceback\nRuntimeError: boom\n")
+    key = JobKey("job", "ab" * 32)  # the daemon signs its record with the job's secret
     with open(files["exit"], "w", encoding="utf-8") as fh:
-        json.dump({"exit_code": 3, "stopped_by_signal": None}, fh)
-    got = status_from_files(run_dir, 0, time.time() + 100, 15)  # an exit record needs no heartbeat
+        json.dump(key.sign("exit", 0, {"exit_code": 3, "stopped_by_signal": None, "time": time.time()}), fh)
+    got = status_from_files(run_dir, 0, time.time() + 100, 15, key=key)  # an exit record needs no heartbeat
     assert (got["state"], got["exit_code"], got["tail"][-1]) == ("exited", 3, "RuntimeError: boom")
 
 

@@ -48,12 +48,41 @@ def _kill_descendants(root, grace: float) -> None:
                     pass
 
 
+#: Linux caps a process's argv and environment at 6 MiB together (3/4 of the 8 MiB stack limit);
+#: no more than this is read of one, whatever /proc says
+MAX_ENVIRON_BYTES = 8 * 1024 * 1024
+
+
+def environ_of(pid: int, limit: int = MAX_ENVIRON_BYTES) -> dict[str, str] | None:
+    """The environment process ``pid`` started with (``/proc/PID/environ``, at most ``limit`` bytes
+    read, a cut last entry dropped); None when it cannot be read (gone, another user's)."""
+    try:
+        with open(f"/proc/{int(pid)}/environ", "rb") as fh:
+            raw = fh.read(limit + 1)
+    except OSError:
+        return None
+    entries = raw[:limit].split(b"\0")
+    if len(raw) > limit or entries[-1]:
+        entries = entries[:-1]
+    environ = {}
+    for entry in entries:
+        name, sep, value = entry.partition(b"=")
+        if sep:
+            environ[name.decode(errors="replace")] = value.decode(errors="replace")
+    return environ
+
+
+def of_job(environ: dict[str, str] | None, job_id: str, node: int | None = None) -> bool:
+    """Whether an environment says ``DTRAIN_JOB_ID=job_id`` (and ``DTRAIN_NODE_INDEX=node`` when
+    given: two nodes of a job may share a host)."""
+    return (environ is not None and environ.get("DTRAIN_JOB_ID") == job_id
+            and (node is None or environ.get("DTRAIN_NODE_INDEX") == str(node)))
+
+
 def job_processes(job_id: str, node: int | None = None) -> list:
-    """This user's processes on this host whose environment says ``DTRAIN_JOB_ID=job_id`` (and
-    ``DTRAIN_NODE_INDEX=node`` when given: two nodes of a job may share a host), except this
-    process and its ancestors (a launcher may carry the variables itself)."""
-    return processes_where(lambda environ: environ.get("DTRAIN_JOB_ID") == job_id
-                           and (node is None or environ.get("DTRAIN_NODE_INDEX") == str(node)))
+    """This user's processes on this host of job ``job_id`` (and ``node``: :func:`of_job`), except
+    this process and its ancestors (a launcher may carry the variables itself)."""
+    return processes_where(lambda environ: of_job(environ, job_id, node))
 
 
 def processes_where(predicate) -> list:
@@ -67,8 +96,9 @@ def processes_where(predicate) -> list:
     for proc in psutil.process_iter(["pid"]):
         if proc.pid in spared:
             continue
+        environ = environ_of(proc.pid)
         try:
-            if predicate(proc.environ()) and proc.status() != psutil.STATUS_ZOMBIE:
+            if environ is not None and predicate(environ) and proc.status() != psutil.STATUS_ZOMBIE:
                 found.append(proc)
         except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
             continue

@@ -27,8 +27,9 @@ def submission_path(handle: JobHandle) -> str:
 
 
 def write_submission(handle: JobHandle) -> None:
-    """The handle, in the run directory (exclusive no-follow temp file + rename): what an event must match."""
-    RunDir(handle.run_dir).write_json(os.path.basename(submission_path(handle)), value=handle.to_dict())
+    """The handle, in the run directory (exclusive no-follow temp file + rename): what an event must
+    match. Its public form: the ranks can read the run directory, so a job's secret is there as a digest."""
+    RunDir(handle.run_dir).write_json(os.path.basename(submission_path(handle)), value=handle.public())
 
 
 def check_submitted(handle: JobHandle, what: str) -> JobHandle:
@@ -41,7 +42,7 @@ def check_submitted(handle: JobHandle, what: str) -> JobHandle:
     if record is None:
         raise DTrainError(f"{what} names {handle.backend} job {handle.backend_job_id} in {handle.run_dir}, "
                           "which has no submission record")
-    if record != handle.to_dict():
+    if record != handle.public():  # the task state store's handle has the secret, an event's its digest
         raise DTrainError(f"{what}: {handle.backend} job {handle.backend_job_id} does not match its "
                           "submission record")
     return handle

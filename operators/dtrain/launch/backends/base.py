@@ -26,6 +26,7 @@ import abc
 import argparse
 import asyncio
 import dataclasses
+import hashlib
 import importlib
 import threading
 from dataclasses import dataclass, field
@@ -40,6 +41,8 @@ if TYPE_CHECKING:  # imported for annotations only: the spec imports the registr
     from dtrain.launch.spec import LaunchSpec
 
 Primitive = (str, int, float, bool, type(None))
+#: the key of a job handle's ``data`` that holds a per-job secret (see JobHandle.public)
+SECRET_KEY = "secret"
 # Consecutive polls that could not reach the backend before a job is given up (and cancelled).
 MAX_POLL_ERRORS = 5
 
@@ -66,7 +69,9 @@ class JobHandle:
         run_dir: the job's run directory (exit records, checkpoints, metrics).
         world_size: ranks in the job.
         submitted_at: wall-clock time of the submission.
-        data: backend-specific primitives (hosts, SSH settings, poll interval...).
+        data: backend-specific primitives (hosts, SSH settings, poll interval...). ``data["secret"]``,
+            if a backend sets it, is a per-job secret the ranks must never see: :meth:`public`
+            replaces it by its SHA-256 wherever the handle is written, logged or sent in an event.
     """
 
     backend: str
@@ -79,6 +84,17 @@ class JobHandle:
 
     def to_dict(self) -> dict[str, Any]:
         return check_primitive("handle", dataclasses.asdict(self) | {"data": dict(self.data)})
+
+    def __repr__(self) -> str:  # a handle in a message or a traceback: never with the secret
+        return f"JobHandle({self.public()!r})"
+
+    def public(self) -> dict[str, Any]:
+        """:meth:`to_dict` with the secret replaced by its SHA-256: what may go into the run
+        directory (the ranks read it), a log or a trigger event; still names one job exactly."""
+        data = dict(self.data)
+        if SECRET_KEY in data:
+            data[SECRET_KEY + "_sha256"] = hashlib.sha256(str(data.pop(SECRET_KEY)).encode()).hexdigest()
+        return self.to_dict() | {"data": data}
 
     @classmethod
     def from_dict(cls, value: Any) -> "JobHandle":

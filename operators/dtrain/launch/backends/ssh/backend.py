@@ -16,7 +16,9 @@
 * Detached mode (``submit(detached=True)``, deferrable tasks): each host runs
   ``detached_node`` (see :mod:`.detached`), which outlives the ssh session; a poll reads the
   nodes' heartbeats and exit records in the shared run directory and asks over ssh (reusing
-  connections) only the hosts whose heartbeat is stale; cancel asks every host.
+  connections) only the hosts whose heartbeat is stale; cancel asks every host. The daemons
+  sign their records with a per-job secret (:mod:`.records`) that goes to them over stdin and
+  to the watcher in the job handle (``data["secret"]``), never to the ranks.
 * Every ssh action runs at most ``fanout`` ssh clients at once (default 32, like pdsh): the
   blocking start opens the next host's session once an earlier one has announced itself.
 * The grace period (SIGTERM to SIGKILL) is the spec's ``stop_grace`` everywhere: in the
@@ -44,7 +46,7 @@ import time
 from typing import Any, Callable, Mapping, Sequence
 
 from dtrain.errors import LaunchError, SpecError
-from dtrain.launch.backends.base import Backend, DryRunRequest, JobHandle, JobStatus, NodeAccess
+from dtrain.launch.backends.base import SECRET_KEY, Backend, DryRunRequest, JobHandle, JobStatus, NodeAccess
 from dtrain.launch.backends.ssh import control
 from dtrain.launch.backends.ssh import detached as nodes
 from dtrain.launch.backends.ssh.fanout import run_bounded, run_bounded_async
@@ -193,6 +195,7 @@ class SSHBackend(Backend):
         self.grace_seconds = grace_seconds
         self._grace_now = 5.0 if grace_seconds is None else grace_seconds  # the submitted job's
         self.nonce = secrets.token_hex(16)  # known to this launcher and the agents only
+        self.secret = secrets.token_hex(32)  # a detached job's: keys its daemons' records (records.py)
         self.supervisor = SSHNodeSupervisor(self._watch_sink, grace_seconds=self._grace_now)
         self.pgids: dict[int, int] = {}
         self.announced_at: dict[int, float] = {}  # node index -> when its agent announced itself
@@ -274,7 +277,8 @@ class SSHBackend(Backend):
                                                pgid_file=os.path.join(job.run_dir, "remote", f"node{i}.pgid"),
                                                workdir=workdir, grace=grace, agent=agent)
             argvs.append(tuple(ssh_argv(settings, host, command)))
-            payloads.append(json.dumps({"env": node_env(job, hosts, i, port, grace), "nonce": self.nonce}) + "\n")
+            secret = {"secret": self.secret} if detached else {"nonce": self.nonce}
+            payloads.append(json.dumps({"env": node_env(job, hosts, i, port, grace), **secret}) + "\n")
         return DryRunRequest(backend=self.name, argvs=tuple(argvs), stdin=tuple(payloads),
                              env={"MASTER_ADDR": hosts[0].address, "MASTER_PORT": str(port)})
 
@@ -287,7 +291,7 @@ class SSHBackend(Backend):
                            data={"hosts": [str(h) for h in self.hosts], "ssh": self.settings.to_dict(),
                                  "detached": detached, "poll_interval": self.settings.poll_interval,
                                  "max_poll_interval": self.settings.max_poll_interval,
-                                 "stop_grace": self._grace_now})
+                                 "stop_grace": self._grace_now, **({SECRET_KEY: self.secret} if detached else {})})
         rendezvous = f"{request.env['MASTER_ADDR']}:{request.env['MASTER_PORT']}"
         names = ", ".join(h.host for h in self.hosts)
         if detached:
@@ -303,11 +307,12 @@ class SSHBackend(Backend):
 
     @staticmethod
     def _target(handle: JobHandle) -> nodes.Target:
-        return nodes.Target(hosts=tuple(handle.data["hosts"]), ssh=dict(handle.data["ssh"]))
+        return nodes.Target(hosts=tuple(handle.data["hosts"]), ssh=dict(handle.data["ssh"]), job_id=handle.job_id,
+                            secret=str(handle.data.get(SECRET_KEY, "")))
 
     def poll(self, handle: JobHandle) -> JobStatus:
         if handle.data.get("detached"):
-            return nodes.query_job(self._target(handle), handle.run_dir)
+            return nodes.query_job(self._target(handle), handle.run_dir, self.sink)
         done, code, node = self.supervisor.check(expected=len(handle.data["hosts"]))
         if not done:
             return JobStatus(state="RUNNING", done=False)
@@ -320,7 +325,7 @@ class SSHBackend(Backend):
         if not handle.data.get("detached"):
             return self.poll(handle)
         target, mux_dir = self._target(handle), self._mux_dir(handle)
-        status, asked = await nodes.async_query_job(target, handle.run_dir, mux_dir)
+        status, asked = await nodes.async_query_job(target, handle.run_dir, mux_dir, self.sink)
         if asked:
             self.sink(f"[dtrain] heartbeat stale for node(s) {', '.join(map(str, asked))}: asked over ssh")
         if status.done:
@@ -348,7 +353,7 @@ class SSHBackend(Backend):
         """Stop every node: SIGTERM, SIGKILL after ``grace`` seconds (default: the spec's stop_grace)
         where a node still runs."""
         if handle.data.get("detached"):
-            nodes.stop_job(self._target(handle), handle.run_dir, self._handle_grace(handle, grace))
+            nodes.stop_job(self._target(handle), handle.run_dir, self._handle_grace(handle, grace), self.sink)
         else:
             self._teardown(grace)
 
@@ -358,11 +363,7 @@ class SSHBackend(Backend):
 
             return await asyncio.to_thread(self.cancel, handle, grace)
         target, grace, mux_dir = self._target(handle), self._handle_grace(handle, grace), self._mux_dir(handle)
-        argvs = nodes.stop_argvs(target, handle.run_dir, grace, mux_dir)
-        timeout = target.settings().connect_timeout + grace + 30
-        for rc, _, err in await run_bounded_async(argvs, limit=target.settings().fanout, timeout=timeout):
-            if rc != 0:
-                self.sink(f"[dtrain] stopping ssh job {handle.job_id}: {err.strip()}")
+        await nodes.async_stop_job(target, handle.run_dir, grace, mux_dir, self.sink)
         await self._close_masters(target, mux_dir)
 
     def logs(self, handle: JobHandle, lines: int = 40) -> list[str]:

@@ -14,7 +14,9 @@ reused connection (:mod:`.control`). Every ssh action runs at most ``fanout`` cl
 (:mod:`.fanout`).
 
 Host entries and SSH settings travel to the trigger as primitives (hostfile lines and a
-dict: paths of key files, never keys).
+dict: paths of key files, never keys), with the job's id and secret: the secret keys the MAC
+of the daemons' records (:mod:`.records`) and reaches a host only on an ssh session's stdin.
+A record that is not believed, a PID a host refused to signal, is handed to ``warn``.
 """
 
 from __future__ import annotations
@@ -23,17 +25,20 @@ import json
 import shlex
 import sys
 import time
-from dataclasses import dataclass
-from typing import Any, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Callable, Sequence
 
 from dtrain.errors import LaunchError
 from dtrain.launch.backends.base import JobStatus
 from dtrain.launch.backends.ssh import control
-from dtrain.launch.backends.ssh.detached_node import HEARTBEAT_S, STALE_BEATS, status_from_files
+from dtrain.launch.backends.ssh.detached_node import (HEARTBEAT_S, MODULE, STALE_BEATS, STATES, TAIL_LINES, log_tail,
+                                                      status_from_files)
 from dtrain.launch.backends.ssh.fanout import run_bounded, run_bounded_async
 from dtrain.launch.backends.ssh.hostfile import SSHSettings, coerce_hosts, ssh_argv
+from dtrain.launch.backends.ssh.records import FIELDS, JobKey
+from dtrain.rundir import RunDir
 
-MODULE = "dtrain.launch.backends.ssh.detached_node"
+Warn = Callable[[str], Any]
 #: seconds between SIGTERM and SIGKILL when the caller does not say (the backend passes the spec's
 #: stop_grace, which it also renders into ``start --grace`` and keeps in the job handle)
 DEFAULT_GRACE = 5.0
@@ -41,10 +46,21 @@ DEFAULT_GRACE = 5.0
 
 @dataclass(frozen=True)
 class Target:
-    """Where the nodes run: the hosts (hostfile lines), the SSH settings and the remote interpreter."""
+    """The job's nodes: where they run (hosts as hostfile lines, the SSH settings, the remote
+    interpreter), the job's id, and its secret ("" when the caller has none: a task resumed from
+    an event, which may stop the job but believes no exit record)."""
 
     hosts: tuple[str, ...]
     ssh: dict[str, Any]
+    job_id: str
+    secret: str = field(default="", repr=False)
+
+    def key(self) -> JobKey | None:
+        return JobKey(self.job_id, self.secret) if self.secret else None
+
+    def stdin(self) -> bytes | None:
+        """What a ``status``/``stop`` reads on stdin: the secret, if there is one."""
+        return (json.dumps({"secret": self.secret}) + "\n").encode() if self.secret else None
 
     def entries(self):
         return coerce_hosts(list(self.hosts))
@@ -68,14 +84,15 @@ def status_argvs(target: Target, run_dir: str, indexes: Sequence[int] | None = N
     connections through ``mux_dir``'s masters when given (:mod:`.control`)."""
     settings, entries = target.settings(), target.entries()
     chosen = range(len(entries)) if indexes is None else indexes
-    return [ssh_argv(settings, entries[i], node_command(target.python, "status", run_dir, i), _mux(mux_dir, i))
+    return [ssh_argv(settings, entries[i], node_command(target.python, "status", run_dir, i, "--job-id", target.job_id),
+                     _mux(mux_dir, i))
             for i in chosen]
 
 
 def stop_argvs(target: Target, run_dir: str, grace: float = DEFAULT_GRACE, mux_dir: str | None = None) -> list[list[str]]:
     settings = target.settings()
-    return [ssh_argv(settings, host, node_command(target.python, "stop", run_dir, i, "--grace", f"{grace:g}"),
-                     _mux(mux_dir, i))
+    return [ssh_argv(settings, host, node_command(target.python, "stop", run_dir, i, "--job-id", target.job_id,
+                                                  "--grace", f"{grace:g}"), _mux(mux_dir, i))
             for i, host in enumerate(target.entries())]
 
 
@@ -94,29 +111,53 @@ def close_argvs(target: Target, mux_dir: str) -> list[list[str]]:
 
 
 def parse_status(index: int, returncode: int, stdout: str, stderr: str) -> dict[str, Any]:
-    """One host's ``status`` answer; an ssh failure is reported as such (the trigger retries it)."""
+    """One host's ``status`` answer, checked field by field; an ssh failure, or an answer that is
+    not one, is reported as an unreachable host (not a verdict: the trigger asks again)."""
     for line in reversed(stdout.strip().splitlines()):
         try:
             data = json.loads(line)
-        except ValueError:
+        except (ValueError, RecursionError):
             continue
         if isinstance(data, dict) and "state" in data:
-            return data
+            answer = checked_answer(index, data)
+            if answer is not None:
+                return answer
+            stderr = f"an answer that is not a node status: {line[:200]!r}"
+            break
     return {"node": index, "state": "unreachable", "exit_code": None,
-            "tail": [f"ssh exit {returncode}: {stderr.strip()[-500:]}"]}
+            "tail": [f"ssh exit {returncode}: {stderr.strip()[-500:]}"], "ignored": []}
+
+
+def _texts(value: Any, limit: int) -> list[str] | None:
+    if isinstance(value, list) and len(value) <= limit and all(isinstance(v, str) for v in value):
+        return value
+    return None
+
+
+def checked_answer(index: int, data: dict[str, Any]) -> dict[str, Any] | None:
+    """A node status as :func:`detached_node.status` prints it, or None: the state one of STATES,
+    an exit code (as an exit record holds it) exactly when it exited, lines of text."""
+    state, code = data.get("state"), data.get("exit_code")
+    tail, ignored = _texts(data.get("tail", []), 10 * TAIL_LINES), _texts(data.get("ignored", []), 100)
+    if state not in STATES or tail is None or ignored is None:
+        return None
+    if (state == "exited") != (code is not None) or not (code is None or FIELDS["exit"]["exit_code"](code)):
+        return None
+    return {"node": index, "state": state, "exit_code": code, "tail": tail, "ignored": ignored}
 
 
 def decide(nodes: Sequence[dict[str, Any]]) -> JobStatus:
     """Done when every node exited 0, or as soon as one node failed or was lost (the others
-    are then stopped by whoever resumes the task). An unreachable host is not a verdict."""
+    are then stopped by whoever resumes the task). An unreachable host is not a verdict. Records
+    that were not believed are named in a failure's last lines."""
     for node in nodes:
-        if node["state"] == "exited" and node.get("exit_code"):
-            return JobStatus("FAILED", True, int(node["exit_code"]), node.get("node"), f"node {node.get('node')}",
-                             list(node.get("tail", [])))
+        index = node["node"]
+        if node["state"] == "exited" and node["exit_code"]:
+            return JobStatus("FAILED", True, node["exit_code"], index, f"node {index}",
+                             node["ignored"] + node["tail"])
         if node["state"] in ("lost", "unknown"):
-            return JobStatus("LOST", True, 1, node.get("node"), f"node {node.get('node')}",
-                             [f"node {node.get('node')}: the agent is gone without an exit record"]
-                             + list(node.get("tail", [])))
+            return JobStatus("LOST", True, 1, index, f"node {index}",
+                             [f"node {index}: the agent is gone without an exit record"] + node["ignored"] + node["tail"])
     if all(node["state"] == "exited" for node in nodes):
         return JobStatus("COMPLETED", True, 0)
     unreachable = any(node["state"] == "unreachable" for node in nodes)
@@ -146,12 +187,10 @@ def start(target: Target, run_dir: str, argvs: Sequence[Sequence[str]], stdin: S
 
 def read_logs(run_dir: str, nodes: int, lines: int) -> list[str]:
     """The last lines of every node's log (in the shared run directory), node by node."""
-    from dtrain.launch.backends.ssh.detached_node import paths
-    from dtrain.launch.tailfile import read_tail
-
+    files = RunDir(run_dir)
     out: list[str] = []
     for node in range(nodes):
-        out += [f"[node{node}] {line}" for line in read_tail(paths(run_dir, node)["log"], lines)]
+        out += [f"[node{node}] {line}" for line in log_tail(files, node, lines)]
     return out[-lines:]
 
 
@@ -159,10 +198,11 @@ def stale_after() -> float:
     return STALE_BEATS * HEARTBEAT_S
 
 
-def shared_statuses(run_dir: str, count: int, now: float | None = None) -> list[dict[str, Any] | None]:
+def shared_statuses(target: Target, run_dir: str, now: float | None = None) -> list[dict[str, Any] | None]:
     """Every node's status as the shared filesystem tells it; None where only its host can tell."""
     now = time.time() if now is None else now
-    return [status_from_files(run_dir, i, now, stale_after()) for i in range(count)]
+    key = target.key()
+    return [status_from_files(run_dir, i, now, stale_after(), key=key) for i in range(len(target.hosts))]
 
 
 def merge(shared: Sequence[dict[str, Any] | None], asked: Sequence[int],
@@ -174,32 +214,60 @@ def merge(shared: Sequence[dict[str, Any] | None], asked: Sequence[int],
     return merged
 
 
-def query_job(target: Target, run_dir: str) -> JobStatus:
+def report(nodes: Sequence[dict[str, Any]], warn: Warn | None) -> list[dict[str, Any]]:
+    """Hand every record a node ignored (or PID it refused) to ``warn``; return ``nodes``."""
+    for node in nodes:
+        for note in node["ignored"] if warn else ():
+            warn(f"[dtrain] {note}")
+    return list(nodes)
+
+
+def query_job(target: Target, run_dir: str, warn: Warn | None = None) -> JobStatus:
     """The job's status: the shared filesystem first, ssh only for nodes with a stale heartbeat."""
-    shared = shared_statuses(run_dir, len(target.hosts))
+    shared = shared_statuses(target, run_dir)
     asked = [i for i, status in enumerate(shared) if status is None]
     settings = target.settings()
     results = run_bounded(status_argvs(target, run_dir, asked), limit=settings.fanout,
-                          timeout=settings.connect_timeout + 30)
-    return decide(merge(shared, asked, results))
+                          timeout=settings.connect_timeout + 30, stdin=[target.stdin()] * len(asked))
+    return decide(report(merge(shared, asked, results), warn))
 
 
-async def async_query_job(target: Target, run_dir: str, mux_dir: str | None = None) -> tuple[JobStatus, list[int]]:
+async def async_query_job(target: Target, run_dir: str, mux_dir: str | None = None,
+                          warn: Warn | None = None) -> tuple[JobStatus, list[int]]:
     """:func:`query_job` for the triggerer: file reads in a thread, ssh calls bounded and reusing
     connections; also returns the nodes it asked over ssh."""
     import asyncio
 
-    shared = await asyncio.to_thread(shared_statuses, run_dir, len(target.hosts))
+    shared = await asyncio.to_thread(shared_statuses, target, run_dir)
     asked = [i for i, status in enumerate(shared) if status is None]
     settings = target.settings()
     results = await run_bounded_async(status_argvs(target, run_dir, asked, mux_dir), limit=settings.fanout,
-                                      timeout=settings.connect_timeout + 30)
-    return decide(merge(shared, asked, results)), asked
+                                      timeout=settings.connect_timeout + 30, stdin=[target.stdin()] * len(asked))
+    return decide(report(merge(shared, asked, results), warn)), asked
 
 
-def stop_job(target: Target, run_dir: str, grace: float = DEFAULT_GRACE) -> list[dict[str, Any]]:
+def stop_job(target: Target, run_dir: str, grace: float = DEFAULT_GRACE, warn: Warn | None = None) -> list[dict[str, Any]]:
     """Stop every host's node (idempotent: a node already ended is left as it is)."""
     settings = target.settings()
     results = run_bounded(stop_argvs(target, run_dir, grace), limit=settings.fanout,
-                          timeout=settings.connect_timeout + grace + 30)
-    return [parse_status(i, *r) for i, r in enumerate(results)]
+                          timeout=settings.connect_timeout + grace + 30, stdin=[target.stdin()] * len(target.hosts))
+    return _stopped(target, results, warn)
+
+
+async def async_stop_job(target: Target, run_dir: str, grace: float, mux_dir: str | None = None,
+                         warn: Warn | None = None) -> list[dict[str, Any]]:
+    """:func:`stop_job` for the triggerer, reusing connections through ``mux_dir``."""
+    settings = target.settings()
+    results = await run_bounded_async(stop_argvs(target, run_dir, grace, mux_dir), limit=settings.fanout,
+                                      timeout=settings.connect_timeout + grace + 30,
+                                      stdin=[target.stdin()] * len(target.hosts))
+    return _stopped(target, results, warn)
+
+
+def _stopped(target: Target, results: Sequence[tuple], warn: Warn | None) -> list[dict[str, Any]]:
+    """The hosts' answers to ``stop``; a host that could not be asked, and what a host ignored or
+    refused, go to ``warn``."""
+    for rc, _, err in results if warn else ():
+        if rc != 0:
+            warn(f"[dtrain] stopping ssh job {target.job_id}: {err.strip()}")
+    return report([parse_status(i, *r) for i, r in enumerate(results)], warn)

@@ -4,24 +4,36 @@ A deferred task lets its worker go, so no ssh session may stay open for the job'
 lifetime (the blocking SSH backend's lifeline would stop the job). Instead:
 
 ``python -m dtrain.launch.backends.ssh.detached_node start --run-dir RD --node N --job-id J [--workdir W] [--grace S] -- AGENT...``
-    reads the job's environment as one JSON line on stdin (never in an argv), double-forks
-    a daemon in its own session, and returns once the daemon has written its state file.
-    The daemon runs AGENT with its output in ``RD/detached/nodeN.log``; while it runs it
-    touches ``RD/detached/nodeN.beat`` every 5 seconds; when it
-    ends, it stops anything the agent left and writes ``RD/detached/nodeN.exit.json`` (temp
-    file + rename). Exit record and heartbeat are on the shared filesystem, so whoever watches
-    the job reads them there (:func:`status_from_files`) and asks the host over ssh only when
-    the heartbeat is stale. SIGTERM stops the whole tree (SIGTERM, ``--grace`` seconds for the ranks to
-    save a checkpoint and exit -- the spec's stop_grace -- then SIGKILL) and is recorded.
-``... status --run-dir RD --node N [--tail 40]``
-    prints one JSON line: ``{"state": "running"|"exited"|"lost"|"unknown", "exit_code", "tail"}``.
-    ``lost``: the daemon is gone without an exit record (the host rebooted, SIGKILL).
-``... stop --run-dir RD --node N [--grace 5]``
+    reads one JSON line on stdin, ``{"env": {...}, "secret": "<64 hex>"}``: the job's
+    environment and its secret, never in an argv. It starts the daemon (this module's
+    ``daemon`` verb, in a session of its own, exec'd with DTRAIN_JOB_ID, DTRAIN_NODE_INDEX and
+    DTRAIN_RUN_DIR in its environment, so that a stop can check a PID is this job's node before
+    signalling it), hands it that line through a pipe, and returns once the daemon's signed
+    state record is there. The daemon runs AGENT (with the job's environment, never the
+    secret) with its output in ``RD/detached/nodeN.log``; while it runs it touches
+    ``RD/detached/nodeN.beat`` every 5 seconds; when it ends, it stops anything the agent left
+    and writes ``RD/detached/nodeN.exit.json``. Exit record and heartbeat are on the shared
+    filesystem, so whoever watches the job reads them there (:func:`status_from_files`) and
+    asks the host over ssh only when the heartbeat is stale. SIGTERM stops the whole tree
+    (SIGTERM, ``--grace`` seconds for the ranks to save a checkpoint and exit -- the spec's
+    stop_grace -- then SIGKILL) and is recorded.
+``... status --run-dir RD --node N --job-id J [--tail 40]``
+    prints one JSON line: ``{"state": "running"|"exited"|"lost"|"unknown", "exit_code", "tail",
+    "ignored"}``. ``lost``: the daemon is gone without an exit record (the host rebooted, SIGKILL).
+``... stop --run-dir RD --node N --job-id J [--grace 5]``
     SIGTERM to the daemon, SIGKILL to whatever of the tree is left after the grace period
-    (returns as soon as the daemon has ended; a grace shorter than the daemon's own cuts it short).
+    (returns as soon as the daemon has ended; a grace shorter than the daemon's own cuts it
+    short), then every process of the job's node left on the host (by its environment).
 
-The PID in the state file is checked with its start time, so a reused PID is never
-mistaken for the daemon. Stdlib and psutil (a dependency of the package) only.
+The run directory is untrusted (the ranks write there): every file is read and written through
+:class:`~dtrain.rundir.RunDir` (no symlink followed, bounded reads, exclusive temp files), and the
+daemon's state and exit records are signed with the job's secret (:mod:`.records`). ``status``
+and ``stop`` read the secret from stdin (``{"secret": ...}``) when the caller has it; without
+it no exit record is believed. A record that fails is ignored and named in ``ignored`` (and on
+stderr). Before a PID from the state record is signalled or taken for the daemon, its start time
+must match the record's and its environment must say this job and node
+(:func:`dtrain.launch.proctree.of_job`); the job id checked is the caller's (``--job-id``),
+never one read from the run directory. Stdlib and psutil (a dependency of the package) only.
 """
 
 from __future__ import annotations
@@ -31,105 +43,131 @@ import json
 import os
 import signal
 import socket
+import stat
 import subprocess
 import sys
 import threading
 import time
+from typing import Any
 
-from dtrain.launch.proctree import kill_job, kill_tree
+from dtrain import grammar
+from dtrain.errors import SpecError
+from dtrain.launch.backends.ssh.records import JobKey, RecordError, check, parse
+from dtrain.launch.proctree import environ_of, kill_job, kill_tree, of_job
+from dtrain.rundir import DETACHED, RunDir, UnsafeRunDir
 
+MODULE = "dtrain.launch.backends.ssh.detached_node"
 ANNOUNCE = "[dtrain-detached]"
 TAIL_LINES = 40
 HEARTBEAT_S = 5.0
 #: a heartbeat older than this many intervals is stale: only then is the host asked over ssh
 STALE_BEATS = 3
+STATES = ("running", "exited", "lost", "unknown")
+#: a record is a few hundred bytes: more is not the daemon's
+RECORD_LIMIT = 64 * 1024
+#: the stdin line (the job's environment): what one exec could carry, and some
+MAX_INPUT_LINE = 16 * 1024 * 1024
+#: a PID's start time as psutil reads it twice may differ by rounding: not by a second
+START_TIME_SLACK_S = 1.0
 
 
 def node_dir(run_dir: str) -> str:
-    return os.path.join(run_dir, "detached")
+    return os.path.join(run_dir, DETACHED)
 
 
-def paths(run_dir: str, node: int) -> dict[str, str]:
-    base = os.path.join(node_dir(run_dir), f"node{node}")
+def names(node: int) -> dict[str, str]:
+    """The node's file names in the run directory's ``detached`` folder."""
+    base = f"node{node}"
     return {"state": base + ".state.json", "exit": base + ".exit.json", "log": base + ".log", "beat": base + ".beat"}
 
 
-def _write_json(path: str, data: dict) -> None:
-    tmp = f"{path}.{os.getpid()}.tmp"
-    with open(tmp, "w", encoding="utf-8") as fh:
-        json.dump(data, fh)
-    os.replace(tmp, path)
+def paths(run_dir: str, node: int) -> dict[str, str]:
+    """The node's files as paths, for messages and tests (the product opens them through RunDir only)."""
+    return {kind: os.path.join(node_dir(run_dir), name) for kind, name in names(node).items()}
 
 
-def _read_json(path: str) -> dict | None:
+def log_tail(run_dir: RunDir, node: int, lines: int) -> list[str]:
     try:
-        with open(path, encoding="utf-8") as fh:
-            return json.load(fh)
-    except (OSError, ValueError):
-        return None
-
-
-def _tail(path: str, lines: int) -> list[str]:
-    try:
-        with open(path, "rb") as fh:
-            fh.seek(0, os.SEEK_END)
-            fh.seek(max(0, fh.tell() - 256 * 1024))
-            return fh.read().decode(errors="replace").splitlines()[-lines:]
-    except OSError:
+        return run_dir.tail(DETACHED, names(node)["log"], lines=lines)
+    except UnsafeRunDir:  # the run directory itself was swapped for a link: nothing of it is read
         return []
 
 
-def _daemon_process(state: dict | None):
-    """The daemon as a psutil.Process if it still runs (same PID *and* start time), else None."""
+def read_record(run_dir: RunDir, node: int, kind: str, key: JobKey | None,
+                signed: bool = True) -> tuple[dict[str, Any] | None, str | None]:
+    """The node's ``kind`` record if it is one: ``(record, None)``; ``(None, None)`` when there is
+    none, or when it must be signed and the caller has no key (a stop from a resumed task: it
+    judges no outcome); ``(None, why)`` when what is there was ignored. ``signed=False`` checks a
+    record's fields without a key: for a state record, whose PID is then checked by environment."""
+    name = names(node)[kind]
+    if key is None and signed:
+        return None, None
+    try:
+        raw = run_dir.read(DETACHED, name, limit=RECORD_LIMIT)
+        if raw is None:
+            if run_dir.stat(DETACHED, name) is None:
+                return None, None
+            raise RecordError(f"not a regular file of at most {RECORD_LIMIT} bytes")
+        value = parse(raw)
+        if key is not None:
+            return key.verify(kind, node, value), None
+        if not isinstance(value, dict):
+            raise RecordError("not a JSON object")
+        return check(kind, value), None
+    except (RecordError, UnsafeRunDir) as e:
+        return None, f"node {node}: ignored {DETACHED}/{name}: {e}"
+
+
+def _daemon_process(run_dir: RunDir, node: int, job_id: str, key: JobKey | None):
+    """The daemon as a psutil.Process if the state record names a live process that is it (same
+    start time, and an environment of this job's node), else None; and what was ignored or refused."""
     import psutil
 
-    if not state:
-        return None
+    state, note = read_record(run_dir, node, "state", key, signed=False)
+    if state is None:
+        return None, [note] if note else []
     try:
-        proc = psutil.Process(int(state["pid"]))
-        if abs(proc.create_time() - float(state["create_time"])) > 1.0 or proc.status() == psutil.STATUS_ZOMBIE:
-            return None
-        return proc
-    except (psutil.NoSuchProcess, KeyError, ValueError, TypeError):
-        return None
+        proc = psutil.Process(state["pid"])
+        if (abs(proc.create_time() - state["create_time"]) > START_TIME_SLACK_S
+                or proc.status() == psutil.STATUS_ZOMBIE):
+            return None, []  # the daemon is gone (its PID may be another process's now)
+    except psutil.NoSuchProcess:
+        return None, []
+    if not of_job(environ_of(proc.pid), job_id, node):
+        return None, [f"node {node}: refused PID {proc.pid} named by {DETACHED}/{names(node)['state']}: "
+                      f"its environment is not job {job_id}'s node {node}"]
+    return proc, []
 
 
-def _beat(path: str) -> None:
-    with open(path, "a", encoding="utf-8"):
-        pass
-    os.utime(path)
-
-
-def _heartbeat(path: str, interval: float) -> None:
-    """Touch ``path`` every ``interval`` seconds, for as long as the daemon lives (a daemon thread)."""
+def _heartbeat(run_dir: RunDir, node: int, interval: float) -> None:
+    """Touch the node's beat file every ``interval`` seconds, for as long as the daemon lives (a daemon thread)."""
     while True:
         time.sleep(interval)
         try:
-            _beat(path)
-        except OSError:
-            pass  # the filesystem hiccuped: a stale beat only makes the watcher ask over ssh
+            run_dir.touch(DETACHED, names(node)["beat"])
+        except (OSError, UnsafeRunDir):
+            pass  # the filesystem hiccuped, or a rank moved things: a stale beat only makes the watcher ask over ssh
 
 
 # -- start -----------------------------------------------------------------------------------
 
-def _daemon(args: argparse.Namespace, env: dict[str, str]) -> None:
-    """The grandchild: run the agent, record how it ended. Never returns."""
+def _daemon(args: argparse.Namespace, env: dict[str, str], key: JobKey) -> None:
+    """The daemon: run the agent, record how it ended. Never returns."""
     import psutil
 
-    files = paths(args.run_dir, args.node)
+    run_dir, files = RunDir(args.run_dir), names(args.node)
     code = 1
     stopped: list[int] = []
     try:
-        log_fd = os.open(files["log"], os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
-        null_fd = os.open(os.devnull, os.O_RDONLY)
-        os.dup2(null_fd, 0)
+        log_fd = run_dir.open_append(DETACHED, files["log"], mode=0o600)
+        # stdin stays the pipe from start, read to its end (EOF): nothing of ssh's session is held open
         os.dup2(log_fd, 1)
         os.dup2(log_fd, 2)
         me = psutil.Process()
-        _beat(files["beat"])  # before the state file: a started node always has a fresh beat
-        threading.Thread(target=_heartbeat, args=(files["beat"], HEARTBEAT_S), daemon=True).start()
-        _write_json(files["state"], {"pid": me.pid, "pgid": os.getpgrp(), "create_time": me.create_time(),
-                                     "host": socket.gethostname(), "job_id": args.job_id, "node": args.node})
+        run_dir.touch(DETACHED, files["beat"])  # before the state record: a started node always has a fresh beat
+        threading.Thread(target=_heartbeat, args=(run_dir, args.node, HEARTBEAT_S), daemon=True).start()
+        run_dir.write_json(DETACHED, files["state"], value=key.sign(
+            "state", args.node, {"pid": me.pid, "create_time": me.create_time(), "host": socket.gethostname()[:255]}))
         environ = dict(os.environ)
         environ.update(env)
 
@@ -148,97 +186,122 @@ def _daemon(args: argparse.Namespace, env: dict[str, str]) -> None:
     except BaseException as e:  # the record must be written whatever happened
         print(f"{ANNOUNCE} node={args.node}: {e!r}", flush=True)
     finally:
-        _write_json(files["exit"], {"exit_code": code, "stopped_by_signal": stopped[0] if stopped else None,
-                                    "time": time.time()})
+        try:
+            run_dir.write_json(DETACHED, files["exit"], value=key.sign(
+                "exit", args.node, {"exit_code": code,
+                                    "stopped_by_signal": stopped[0] if stopped else None, "time": time.time()}))
+        except (OSError, ValueError) as e:  # a rank replaced the folder: the watcher will find the node lost
+            print(f"{ANNOUNCE} node={args.node}: could not write the exit record: {e!r}", flush=True)
         sys.stdout.flush()
         os._exit(0)
 
 
-def start(args: argparse.Namespace) -> int:
-    line = sys.stdin.buffer.readline().decode()
+def daemon_argv(args: argparse.Namespace) -> list[str]:
+    options = ["--run-dir", args.run_dir, "--node", str(args.node), "--job-id", args.job_id, "--grace", f"{args.grace:g}"]
+    if args.workdir:
+        options += ["--workdir", args.workdir]
+    return [sys.executable, "-m", MODULE, "daemon", *options, "--", *args.agent]
+
+
+def daemon_env(args: argparse.Namespace) -> dict[str, str]:
+    """The daemon's own environment: the job's node first (a bounded reader of /proc/PID/environ
+    finds them), then this process's."""
+    ours = {"DTRAIN_JOB_ID": args.job_id, "DTRAIN_NODE_INDEX": str(args.node), "DTRAIN_RUN_DIR": args.run_dir}
+    return {**ours, **{k: v for k, v in os.environ.items() if k not in ours}}
+
+
+def start(args: argparse.Namespace, line: bytes, key: JobKey) -> int:
+    run_dir, files = RunDir(args.run_dir), names(args.node)
+    run_dir.ensure_dir(DETACHED)  # a planted link or file there is removed, never followed
+    for kind in ("state", "exit", "beat"):  # a relaunch in the same run directory starts clean
+        run_dir.remove(DETACHED, files[kind])
+    daemon = subprocess.Popen(daemon_argv(args), env=daemon_env(args), stdin=subprocess.PIPE,
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     try:
-        env = json.loads(line)["env"] if line.strip() else {}
-    except (ValueError, KeyError, TypeError) as e:
-        print(f"{ANNOUNCE} node={args.node}: bad environment line on stdin ({e})", file=sys.stderr)
-        return 2
-    files = paths(args.run_dir, args.node)
-    os.makedirs(node_dir(args.run_dir), exist_ok=True)
-    for key in ("state", "exit", "beat"):  # a relaunch in the same run directory starts clean
-        try:
-            os.unlink(files[key])
-        except FileNotFoundError:
-            pass
-    sys.stdout.flush()
-    sys.stderr.flush()
-    first = os.fork()
-    if first == 0:
-        os.setsid()  # a session of its own: no controlling terminal, not killed with ssh's session
-        if os.fork() == 0:
-            _daemon(args, env)
-        os._exit(0)
-    os.waitpid(first, 0)
+        daemon.stdin.write(line)
+        daemon.stdin.close()
+    except BrokenPipeError:
+        pass  # it died at once: reported below
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
-        state = _read_json(files["state"])
-        if state:
+        state, _ = read_record(run_dir, args.node, "state", key)
+        if state is not None and state["pid"] == daemon.pid:
             print(f"{ANNOUNCE} node={args.node} pid={state['pid']} host={state['host']}", flush=True)
             return 0
+        if daemon.poll() is not None:
+            break
         time.sleep(0.05)
-    print(f"{ANNOUNCE} node={args.node}: the daemon did not start; see {files['log']}", file=sys.stderr)
+    print(f"{ANNOUNCE} node={args.node}: the daemon did not start; see {paths(args.run_dir, args.node)['log']}",
+          file=sys.stderr)
     return 1
 
 
 # -- status / stop ---------------------------------------------------------------------------
 
-def _exited(files: dict[str, str], node: int, record: dict, tail: int) -> dict:
-    code = int(record.get("exit_code", 1))
-    return {"node": node, "state": "exited", "exit_code": code, "stopped_by_signal": record.get("stopped_by_signal"),
-            "tail": _tail(files["log"], tail) if code else []}
+def _exited(run_dir: RunDir, node: int, record: dict, tail: int, ignored: list[str]) -> dict:
+    """An exited node's status. A node that was stopped (SIGTERM from ``stop``, or its host shutting
+    down) never reads as a success, even when its agent then exited 0 (ranks that save a checkpoint
+    and exit cleanly on SIGTERM): its code is 128 + the signal, as the retry policy reads a preemption."""
+    signum = record["stopped_by_signal"]
+    code = record["exit_code"] or (128 + signum if signum else 0)
+    return {"node": node, "state": "exited", "exit_code": code, "stopped_by_signal": record["stopped_by_signal"],
+            "tail": log_tail(run_dir, node, tail) if code else [], "ignored": ignored}
 
 
-def status_from_files(run_dir: str, node: int, now: float, stale_after: float, tail: int = TAIL_LINES) -> dict | None:
+def status_from_files(run_dir: str, node: int, now: float, stale_after: float, tail: int = TAIL_LINES, *,
+                      key: JobKey | None = None) -> dict | None:
     """The node's status from the shared filesystem alone, or None when only its host can tell.
 
-    Exited: its exit record. Running: a heartbeat younger than ``stale_after`` seconds (by this
-    host's clock against the file's mtime: clocks synchronised to well within ``stale_after``,
-    as NTP/chrony keep them; a skewed clock costs an ssh call, never a wrong verdict, because
-    "lost" is only ever decided by the host). None: stale or missing, ask the host.
+    Exited: its exit record, signed with ``key`` (without a key no exit record is believed).
+    Running: a heartbeat younger than ``stale_after`` seconds (by this host's clock against the
+    file's mtime: clocks synchronised to well within ``stale_after``, as NTP/chrony keep them; a
+    skewed clock costs an ssh call, never a wrong verdict, because "lost" is only ever decided by
+    the host). None: stale or missing, ask the host. A record ignored is named in ``ignored``.
     """
-    files = paths(run_dir, node)
-    record = _read_json(files["exit"])
+    files = RunDir(run_dir)
+    record, note = read_record(files, node, "exit", key)
+    ignored = [note] if note else []
     if record is not None:
-        return _exited(files, node, record, tail)
+        return _exited(files, node, record, tail, ignored)
     try:
-        age = now - os.stat(files["beat"]).st_mtime
-    except OSError:
-        return None
-    if age < stale_after:
-        return {"node": node, "state": "running", "exit_code": None, "tail": []}
+        beat = files.stat(DETACHED, names(node)["beat"])
+    except UnsafeRunDir:
+        return None  # only the host can tell
+    if beat is not None and stat.S_ISREG(beat.st_mode) and now - beat.st_mtime < stale_after:
+        return {"node": node, "state": "running", "exit_code": None, "tail": [], "ignored": ignored}
     return None
 
 
-def status(run_dir: str, node: int, tail: int = TAIL_LINES) -> dict:
-    files = paths(run_dir, node)
-    record = _read_json(files["exit"])
+def status(run_dir: RunDir, node: int, job_id: str, key: JobKey | None, tail: int = TAIL_LINES) -> dict:
+    """The node's status as its host sees it (see the module docstring)."""
+    try:
+        return _status(run_dir, node, job_id, key, tail)
+    except UnsafeRunDir as e:  # a rank swapped the run directory for a link: nothing in it is believed
+        return {"node": node, "state": "lost", "exit_code": None, "tail": [], "ignored": [f"node {node}: {e}"]}
+
+
+def _status(run_dir: RunDir, node: int, job_id: str, key: JobKey | None, tail: int) -> dict:
+    record, note = read_record(run_dir, node, "exit", key)
+    ignored = [note] if note else []
     if record is not None:
-        return _exited(files, node, record, tail)
-    state = _read_json(files["state"])
-    if state is None:
-        return {"node": node, "state": "unknown", "exit_code": None, "tail": []}
-    if _daemon_process(state) is not None:
-        return {"node": node, "state": "running", "exit_code": None, "tail": []}
+        return _exited(run_dir, node, record, tail, ignored)
+    daemon, refused = _daemon_process(run_dir, node, job_id, key)
+    ignored += refused
+    if daemon is not None:
+        return {"node": node, "state": "running", "exit_code": None, "tail": [], "ignored": ignored}
     # Re-read: the daemon may have written its record between the two reads.
-    record = _read_json(files["exit"])
+    record, _ = read_record(run_dir, node, "exit", key)
     if record is not None:
-        return status(run_dir, node, tail)
-    return {"node": node, "state": "lost", "exit_code": None, "tail": _tail(files["log"], tail)}
+        return _exited(run_dir, node, record, tail, ignored)
+    if run_dir.stat(DETACHED, names(node)["state"]) is None:
+        return {"node": node, "state": "unknown", "exit_code": None, "tail": [], "ignored": ignored}
+    return {"node": node, "state": "lost", "exit_code": None, "tail": log_tail(run_dir, node, tail), "ignored": ignored}
 
 
-def stop(run_dir: str, node: int, grace: float = 5.0) -> dict:
+def stop(run_dir: RunDir, node: int, job_id: str, key: JobKey | None, grace: float = 5.0) -> dict:
     import psutil
 
-    state = _read_json(paths(run_dir, node)["state"])
-    daemon = _daemon_process(state)
+    daemon, ignored = _daemon_process(run_dir, node, job_id, key)
     if daemon is not None:
         try:
             descendants = daemon.children(recursive=True)
@@ -252,34 +315,87 @@ def stop(run_dir: str, node: int, grace: float = 5.0) -> dict:
                 proc.kill()
         except psutil.NoSuchProcess:
             pass
-    if state and state.get("job_id"):  # a lost daemon leaves no tree to walk: find the job's processes
-        kill_job(str(state["job_id"]), 1.0, node)
-    return status(run_dir, node, 0)
+    # A lost daemon (or one whose state record was not believed) leaves no tree to walk: the job's
+    # node's processes, by environment, get the grace period the daemon would have given them.
+    kill_job(job_id, grace, node)
+    result = status(run_dir, node, job_id, key, 0)
+    result["ignored"] = ignored + [note for note in result["ignored"] if note not in ignored]
+    return result
 
+
+# -- command line ----------------------------------------------------------------------------
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
     # The agent's argv follows "--" and is split off first: it may contain anything.
     options, agent = (argv[:argv.index("--")], argv[argv.index("--") + 1:]) if "--" in argv else (argv, [])
     p = argparse.ArgumentParser(prog="detached_node")
-    p.add_argument("verb", choices=("start", "status", "stop"))
+    p.add_argument("verb", choices=("start", "daemon", "status", "stop"))
     p.add_argument("--run-dir", required=True)
     p.add_argument("--node", type=int, required=True)
-    p.add_argument("--job-id", default="")
+    p.add_argument("--job-id", required=True)
     p.add_argument("--workdir")
     p.add_argument("--grace", type=float, default=5.0)
     p.add_argument("--tail", type=int, default=TAIL_LINES)
     args = p.parse_args(options)
     args.agent = agent
-    if args.verb == "start" and not args.agent:
+    try:
+        RunDir(args.run_dir)
+    except UnsafeRunDir:
+        p.error(f"--run-dir={args.run_dir!r} is invalid: an absolute, normalized path")
+    try:
+        grammar.check("--job-id", args.job_id, grammar.NAME, "letters, digits and _ . + - (1-128)")
+        grammar.finite("--node", args.node, minimum=0, maximum=1 << 20)
+        grammar.finite("--grace", args.grace, minimum=0, maximum=3600)
+        grammar.finite("--tail", args.tail, minimum=0, maximum=10000)
+    except SpecError as e:
+        p.error(str(e))
+    if args.verb in ("start", "daemon") and not args.agent:
         p.error("start needs the agent command after --")
     return args
 
 
+def read_input(args: argparse.Namespace) -> tuple[bytes, dict[str, str], JobKey | None]:
+    """The stdin line (bounded), the environment and the job's key in it; SpecError naming the field."""
+    if args.verb in ("status", "stop") and sys.stdin.isatty():
+        return b"", {}, None
+    line = sys.stdin.buffer.readline(MAX_INPUT_LINE + 1)
+    if len(line) > MAX_INPUT_LINE:
+        raise SpecError("stdin", f"<a line over {MAX_INPUT_LINE} bytes>", "one JSON line of at most 16 MiB")
+    value = parse(line) if line.strip() else {}
+    if not isinstance(value, dict):
+        raise SpecError("stdin", type(value).__name__, 'a JSON object: {"env": {...}, "secret": "<64 hex>"}')
+    env = value.get("env", {})
+    if not isinstance(env, dict) or not all(isinstance(k, str) and isinstance(v, str) and "\0" not in k + v
+                                            for k, v in env.items()):
+        raise SpecError("env", "<not shown>", "a mapping of variable names to text without NUL")
+    secret = value.get("secret")
+    if secret is None and args.verb in ("start", "daemon"):
+        raise SpecError("secret", None, "the job's secret (64 lowercase hex digits) on stdin")
+    return line, env, None if secret is None else JobKey(args.job_id, secret)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(list(sys.argv[1:] if argv is None else argv))
+    try:
+        line, env, key = read_input(args)
+    except (SpecError, RecordError) as e:
+        print(f"{ANNOUNCE} node={args.node}: {e}", file=sys.stderr)
+        return 2
     if args.verb == "start":
-        return start(args)
-    result = status(args.run_dir, args.node, args.tail) if args.verb == "status" else stop(args.run_dir, args.node, args.grace)
+        try:
+            return start(args, line, key)
+        except UnsafeRunDir as e:
+            print(f"{ANNOUNCE} node={args.node}: {e}", file=sys.stderr)
+            return 1
+    if args.verb == "daemon":
+        _daemon(args, env, key)
+    run_dir = RunDir(args.run_dir)
+    if args.verb == "status":
+        result = status(run_dir, args.node, args.job_id, key, args.tail)
+    else:
+        result = stop(run_dir, args.node, args.job_id, key, args.grace)
+    for note in result["ignored"]:
+        print(f"{ANNOUNCE} {note}", file=sys.stderr)
     print(json.dumps(result), flush=True)
     return 0
 

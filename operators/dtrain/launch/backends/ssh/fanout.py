@@ -24,11 +24,12 @@ Result = tuple  # (returncode | None, stdout, stderr)
 
 
 def run_bounded(argvs: Sequence[Sequence[str]], *, limit: int, timeout: float,
-                stdin: Sequence[bytes] | None = None, stop_on_failure: bool = False) -> list[Result]:
+                stdin: Sequence[bytes | None] | None = None, stop_on_failure: bool = False) -> list[Result]:
     """Run every argv, at most ``limit`` at once; ``(returncode, stdout, stderr)`` per argv, in order.
 
-    A timeout reads as ssh's own failure code (255). With ``stop_on_failure``, commands not yet
-    started when one fails are skipped (their result is :data:`NOT_RUN`).
+    ``stdin[i]`` is what command i reads (None: nothing, never this process's stdin). A timeout
+    reads as ssh's own failure code (255). With ``stop_on_failure``, commands not yet started
+    when one fails are skipped (their result is :data:`NOT_RUN`).
     """
     results: list[Result] = [NOT_RUN] * len(argvs)
     failed = threading.Event()
@@ -36,9 +37,9 @@ def run_bounded(argvs: Sequence[Sequence[str]], *, limit: int, timeout: float,
     def one(i: int) -> None:
         if stop_on_failure and failed.is_set():
             return
+        data = None if stdin is None else stdin[i]
         try:
-            done = subprocess.run(list(argvs[i]), input=None if stdin is None else stdin[i],
-                                  stdin=subprocess.DEVNULL if stdin is None else None,
+            done = subprocess.run(list(argvs[i]), input=data, stdin=subprocess.DEVNULL if data is None else None,
                                   capture_output=True, timeout=timeout)
             results[i] = (done.returncode, done.stdout.decode(errors="replace"), done.stderr.decode(errors="replace"))
         except subprocess.TimeoutExpired:
@@ -54,17 +55,19 @@ def run_bounded(argvs: Sequence[Sequence[str]], *, limit: int, timeout: float,
     return results
 
 
-async def run_bounded_async(argvs: Sequence[Sequence[str]], *, limit: int, timeout: float) -> list[Result]:
+async def run_bounded_async(argvs: Sequence[Sequence[str]], *, limit: int, timeout: float,
+                            stdin: Sequence[bytes | None] | None = None) -> list[Result]:
     """:func:`run_bounded` for the triggerer's event loop (no thread per host)."""
     from dtrain.launch.backends.base import run_async
 
     gate = asyncio.Semaphore(max(1, limit))
 
-    async def one(argv: Sequence[str]) -> Result:
+    async def one(argv: Sequence[str], data: bytes | None) -> Result:
         async with gate:
             try:
-                return await run_async(argv, timeout)
+                return await run_async(argv, timeout, data)
             except TimeoutError:
                 return 255, "", f"timed out after {timeout:.0f}s"
 
-    return list(await asyncio.gather(*(one(argv) for argv in argvs)))
+    return list(await asyncio.gather(*(one(argv, None if stdin is None else stdin[i])
+                                       for i, argv in enumerate(argvs))))
