@@ -32,3 +32,16 @@ def test_a_planted_directory_or_fifo_reads_as_missing(tmp_path, plant):
     assert run.tail(METRICS, RESULT, lines=5) == []
     assert run.result() == {}
     assert open_fds() == before
+
+
+def test_deeply_nested_json_reads_as_no_value(tmp_path):
+    # A rank-written record of a million '[' made json raise RecursionError out of the reader.
+    from dtrain.rundir import RunDir
+
+    (tmp_path / "exits").mkdir()
+    (tmp_path / "exits" / "rank0.restart0.json").write_text("[" * 200_000)
+    (tmp_path / "metrics").mkdir()
+    (tmp_path / "metrics" / "rank0.jsonl").write_text('{"step": 1}\n' + "[" * 200_000 + "\n")
+    run = RunDir(str(tmp_path))
+    assert run.read_json("exits", "rank0.restart0.json") is None and run.exits() == []
+    assert run.metrics() == {0: [{"step": 1}]}

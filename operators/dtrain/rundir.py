@@ -204,7 +204,7 @@ class RunDir:
             return None
         try:
             return json.loads(raw)
-        except ValueError:
+        except (ValueError, RecursionError):  # garbage, or [[[[... a million deep
             return None
 
     def read_end(self, *parts: str, limit: int) -> tuple[bytes, bool]:
@@ -484,7 +484,7 @@ def _records(lines: list[bytes]) -> Iterator[dict[str, Any]]:
             continue
         try:
             record = json.loads(line)
-        except ValueError:
+        except (ValueError, RecursionError):
             continue  # a line cut by a kill, or a rank's garbage
         if isinstance(record, dict):
             yield record
