@@ -20,7 +20,7 @@ import torch.distributed as dist
 
 from dtrain.training import PreemptionGuard, init_distributed, write_result
 from dtrain.training.dist import exit_now, shutdown
-from dtrain.training.loop import TrainLoop
+from dtrain.training.loop import TrainLoop, script_args
 from dtrain.training.shards import ShardDataset, ShardLoader, ShardSampler
 
 from tabular_pipeline.data import FEATURES
@@ -34,16 +34,7 @@ def build_model() -> torch.nn.Module:
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--shards", required=True, help="preprocessed shard directory (with manifest.json)")
-    p.add_argument("--output", required=True, help="where rank 0 writes the trained weights")
-    p.add_argument("--init-from", default="", help="warm-start weights, used when the file exists ('' = none)")
-    p.add_argument("--epochs", type=int, default=5)
-    p.add_argument("--lr", type=float, default=0.05)
-    p.add_argument("--batch-size", type=int, default=64, help="per-rank batch size")
-    p.add_argument("--checkpoint-every", type=int, default=50, help="steps between checkpoints")
-    p.add_argument("--seed", type=int, default=0)
-    return p.parse_args(argv)
+    return script_args(__doc__.splitlines()[0], epochs=5, lr=0.05, batch_size=64).parse_args(argv)
 
 
 def atomic_save(obj: object, path: str) -> None:

@@ -13,6 +13,7 @@ The script keeps what is its own: the model, the loss, what it writes at the end
 
 from __future__ import annotations
 
+import argparse
 import os
 import sys
 import time
@@ -22,6 +23,22 @@ from dtrain.training.checkpoint import CheckpointManager
 from dtrain.training.dist import shutdown
 from dtrain.training.metrics import MetricsWriter
 from dtrain.training.preemption import PreemptionGuard
+
+
+def script_args(description: str, *, epochs: int, lr: float, batch_size: int) -> argparse.ArgumentParser:
+    """The arguments a retraining pipeline's ``train_command`` fills ({shards}, {output}, {init_from},
+    {params.epochs}, {params.lr}), plus batch size, checkpoint interval and seed, with the script's
+    defaults. Add the script's own before ``parse_args``."""
+    p = argparse.ArgumentParser(description=description)
+    p.add_argument("--shards", required=True, help="preprocessed shard directory (with manifest.json)")
+    p.add_argument("--output", required=True, help="where rank 0 writes the trained model")
+    p.add_argument("--init-from", default="", help="warm-start model, used when the file exists ('' = none)")
+    p.add_argument("--epochs", type=int, default=epochs)
+    p.add_argument("--lr", type=float, default=lr)
+    p.add_argument("--batch-size", type=int, default=batch_size, help="per-rank batch size")
+    p.add_argument("--checkpoint-every", type=int, default=50, help="steps between checkpoints")
+    p.add_argument("--seed", type=int, default=0)
+    return p
 
 
 class TrainLoop:
