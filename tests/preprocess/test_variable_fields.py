@@ -266,3 +266,25 @@ def test_packing_settings_that_cannot_work_fail_the_run(tmp_path, raw, transform
     assert not (out / "manifest.json").exists()
     if error is SpecError:  # refused before any work: nothing created
         assert not out.exists()
+
+
+@pytest.mark.parametrize("mean_length", [3, 400], ids=["short: one fancy index", "long: a slice per sample"])
+def test_gather_from_several_sources_in_output_order(mean_length):
+    from dtrain.preprocess import ragged
+
+    rng = np.random.default_rng(mean_length)
+    sources = []
+    for _ in range(3):
+        samples = [rng.integers(0, 1000, rng.integers(0, 2 * mean_length), dtype=np.int32) for _ in range(50)]
+        sources.append((ragged.from_samples(samples, np.dtype(np.int32)), samples))
+    picks = [(int(rng.integers(3)), int(rng.integers(50))) for _ in range(40)]  # (source, row), repeats allowed
+    parts = []
+    for s in range(3):
+        positions = np.array([p for p, (src, _) in enumerate(picks) if src == s], dtype=np.int64)
+        parts.append((sources[s][0], positions, np.array([picks[p][1] for p in positions], dtype=np.int64)))
+    out = ragged.gather(parts, len(picks), np.dtype(np.int32))
+    assert [a.tolist() for a in ragged.split(out)] == [sources[s][1][r].tolist() for s, r in picks]
+    window = out.rows(5, 9)  # a view of a block, as the loader hands out batches
+    assert [a.tolist() for a in ragged.split(window)] == [sources[s][1][r].tolist() for s, r in picks[5:9]]
+    values, mask = ragged.pad(window, -1)
+    assert [row[m].tolist() for row, m in zip(values, mask)] == [sources[s][1][r].tolist() for s, r in picks[5:9]]

@@ -81,33 +81,40 @@ def check(values: np.ndarray, offsets: np.ndarray, num_samples: int, max_length:
                                   f"0 to max_length={max_length} (offsets must not decrease)")
 
 
-def _within_sample(lengths: np.ndarray) -> np.ndarray:
-    """For every value of samples of these lengths laid end to end: its position inside its sample."""
-    ends = np.cumsum(lengths)
-    return np.arange(int(ends[-1]) if len(ends) else 0, dtype=np.int64) - np.repeat(ends - lengths, lengths)
+#: from this mean sample length up, a batch is gathered with one slice copy per sample; below it, with one
+#: fancy index over every value (a Python step per sample costs about what 60 index entries do)
+SLICE_MIN_MEAN = 48
 
 
-def allocate(lengths: np.ndarray, dtype: np.dtype) -> Ragged:
-    """An output Ragged for samples of ``lengths`` (values to be filled by :func:`take_into`)."""
-    offsets = np.zeros(len(lengths) + 1, dtype=np.int64)
+def gather(parts: list[tuple[Ragged, np.ndarray | None, np.ndarray]], n: int, dtype: np.dtype) -> Ragged:
+    """``n`` samples taken from one or more sources into one new contiguous Ragged.
+
+    ``parts`` lists (source, positions in the output or None for 0..n-1 in order, rows of the source).
+    Long samples are copied slice by slice (a memcpy each); short ones with one fancy index for the
+    whole part (no per-sample Python work), which costs an index entry per value instead.
+    """
+    lengths = np.empty(n, dtype=np.int64)
+    for source, positions, rows in parts:
+        lengths[slice(None) if positions is None else positions] = source.lengths_of(rows)
+    offsets = np.zeros(n + 1, dtype=np.int64)
     np.cumsum(lengths, out=offsets[1:])
-    return Ragged(np.empty(int(offsets[-1]), dtype=np.dtype(dtype.name)), offsets)
-
-
-def take_into(out: Ragged, positions: np.ndarray, source: Ragged, rows: np.ndarray) -> None:
-    """Copy samples ``rows`` of ``source`` to samples ``positions`` of ``out`` (sizes from :func:`allocate`):
-    one fancy index for the whole group, no per-sample Python work."""
-    lengths = out.offsets[positions + 1] - out.offsets[positions]
-    inside = _within_sample(lengths)
-    out.values[np.repeat(out.offsets[positions], lengths) + inside] = \
-        source.values[np.repeat(source.offsets[rows], lengths) + inside]
-
-
-def take(source: Ragged, rows: np.ndarray) -> Ragged:
-    """Samples ``rows`` of ``source``, in that order, as a new contiguous Ragged."""
-    out = allocate(source.lengths_of(rows), source.values.dtype)
-    take_into(out, np.arange(len(rows)), source, rows)
-    return out
+    native = np.dtype(np.dtype(dtype).name)
+    if n and offsets[-1] >= SLICE_MIN_MEAN * n:
+        pieces: list = [None] * n
+        for source, positions, rows in parts:
+            order = range(n) if positions is None else positions.tolist()
+            for p, a, b in zip(order, source.offsets[rows].tolist(), source.offsets[rows + 1].tolist()):
+                pieces[p] = source.values[a:b]
+        return Ragged(np.concatenate(pieces).astype(native, copy=False), offsets)
+    values = np.empty(int(offsets[-1]), dtype=native)
+    for source, positions, rows in parts:
+        part_lengths = source.lengths_of(rows)
+        ends = np.cumsum(part_lengths)
+        inside = np.arange(int(ends[-1]) if len(ends) else 0, dtype=np.int64) - np.repeat(ends - part_lengths,
+                                                                                         part_lengths)
+        where = slice(None) if positions is None else np.repeat(offsets[positions], part_lengths) + inside
+        values[where] = source.values[np.repeat(source.offsets[rows], part_lengths) + inside]
+    return Ragged(values, offsets)
 
 
 def join_offsets(parts: list[np.ndarray]) -> np.ndarray:
@@ -127,10 +134,20 @@ def split(batch: Ragged) -> list[np.ndarray]:
 
 
 def pad(batch: Ragged, pad_value: float | int = 0) -> tuple[np.ndarray, np.ndarray]:
-    """[samples, longest] values padded with ``pad_value``, and the mask of real values (True)."""
+    """[samples, longest] values padded with ``pad_value``, and the mask of real values (True).
+
+    Raises OverflowError when ``pad_value`` does not fit the values' dtype."""
     lengths = batch.lengths
     width = int(lengths.max(initial=0))
+    dtype = np.dtype(batch.values.dtype.name)
+    fill = np.full((), pad_value, dtype=dtype)  # refuses a value the dtype cannot hold, before any work
     mask = np.arange(width) < lengths[:, None]
-    out = np.full((len(batch), width), pad_value, dtype=np.dtype(batch.values.dtype.name))
+    if len(batch) and int(lengths.sum()) >= SLICE_MIN_MEAN * len(batch):  # long rows: a slice copy each
+        out = np.empty((len(batch), width), dtype=dtype)
+        for row, a, b in zip(out, batch.offsets[:-1].tolist(), batch.offsets[1:].tolist()):
+            row[:b - a] = batch.values[a:b]
+            row[b - a:] = fill
+        return out, mask
+    out = np.full((len(batch), width), fill, dtype=dtype)
     out[mask] = batch.data()  # a row's True cells come first and rows follow each other: values' own order
     return out, mask

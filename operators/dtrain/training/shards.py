@@ -302,7 +302,8 @@ class ShardDataset:
 
         idx = self._indices(indices)
         if self.cached:
-            return [column[idx] if isinstance(column, np.ndarray) else ragged.take(column, idx)
+            return [column[idx] if isinstance(column, np.ndarray) else
+                    ragged.gather([(column, None, idx)], len(idx), column.values.dtype)
                     for column in map(self._whole, self.fields)]
         shard_of = np.searchsorted(self._starts, idx, side="right") - 1
         order = np.argsort(shard_of, kind="stable")  # group by shard: one gather per shard touched
@@ -321,13 +322,8 @@ class ShardDataset:
             for shard, positions, rows in groups:
                 out[positions] = self._column(shard, field)[rows]
             return out
-        lengths = np.empty(n, dtype=np.int64)
-        for shard, positions, rows in groups:
-            lengths[positions] = self._column(shard, field).lengths_of(rows)
-        out = ragged.allocate(lengths, _values_dtype(spec))
-        for shard, positions, rows in groups:
-            ragged.take_into(out, positions, self._column(shard, field), rows)
-        return out
+        return ragged.gather([(self._column(shard, field), positions, rows) for shard, positions, rows in groups],
+                             n, _values_dtype(spec))
 
     def to_torch(self, column, field: str, collate: str = "list", pad_value: PadValue = 0, pin: bool = False):
         """One gathered column as the batch's value: a tensor (fixed), a list of tensors or bytes, or Padded."""
