@@ -79,6 +79,8 @@ def test_mixed_fields_round_trip_as_lists_padded_and_through_the_loader(mixed_sh
         item = dataset[250]
         assert item[0].tolist() == expected(recs[250])[0] and item[1] == expected(recs[250])[1]
         assert int(item[2]) == expected(recs[250])[2]
+        items = dataset.__getitems__([250, 3])  # what a plain DataLoader fetches: per-sample items
+        assert [(t.tolist(), b, int(y)) for t, b, y in items] == [expected(recs[250]), expected(recs[3])]
 
     mapped = ShardDataset(mixed_shards, fields=FIELDS, cache_bytes=0)
     sampler = ShardSampler(500, num_replicas=2, rank=1, seed=4, drop_last=True)
