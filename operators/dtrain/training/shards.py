@@ -33,7 +33,6 @@ shape and offsets against it when it is first mapped (``ShardDataset._open_colum
 
 from __future__ import annotations
 
-import bisect
 import hashlib
 import math
 import os
