@@ -462,15 +462,15 @@ class ShardLoader:
 
         order = self.sampler.indices_array() if hasattr(self.sampler, "indices_array") else np.fromiter(self.sampler, np.int64)
         indices = order[: len(self) * self.batch_size]
-        block, size, dataset = self.batch_size * self.block_batches(), self.batch_size, self.dataset
+        block = self.batch_size * self.block_batches()
         for start in range(0, len(indices), block):
-            columns = dataset.gather(indices[start:start + block])
-            # Fixed fields become tensors (pinned) once per block, and each batch is a slice of them;
-            # a variable field is sliced first (a view), then collated batch by batch.
-            columns = [c if isinstance(c, Ragged) else dataset.to_torch(c, f, pin=self.pin_memory)
-                       for c, f in zip(columns, dataset.fields)]
-            rows = min(block, len(indices) - start)
-            for a in range(0, rows, size):
-                b = min(a + size, rows)
-                yield tuple(dataset.to_torch(c.rows(a, b), f, self.collate, self.pad_value, self.pin_memory)
-                            if isinstance(c, Ragged) else c[a:b] for c, f in zip(columns, dataset.fields))
+            columns = self.dataset.gather(indices[start:start + block])
+            yield from zip(*(self._batches(c, f) for c, f in zip(columns, self.dataset.fields)))
+
+    def _batches(self, column, field: str) -> Iterator:
+        """A gathered block's column as batches: a fixed field becomes one (pinned) tensor whose batches are
+        views; a variable field is cut into windows (views), each collated on its own."""
+        if not isinstance(column, Ragged):
+            return iter(self.dataset.to_torch(column, field, pin=self.pin_memory).split(self.batch_size))
+        return (self.dataset.to_torch(column.rows(a, min(a + self.batch_size, len(column))), field, self.collate,
+                                      self.pad_value, self.pin_memory) for a in range(0, len(column), self.batch_size))
