@@ -1,8 +1,14 @@
 #!/usr/bin/env bash
-# After the tests: nothing the project or its tests started may still run. Prints what is
-# left and exits 1 if anything is. Matches the project's own processes only: every process
-# that carries a job id (DTRAIN_JOB_ID) in its environment, and the test daemons by the
-# arguments the fixtures start them with (a system sshd or munged is not ours).
+# After the tests: nothing the project or its tests started may still run, and nothing a killed
+# job created may be left in shared memory. Prints what is left and exits 1 if anything is.
+# Processes: every process that carries a job id (DTRAIN_JOB_ID) in its environment, and the test
+# daemons by the arguments the fixtures start them with (a system sshd or munged is not ours).
+# Shared memory (/dev/shm, or CHECK_ORPHANS_SHM_DIR): the names the product's jobs create that no
+# running process maps any more (a name still mapped belongs to a run in progress):
+#   sem.mp-*                      Python multiprocessing's named semaphores (its queues and locks)
+#   deepspeed_allreduce_buffer_*  DeepSpeed's CPU all-reduce buffers (dtrain.launch.ds_shm)
+#   vader_segment.*               OpenMPI's shared-memory transport (the mpi backend)
+#   nccl-*                        NCCL's shared-memory transport (GPU jobs)
 set -uo pipefail
 pattern='dtrain\.launch|torch\.distributed\.run|moto_server|slurmctld -D|slurmd -D|munged --foreground --force --socket=|sshd -D -e -f /tmp/|airflow (standalone|scheduler|triggerer|api.server|dag-processor|serve-logs)|mpirun |orted '
 left=$(ps -eo pid=,args= | grep -E -- "$pattern" | grep -vE "grep|check_orphans" || true)
@@ -14,9 +20,29 @@ for environ in /proc/[0-9]*/environ; do
   fi
 done
 left=$(printf '%s\n' "$left" | sed '/^[[:space:]]*$/d' | sort -u)
+
+shm_dir=${CHECK_ORPHANS_SHM_DIR:-/dev/shm}
+shm_names='^(sem\.mp-|deepspeed_allreduce_buffer_|vader_segment\.|nccl-)'
+mapped=$(cat /proc/[0-9]*/maps 2>/dev/null | awk -v dir="$shm_dir/" 'index($6, dir) == 1 {print $6}' | sort -u)
+shm_left=""
+for path in "$shm_dir"/*; do
+  [[ ${path##*/} =~ $shm_names ]] || continue
+  grep -qxF -- "$path" <<<"$mapped" || shm_left+="$path"$'\n'
+done
+
+status=0
 if [ -n "$left" ]; then
   echo "check_orphans: processes of the project are still running after the tests:"
   printf '%s\n' "$left" | cut -c1-200
-  exit 1
+  status=1
+else
+  echo "check_orphans: no process of the project is left"
 fi
-echo "check_orphans: no process of the project is left"
+if [ -n "$shm_left" ]; then
+  echo "check_orphans: shared memory of the project is left in $shm_dir (no process maps it):"
+  printf '%s' "$shm_left"
+  status=1
+else
+  echo "check_orphans: no shared memory of the project is left in $shm_dir"
+fi
+exit $status

@@ -7,6 +7,8 @@ DAG author may write the same value as a dict: both must mean the same thing.
 from __future__ import annotations
 
 import json
+import os
+import stat
 from typing import Any, Mapping
 
 from dtrain import grammar
@@ -30,6 +32,36 @@ def mapping_arg(name: str, value: Any, *, not_json: str, not_mapping: str, secre
     if not isinstance(value, Mapping):
         raise SpecError(name, type(value).__name__ if secret else value, not_mapping)
     return value
+
+
+#: a file a user names for a small input (a hostfile, a JSON table, storage options) is at most this big
+MAX_INPUT_FILE_BYTES = 1 << 20
+
+
+def read_input_file(name: str, path: Any, limit: int = MAX_INPUT_FILE_BYTES) -> str:
+    """The text of a small input file that the argument ``name`` names, read with a bound.
+
+    Only a regular file of at most ``limit`` bytes of UTF-8 is read: a device (``/dev/zero``,
+    ``/dev/urandom``) never ends, a FIFO would block (it is opened without blocking and then
+    refused), and a huge file would be read whole. Anything else is a SpecError naming ``name``.
+    """
+    if not isinstance(path, str) or not path or "\0" in path:
+        raise SpecError(name, path, "the path of a regular file")
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError as e:
+        raise SpecError(name, path, f"a readable file ({e.strerror})") from e
+    if not stat.S_ISREG(os.fstat(fd).st_mode):  # checked on the fd: os.fdopen refuses a directory itself
+        os.close(fd)
+        raise SpecError(name, path, "a regular file (not a device, a FIFO or a directory)")
+    with os.fdopen(fd, "rb") as fh:
+        data = fh.read(limit + 1)
+    if len(data) > limit:
+        raise SpecError(name, path, f"a file of at most {limit} bytes")
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise SpecError(name, path, "a UTF-8 text file") from e
 
 
 def coerce_int(name: str, value: Any, *, minimum: int | None = None, maximum: int | None = None) -> int:

@@ -42,6 +42,20 @@ POLICY_VALUE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.,:=+-]*")
 #: a small positive count (mpirun's --cpus-per-proc)
 COUNT_VALUE = re.compile(r"[1-9][0-9]{0,3}")
 
+#: an argument that a remote shell reads through DeepSpeed's PDSH runner (multi-node autotuning).
+#: DeepSpeed 0.19 joins the argv with spaces into one ssh command line and only wraps an argument
+#: holding a space in double quotes, so every character here means itself to sh, bare and between
+#: double quotes; ``%`` is left out too (pdsh substitutes ``%n``, ``%h``, ``%u``)
+REMOTE_ARG = re.compile(r"[A-Za-z0-9_./:=,@+ -]+")
+#: an environment value that DeepSpeed's PDSH runner writes into that line as ``export K=V;``
+#: (double-quoted when it holds anything but ``[\w@%+=:,./-]``, with nothing escaped)
+REMOTE_ENV_VALUE = re.compile(r"[A-Za-z0-9_./:=,@+^ -]*")
+#: a command-line flag, e.g. ``--micro-batch`` (what autotuning.arg_mappings maps a config key to)
+FLAG = re.compile(r"--[A-Za-z0-9][A-Za-z0-9_.-]*")
+
+#: the most nodes a job may have (a launch, DeepSpeed's autotuner, the throughput planner)
+MAX_NODES = 4096
+
 #: variables of the environment contract and of the launcher: set per rank, never by the user
 CONTRACT_VARIABLES = frozenset({
     "MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE", "RANK", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "NODE_RANK",

@@ -166,3 +166,161 @@ def test_the_nodes_come_from_the_backend_registry():
     with pytest.raises(SpecError) as info:
         device_and_hosts("ssh", hosts, 3, 2, "cpu")  # fewer hosts than nodes: the ssh backend's own check
     assert info.value.field.startswith("backend_options") or "host" in info.value.allowed
+
+
+# -- multi-node: DeepSpeed's PDSH runner hands every node one line for its shell ----------------------
+
+HOSTS = {"hosts": ["10.0.0.1", "10.0.0.2"], "nodes": 2}
+DUMP = os.path.join(REPO, "tests", "deepspeed", "scripts", "dump_argv.py")
+HOSTILE = "x;touch${IFS}PWNED;#"  # a UI param templated into --run-name
+#: words the remote grammar allows, each character of it at least once (spaces too: DeepSpeed quotes those)
+ALLOWED_WORDS = ["--run-name", "a b", "x=1,y=2", "user@host:/p/a.b+c_d-e", " lead", "trail ", "two  spaces",
+                 "--flag=a b", "-", "AZaz09"]
+
+
+def pdsh_line(script: str, args: list[str], env: dict[str, str], work_dir: str) -> str:
+    """The line a node's shell reads, as DeepSpeed 0.19's PDSHRunner builds it (pdsh and ssh join
+    their arguments with spaces); DeepSpeed's own launcher module, which the line starts next, is
+    replaced by this interpreter, so what the shell made of SCRIPT ARGS is printed instead."""
+    import argparse
+
+    from deepspeed.launcher.multinode_runner import PDSHRunner
+
+    runner = PDSHRunner(argparse.Namespace(
+        user_args=list(args), user_script=script, ssh_port=None, launcher_args="", master_addr="10.0.0.1",
+        master_port=29500, venv_script=None, no_python=False, module=False, no_local_rank=False, save_pid=False,
+        enable_each_rank_log="None"), "e30=")
+    for key, value in env.items():
+        runner.add_export(key, value)
+    cwd = os.getcwd()
+    os.chdir(work_dir)  # the runner writes `cd <its working directory>;` into the line
+    try:
+        cmd = runner.get_cmd({}, {"10.0.0.1": [0], "10.0.0.2": [0]})[0]
+    finally:
+        os.chdir(cwd)
+    assert cmd[:6] == ["pdsh", "-S", "-f", "1024", "-w", "10.0.0.1,10.0.0.2"] and cmd[8] == sys.executable, cmd
+    exports, cd = cmd[6], cmd[7]
+    return " ".join([exports, cd, sys.executable, *cmd[cmd.index(script):]]).replace("%n", "0")
+
+
+@pytest.mark.parametrize("shell", ["sh", "bash"])
+def test_the_remote_line_runs_a_hostile_argument_and_reads_allowed_words_verbatim(tmp_path, shell):
+    """What the refusal below protects against, with a real shell: the hostile --run-name and env
+    value run commands; every word the grammar allows arrives as it was."""
+    hostile = pdsh_line(DUMP, ["--run-name", HOSTILE], {"PYTHONDTRAIN_PROBE": "$(touch PWNED2)"}, str(tmp_path))
+    subprocess.run([shell, "-c", hostile], cwd=tmp_path, capture_output=True, timeout=60)
+    assert (tmp_path / "PWNED").exists() and (tmp_path / "PWNED2").exists()
+
+    value = "a b^c,d=e:f@g+h/i.j_k-l"
+    line = pdsh_line(DUMP, ALLOWED_WORDS, {"PYTHONDTRAIN_PROBE": value}, str(tmp_path))
+    out = subprocess.run([shell, "-c", line], cwd="/", capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout) == {"argv": ALLOWED_WORDS, "env": value}
+    spec(tmp_path, command=["python", DUMP, *ALLOWED_WORDS], env={"PYTHONDTRAIN_PROBE": value}, **HOSTS)
+
+
+@pytest.mark.parametrize("kwargs, field", [
+    ({"command": ["python", ZERO, "--run-name", HOSTILE]}, "command[3]"),
+    ({"command": ["python", ZERO, "--note", "`id`"]}, "command[3]"),
+    ({"command": ["python", ZERO, "--lr", "$LR"]}, "command[3]"),
+    ({"command": ["python", ZERO, "--tag", "a\nb"]}, "command[3]"),
+    ({"command": ["python", ZERO, "--tag", "%n"]}, "command[3]"),
+    ({"command": ["python", ZERO, "--tag", ""]}, "command[3]"),
+    ({"command": ["python", "/opt/my;job/train.py"]}, "command[1]"),
+    ({"env": {"PYTHONDTRAIN_PROBE": "$(touch PWNED2)"}}, "env['PYTHONDTRAIN_PROBE']"),
+    ({"env": {"NCCL_DEBUG": 'INFO"; touch x; "'}}, "env['NCCL_DEBUG']"),
+    ({"env": {"DS_ENV_FILE": "/etc/passwd"}}, "env"),
+    ({"work_dir": "/tmp/a;touch PWNED;b"}, "work_dir"),
+])
+def test_multi_node_autotuning_refuses_what_the_remote_shell_would_run(tmp_path, kwargs, field):
+    with pytest.raises(SpecError) as info:
+        spec(tmp_path, **{**HOSTS, **kwargs})
+    assert info.value.field == field, info.value
+    spec(tmp_path, **kwargs)  # on this host only, experiments start from an argv: no shell, nothing refused
+
+
+@pytest.mark.parametrize("hosts", [["10.0.0.1", "-oProxyCommand=touch${IFS}x"], ["10.0.0.1", "alice@10.0.0.2"],
+                                   ["10.0.0.1", "10.0.0.2:2222"], ["10.0.0.1", "a slots=1\nb"], ["10.0.0.1", ""]])
+def test_hosts_follow_the_hostfile_grammar(tmp_path, hosts):
+    with pytest.raises(SpecError) as info:
+        spec(tmp_path, hosts=hosts, nodes=2)
+    assert info.value.field == "hosts[1]", info.value
+
+
+def test_arg_mappings_values_are_plain_flags(tmp_path):
+    with pytest.raises(SpecError) as info:
+        autotuning_section({}, {"arg_mappings": {"train_micro_batch_size_per_gpu": "--mbs;touch${IFS}PWNED"}})
+    assert info.value.field == "autotuning.arg_mappings"
+    assert autotuning_section({}, {"arg_mappings": {"train_micro_batch_size_per_gpu": "--micro-batch_size.x"}})
+
+
+@pytest.fixture
+def reaped(tmp_path):
+    """tmp_path; whatever still runs with it in its command line is killed when the test ends (an
+    autotuner that was not refused runs DeepSpeed in its own session, out of the CLI's reach)."""
+    yield tmp_path
+    import psutil
+
+    from tests.support import kill_survivors
+
+    mine = []
+    for proc in psutil.process_iter():
+        try:
+            if str(tmp_path) in " ".join(proc.cmdline()):
+                mine.append(proc)
+        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+            pass
+    kill_survivors(mine, timeout=0)
+
+
+def test_the_cli_refuses_a_hostile_argument_or_host_before_anything_is_created(reaped):
+    tmp_path = reaped
+    config = tmp_path / "ds.json"
+    config.write_text(json.dumps(CONFIG))
+    base = [os.path.join(os.path.dirname(sys.executable), "dtrain"), "autotune", "--deepspeed-config", str(config),
+            "--device", "cpu", "--work-dir", str(tmp_path / "w"), "--nodes", "2"]
+    out = subprocess.run([*base, "--hosts", "127.0.0.1,127.0.0.2", "--", "python", ZERO, "--run-name", HOSTILE],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 2 and f"command[3]={HOSTILE!r} is invalid" in out.stderr, out.stderr
+    out = subprocess.run([*base, "--hosts", "127.0.0.1,-oProxyCommand=x", "--", "python", ZERO],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 2 and "hosts[1]='-oProxyCommand=x' is invalid" in out.stderr, out.stderr
+    assert not (tmp_path / "w").exists()
+
+
+def test_the_config_and_hostfile_replace_planted_links_never_write_through_them(reaped):
+    """A rank of an earlier run (experiments run in the work dir) left links where the runner writes."""
+    tmp_path = reaped
+    from dtrain.autotune.results import AutotuneError
+    from dtrain.autotune.runner import run_autotune
+
+    work, victim = tmp_path / "w", tmp_path / "victim"
+    work.mkdir()
+    victim.write_text("precious\n")
+    for name in ("ds_config_autotune.json", "hostfile"):
+        os.symlink(victim, work / name)
+    one = spec(tmp_path, work_dir=str(work), hosts=["127.0.0.1"])
+    with pytest.raises(AutotuneError):  # DeepSpeed's ssh check of 127.0.0.1 fails: nothing is tuned
+        run_autotune(one, sink=lambda line: None)
+    assert victim.read_text() == "precious\n"
+    config, hostfile = work / "ds_config_autotune.json", work / "hostfile"
+    assert not os.path.islink(config) and json.loads(config.read_text()) == one.config
+    assert not os.path.islink(hostfile) and hostfile.read_text() == "127.0.0.1 slots=1\n"
+
+
+def test_results_with_links_directories_or_junk_in_place_of_files_are_read_as_missing(tmp_path):
+    tree = tmp_path / "autotuning_results"
+    shutil.copytree(FIXTURE, tree)
+    victim = tmp_path / "victim.json"
+    victim.write_text(json.dumps({"throughput": 1e9}))
+    os.unlink(tree / "z0_gas1_tmbspg3" / "metrics.json")
+    os.symlink(victim, tree / "z0_gas1_tmbspg3" / "metrics.json")  # a link: not read
+    os.unlink(tree / "z0_gas1_tmbspg4" / "metrics.json")
+    (tree / "z0_gas1_tmbspg4" / "metrics.json").mkdir()  # a directory: not read, no crash
+    (tree / "z0_gas2_tmbspg2" / "metrics.json").write_text("[1, 2]")  # JSON, not an object
+    os.unlink(tree / "z0_gas1_tmbspg1" / "stderr.log")
+    os.mkfifo(tree / "z0_gas1_tmbspg1" / "stderr.log")  # would block a plain open()
+    names = {e["name"]: e for e in read_results(str(tree))["experiments"]}
+    assert {n: names[n]["metric"] for n in ("z0_gas1_tmbspg3", "z0_gas1_tmbspg4", "z0_gas2_tmbspg2")} == dict.fromkeys(
+        ("z0_gas1_tmbspg3", "z0_gas1_tmbspg4", "z0_gas2_tmbspg2"))
+    assert names["z0_gas1_tmbspg1"]["status"] == "ok"

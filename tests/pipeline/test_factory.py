@@ -30,6 +30,31 @@ def build(dag_id: str = "p", **overrides):
     return retraining_pipeline(dag_id, **{**BASE, **overrides})
 
 
+def test_a_param_value_reaches_the_ranks_as_typed_and_is_never_filled_again(tmp_path):
+    """One pass: the factory's placeholders and the launcher's per-rank ones are filled, a param's
+    value (from the UI) is not scanned again. A real render of the train task, then a real launch."""
+    import subprocess
+    import sys
+
+    from tests.conftest import REPO
+    from tests.support import rank_records
+
+    value = "x}{run_dir}{rank"
+    dump = os.path.join(REPO, "tests", "launch", "scripts", "dump_env.py")
+    dag = build("onepass", train_command=["python", dump, "{params.tag}", "{params.tag}}", "--rank={rank}",
+                                         "--out={run_dir}/m"],
+                params={"tag": Param("t", type="string")})
+    command = render(dag.get_task("train"), {"tag": value}).command
+    out = tmp_path / "out"
+    out.mkdir()
+    proc = subprocess.run([os.path.join(os.path.dirname(sys.executable), "dtrain"), "launch", "--run-dir",
+                           str(tmp_path / "run"), f"--env=OUT_DIR={out}", "--", *command],
+                          capture_output=True, text=True, timeout=240)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert rank_records(out)[0]["argv"] == [value, value + "}", "--rank=0",
+                                            "--out=/shared/runs/onepass/v1/2026-01-01/run-0/m"]
+
+
 def test_the_dag_chains_every_step_and_approval_sits_between_gate_and_publish():
     dag = build()
     order = ["check_params", "list_raw_inputs", "preprocess", "finalize_dataset", "stage", "preflight", "train",

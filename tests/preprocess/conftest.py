@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import glob
 import json
 import os
+import signal
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -35,6 +38,36 @@ def launch(procs: int, run_dir: str, *command: str, timeout: float = 240, **env:
                     "--", "python", *command, timeout=timeout)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     return result
+
+
+def shard_indexes(out: str) -> list[str]:
+    return sorted(glob.glob(os.path.join(out, "parts", "*", "shard-*.json")))
+
+
+def kill_mid_run(args: list[str], out: str, shards: int, before_kill=lambda group: None) -> list:
+    """Start ``dtrain preprocess ARGS --output OUT`` in its own session and SIGKILL its whole process
+    group once ``shards`` shard indexes exist, as a node crash would (the runner, its workers and
+    multiprocessing's resource tracker die at once). ``before_kill`` sees the group (psutil
+    processes) alive; it is returned. The group is killed whatever happens."""
+    import psutil
+
+    proc = subprocess.Popen([os.path.join(BIN, "dtrain"), *args, "--output", out], cwd=REPO,
+                            env=child_env(PREP_TEST_SLEEP_S="0.01"), start_new_session=True,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 120
+        while len(shard_indexes(out)) < shards and time.monotonic() < deadline and proc.poll() is None:
+            time.sleep(0.05)
+        assert proc.poll() is None, "the run finished before it could be killed"
+        group = [psutil.Process(proc.pid), *psutil.Process(proc.pid).children(recursive=True)]
+        before_kill(group)
+    finally:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:  # the whole group had already ended
+            pass
+        proc.wait(timeout=30)
+    return group
 
 
 def read_tree(root: str) -> dict[str, bytes]:

@@ -3,21 +3,13 @@ and get every finished shard kept and a result identical to an uninterrupted run
 
 from __future__ import annotations
 
-import glob
 import os
-import signal
-import subprocess
-import time
 
 import psutil
 
-from .conftest import BIN, REPO, child_env, dtrain, read_tree
+from .conftest import dtrain, kill_mid_run, read_tree, shard_indexes
 
 SLOW = "tests.preprocess.prep_transforms:digits_slow"
-
-
-def shard_indexes(out: str) -> list[str]:
-    return sorted(glob.glob(os.path.join(out, "parts", "*", "shard-*.json")))
 
 
 def test_killed_run_resumes_keeping_finished_shards(tmp_path, digits_raw):
@@ -25,21 +17,7 @@ def test_killed_run_resumes_keeping_finished_shards(tmp_path, digits_raw):
     out, clean = str(tmp_path / "out"), str(tmp_path / "clean")
     args = ["preprocess", "--transform", SLOW, "--input", raw, "--workers", "2", "--shard-size", "50"]
 
-    proc = subprocess.Popen([os.path.join(BIN, "dtrain"), *args, "--output", out], cwd=REPO,
-                            env=child_env(PREP_TEST_SLEEP_S="0.01"), start_new_session=True,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    try:
-        deadline = time.monotonic() + 120
-        while len(shard_indexes(out)) < 3 and time.monotonic() < deadline and proc.poll() is None:
-            time.sleep(0.05)
-        assert proc.poll() is None, "the run finished before it could be killed"
-        group = [psutil.Process(proc.pid), *psutil.Process(proc.pid).children(recursive=True)]
-        os.killpg(proc.pid, signal.SIGKILL)  # the runner and its workers die at once, as in a node crash
-        proc.wait(timeout=30)
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(timeout=30)
+    group = kill_mid_run(args, out, shards=3)
     assert len(group) >= 3  # the runner and its two workers were all running
     _, alive = psutil.wait_procs(group, timeout=20)  # orphaned workers are reaped by init, not by us
     assert not [p for p in alive if p.status() != psutil.STATUS_ZOMBIE]

@@ -68,7 +68,7 @@ srun --nodes=2 --ntasks=2 --ntasks-per-node=1 --kill-on-bad-exit=1 bash -c 'expo
   /opt/venv/bin/python -m dtrain.launch.torchrun --nnodes=2 --nproc-per-node=4 --rdzv-backend=dtrain-static --rdzv-id=dtrain-abc123 --rdzv-conf=timeout=300 --max-restarts=0 --no-python /opt/venv/bin/python -m dtrain.launch.rank_entry train.py --lr 0.1 --tag '$(touch /tmp/pwned); `id` '"'"'quoted'"'"' "dq" 
  next'
 status=$?
-printf '%s\n' "$status" > /shared/runs/dtrain-abc123/slurm-"$SLURM_JOB_ID".exit.tmp && mv -f /shared/runs/dtrain-abc123/slurm-"$SLURM_JOB_ID".exit.tmp /shared/runs/dtrain-abc123/slurm-"$SLURM_JOB_ID".exit
+tmp=$(mktemp /shared/runs/dtrain-abc123/.slurm-"$SLURM_JOB_ID".exit.XXXXXX) && printf '%s\n' "$status" > "$tmp" && mv -f "$tmp" /shared/runs/dtrain-abc123/slurm-"$SLURM_JOB_ID".exit
 # After a stop the launcher asked for (it SIGTERMed the ranks, which saved and exited), its cancel
 # ends the job, so Slurm reports it CANCELLED rather than failed; bounded in case it never comes.
 if [ -e /shared/runs/dtrain-abc123/slurm-"$SLURM_JOB_ID".stop ]; then sleep 30; fi

@@ -11,7 +11,7 @@ from __future__ import annotations
 from airflow.api_fastapi.auth.managers.simple.simple_auth_manager import SimpleAuthManager
 
 #: user name -> the DAG ids that user may access (any method)
-GRANTS: dict[str, set[str]] = {"outsider": {"some_other_dag"}}
+GRANTS: dict[str, set[str]] = {"outsider": {"some_other_dag"}, "a_only": {"ui_training"}}
 
 
 class DagScopedAuthManager(SimpleAuthManager):

@@ -50,7 +50,7 @@ def api(airflow_db):
     options = (("core", "auth_manager"), ("core", "simple_auth_manager_users"), ("api_auth", "jwt_secret"))
     saved = {option: conf.get(*option, fallback=None) for option in options}
     conf.set("core", "auth_manager", "tests.ui.auth.DagScopedAuthManager")
-    conf.set("core", "simple_auth_manager_users", "admin:admin,viewer:viewer,outsider:viewer")
+    conf.set("core", "simple_auth_manager_users", "admin:admin,viewer:viewer,outsider:viewer,a_only:viewer")
     conf.set("api_auth", "jwt_secret", os.urandom(48).hex())  # 96 characters: as long as SHA512 wants
     api_app._AuthManagerState.instance = None
     try:
@@ -65,3 +65,89 @@ def api(airflow_db):
                 conf.remove_option(section, key)
             else:
                 conf.set(section, key, value)
+
+
+def runs_root() -> str:
+    """Where the operator puts run directories by default: the first configured runs root."""
+    return os.path.join(os.environ["DTRAIN_HOME"], "runs")
+
+
+def mark(path: str, dag_id: str, run_id: str, task_id: str = "train", try_number: int = 1, **changes) -> None:
+    """Mark ``path`` as the operator marks a run directory before it launches (``changes``: what a
+    forged marker says differently)."""
+    from types import SimpleNamespace
+
+    from dtrain.provenance import marker_of
+    from dtrain.rundir import MARKER, RunDir
+
+    ti = SimpleNamespace(dag_id=dag_id, run_id=run_id, task_id=task_id, map_index=-1, try_number=try_number)
+    RunDir(path).write_json(MARKER, value={**marker_of(ti, path), **changes})
+
+
+@pytest.fixture
+def patch_run_record(api, failed_run):
+    """``patch(run_dir)``: point the failed run's training record at ``run_dir`` with a real REST
+    PATCH of its XCom (what anyone who may edit that DAG's task instances can do). The original record
+    is put back at the end, pass or fail."""
+    from dtrain.launch.job import RUN_RECORD_KEY
+    from tests.ui.client import rest, xcom_entries
+
+    path = xcom_entries("ui_training", failed_run.run_id, "train", RUN_RECORD_KEY)
+    original = rest(api, "GET", path).json()["value"]
+    assert isinstance(original, dict) and original["run_dir"].startswith(runs_root()), original
+
+    def patch(run_dir: str) -> None:
+        response = rest(api, "PATCH", path, {"value": {**original, "run_dir": run_dir}, "map_index": -1})
+        assert response.status_code == 200, response.text
+
+    try:
+        yield patch
+    finally:
+        assert rest(api, "PATCH", path, {"value": original, "map_index": -1}).status_code == 200
+
+
+@pytest.fixture
+def own_run_dir(api, failed_run, patch_run_record):
+    """A fresh run directory of the failed run's training task, marked as its operator marks one and
+    recorded in its XCom: a test fills it with what ranks might write. Removed at the end."""
+    import pathlib
+    import shutil
+    import uuid
+
+    from tests.ui.client import rest
+
+    ti = rest(api, "GET", f"/dags/ui_training/dagRuns/{failed_run.run_id}/taskInstances/train").json()
+    top = os.path.join(runs_root(), "ui_training", f"test-{uuid.uuid4().hex[:8]}")
+    path = os.path.join(top, "train")
+    try:
+        mark(path, "ui_training", failed_run.run_id, try_number=ti["try_number"])
+        patch_run_record(path)
+        yield pathlib.Path(path)
+    finally:
+        shutil.rmtree(top, ignore_errors=True)
+
+
+@pytest.fixture
+def pipeline_run(api):
+    """``make(run_id, logical_date, {(task_id, key): value})``: a run of the example retraining pipeline
+    created through the REST API (never scheduled: no scheduler runs here) with those XComs, as its
+    tasks (or anyone who may edit them) would record them. Deleted at the end, pass or fail."""
+    from tests.ui.client import rest, xcom_entries
+
+    made = []
+
+    def make(run_id: str, logical_date: str, xcoms: dict) -> None:
+        response = rest(api, "POST", "/dags/retrain_pipeline/dagRuns",
+                        {"dag_run_id": run_id, "logical_date": logical_date})
+        assert response.status_code == 200, response.text
+        made.append(run_id)
+        for (task_id, key), value in xcoms.items():
+            response = rest(api, "POST", xcom_entries("retrain_pipeline", run_id, task_id),
+                            {"key": key, "value": value})
+            assert response.status_code == 201, response.text
+
+    try:
+        yield make
+    finally:
+        for run_id in made:
+            rest(api, "DELETE", f"/dags/retrain_pipeline/dagRuns/{run_id}")

@@ -7,18 +7,10 @@ import os
 
 import pytest
 
+from tests.ui.client import get, ti_query
+
 ENDPOINTS = ["/dtrain/ti", "/dtrain/api/ti/summary", "/dtrain/api/ti/curves", "/dtrain/api/ti/logs",
              "/dtrain/api/ti/plot/loss.svg"]
-
-
-def ti_query(run, map_index="{MAP_INDEX}") -> dict:
-    # The UI leaves {MAP_INDEX} in the link of a task that is not mapped: the API takes it as -1.
-    return {"dag_id": "ui_training", "run_id": run.run_id, "task_id": "train", "map_index": map_index}
-
-
-def get(api, path, params=None, user=("admin", "admin")):
-    headers = {"Authorization": f"Bearer {api.token(*user)}"} if user else {}
-    return api.get(path, params=params, headers=headers)
 
 
 def run_dir_of(api, run) -> str:

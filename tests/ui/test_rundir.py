@@ -12,7 +12,7 @@ import pytest
 from dtrain.launch.ranklog import RankLog
 from dtrain.ui import external_views, training_tab_url
 from dtrain.ui.retraining import pipeline_view
-from dtrain.ui.rundir import RunDir, UnsafeRunDir
+from dtrain.rundir import RunDir, UnsafeRunDir
 from dtrain.ui.training import curves
 
 
@@ -45,7 +45,7 @@ def test_metrics_skip_cut_lines_and_foreign_records_and_ignore_other_names(tmp_p
 
 
 def test_a_huge_metrics_file_is_read_from_its_end_only(tmp_path, monkeypatch):
-    import dtrain.ui.rundir as rundir
+    import dtrain.rundir as rundir
 
     monkeypatch.setattr(rundir, "MAX_METRICS_BYTES", 4096)
     write_metrics(tmp_path, 0, [step(n) for n in range(1, 1001)])
@@ -145,8 +145,8 @@ def test_retraining_rows_tell_published_gated_out_and_unfinished_runs_apart():
          "published": {"metrics_path": "/models/m/v1/2026-03-02/metrics.json", "model_path": "/models/m.pt"}},
         {"run_id": "r1", "state": "failed", "partition": "2026-03-01"},
     ]
-    view = pipeline_view("p", runs, lambda path: {"evaluation": {"rmse": 0.25}, "approval": None}
-                         if path.endswith("2026-03-02/metrics.json") else None)
+    view = pipeline_view("p", runs, lambda path, partition: {"evaluation": {"rmse": 0.25}, "approval": None}
+                         if path.endswith(f"{partition}/metrics.json") and partition == "2026-03-02" else None)
     outcomes = {r["run_id"]: (r["outcome"], r["value"]) for r in view["runs"]}
     assert outcomes == {"r4": ("running", None), "r3": ("gated out", 0.5), "r2": ("published", 0.25),
                         "r1": ("failed before the gate", None)}
@@ -155,21 +155,24 @@ def test_retraining_rows_tell_published_gated_out_and_unfinished_runs_apart():
     assert (view["metric"], view["published"], view["gated_out"]) == ("rmse", 1, 1)
 
 
-def test_the_published_metrics_are_read_only_from_a_metrics_json_file_itself(tmp_path):
+def test_the_published_metrics_are_read_only_from_a_metrics_json_file_itself(tmp_path, monkeypatch):
     from dtrain.ui.app import read_published
 
+    monkeypatch.setenv("AIRFLOW__DTRAIN__MODELS_ROOT", str(tmp_path / "models"))
     model = tmp_path / "models" / "p" / "v1" / "2026-03-02"
     model.mkdir(parents=True)
-    (model / "metrics.json").write_text(json.dumps({"evaluation": {"rmse": 0.25}}))
-    assert read_published(str(model / "metrics.json")) == {"evaluation": {"rmse": 0.25}}
+    record = {"pipeline": "p", "dataset_version": "v1", "partition": "2026-03-02", "evaluation": {"rmse": 0.25}}
+    (model / "metrics.json").write_text(json.dumps(record))
+    assert read_published("p", str(model / "metrics.json"), "2026-03-02") == record
     secret = tmp_path / "secret.json"
-    secret.write_text('{"SECRET": 1}')
+    secret.write_text(json.dumps({**record, "partition": "2026-03-03", "SECRET": 1}))
     linked = tmp_path / "models" / "p" / "v1" / "2026-03-03"
     linked.mkdir()
     os.symlink(secret, linked / "metrics.json")
-    assert read_published(str(linked / "metrics.json")) is None
-    assert read_published(str(secret)) is None  # not a metrics.json
-    assert read_published(str(model / ".." / "2026-03-02" / "metrics.json")) is None  # not normalized
+    assert read_published("p", str(linked / "metrics.json"), "2026-03-03") is None
+    assert read_published("p", str(secret), "2026-03-03") is None  # not a metrics.json
+    not_normalized = str(model / ".." / "2026-03-02" / "metrics.json")
+    assert read_published("p", not_normalized, "2026-03-02") is None
 
 
 def test_a_rank_log_never_writes_into_a_planted_logs_folder(tmp_path):

@@ -1,5 +1,9 @@
 """Read what DeepSpeed's autotuner wrote (``autotuning_results/``): the optimal config, the summary
-table, each experiment's metric or error. Reads are bounded; nothing here runs DeepSpeed.
+table, each experiment's metric or error. Nothing here runs DeepSpeed.
+
+The experiments run the user's training code with the work dir as their working directory, so
+what is found there is read as a run directory is (dtrain.rundir): no link followed, regular
+files only, every read bounded; a file that fails that is treated as missing.
 
 Layout (deepspeed/autotuning/autotuner.py, scheduler.py; DeepSpeed 0.19):
 
@@ -11,15 +15,15 @@ Layout (deepspeed/autotuning/autotuner.py, scheduler.py; DeepSpeed 0.19):
 
 from __future__ import annotations
 
-import json
-import os
 import re
+import stat
 from typing import Any
 
 from dtrain.errors import DTrainError
+from dtrain.rundir import RunDir, UnsafeRunDir
 
 MAX_JSON_BYTES = 1 << 20
-MAX_LOG_BYTES = 4 << 20  # an experiment's stderr is scanned for errors up to this many bytes
+MAX_LOG_BYTES = 4 << 20  # an experiment's stderr is scanned for errors up to this many bytes (its end)
 ERROR_LINE = re.compile(r"error", re.IGNORECASE)  # DeepSpeed's own test (autotuning/utils.py search_error)
 
 
@@ -27,18 +31,9 @@ class AutotuneError(DTrainError):
     """Autotuning produced no usable result (every experiment failed, or DeepSpeed stopped early)."""
 
 
-def _read(path: str, limit: int) -> str:
-    if os.path.islink(path):
-        raise AutotuneError(f"{path} is a symbolic link: not written by DeepSpeed's autotuner")
-    with open(path, "rb") as fh:
-        data = fh.read(limit + 1)
-    if len(data) > limit:
-        raise AutotuneError(f"{path} is larger than {limit} bytes: not written by DeepSpeed's autotuner")
-    return data.decode("utf-8", "replace")
-
-
-def _json(path: str) -> Any:
-    return json.loads(_read(path, MAX_JSON_BYTES))
+def _text(results: RunDir, *parts: str) -> str | None:
+    raw = results.read(*parts, limit=MAX_JSON_BYTES)
+    return None if raw is None else raw.decode("utf-8", "replace")
 
 
 def parse_summary(text: str) -> list[dict[str, Any]]:
@@ -62,66 +57,64 @@ def parse_summary(text: str) -> list[dict[str, Any]]:
     return rows
 
 
-def experiment(directory: str) -> dict[str, Any]:
+def experiment(results: RunDir, name: str) -> dict[str, Any]:
     """One experiment: its name, ds_config, metrics (when it finished) and first error lines."""
-    name = os.path.basename(directory)
     out: dict[str, Any] = {"name": name}
     for key, file in (("metrics", "metrics.json"), ("model_info", "model_info.json"), ("ds_config", "ds_config.json")):
-        path = os.path.join(directory, file)
-        if os.path.isfile(path):
-            out[key] = _json(path)
-    stderr = os.path.join(directory, "stderr.log")
-    errors = [line for line in _read(stderr, MAX_LOG_BYTES).splitlines() if ERROR_LINE.search(line)] \
-        if os.path.isfile(stderr) else []
+        value = results.read_json(name, file, limit=MAX_JSON_BYTES)
+        if isinstance(value, dict):
+            out[key] = value
+    stderr, _ = results.read_end(name, "stderr.log", limit=MAX_LOG_BYTES)
+    errors = [line for line in stderr.decode("utf-8", "replace").splitlines() if ERROR_LINE.search(line)]
     out["errors"] = errors[:5]
     out["status"] = "failed" if errors else "ok" if "metrics" in out or "model_info" in out else "no result"
     return out
 
 
+def _experiments(results: RunDir) -> list[str]:
+    return sorted(entry.name for entry in results.list() if entry.is_dir)
+
+
 def experiment_ports(results_dir: str) -> list[int]:
     """The master port of every experiment (its exp.json), for cleaning up after them."""
-    ports = []
     try:
-        names = sorted(os.listdir(results_dir))
-    except OSError:
+        results = RunDir(results_dir)
+        names = _experiments(results)
+    except UnsafeRunDir:
         return []
+    ports = []
     for name in names:
-        path = os.path.join(results_dir, name, "exp.json")
-        if not os.path.isfile(path):
-            continue
-        try:
-            port = _json(path).get("master_port")
-        except (AutotuneError, ValueError, AttributeError, OSError):
-            continue
-        if isinstance(port, int) and 0 < port < 65536:
+        exp = results.read_json(name, "exp.json", limit=MAX_JSON_BYTES)
+        port = exp.get("master_port") if isinstance(exp, dict) else None
+        if isinstance(port, int) and not isinstance(port, bool) and 0 < port < 65536:
             ports.append(port)
     return ports
 
 
 def read_results(results_dir: str) -> dict[str, Any]:
     """Everything the XCom hand-off needs; AutotuneError naming the failed experiments when no optimum exists."""
-    if not os.path.isdir(results_dir):
+    results = RunDir(results_dir)
+    info = results.stat()
+    if info is None or not stat.S_ISDIR(info.st_mode):  # missing, or a link planted in its place
         raise AutotuneError(f"DeepSpeed wrote no {results_dir}: the autotuner did not start (see its output)")
-    experiments = [experiment(os.path.join(results_dir, n)) for n in sorted(os.listdir(results_dir))
-                   if os.path.isdir(os.path.join(results_dir, n))]
-    optimal = os.path.join(results_dir, "ds_config_optimal.json")
-    if not os.path.isfile(optimal):
+    experiments = [experiment(results, name) for name in _experiments(results)]
+    optimal = results.read_json("ds_config_optimal.json", limit=MAX_JSON_BYTES)
+    if not isinstance(optimal, dict):
         failed = [e for e in experiments if e["status"] != "ok"] or experiments
         detail = "; ".join(f"{e['name']}: {(e['errors'] or [e['status']])[0][:300]}" for e in failed[:5])
         raise AutotuneError(f"DeepSpeed's autotuner found no runnable configuration ({len(experiments)} "
                             f"experiment(s)): {detail or 'none ran'}")
-    summary = os.path.join(results_dir, "summary.txt")
-    summary_text = _read(summary, MAX_JSON_BYTES) if os.path.isfile(summary) else ""
+    summary_text = _text(results, "summary.txt") or ""
     rows = parse_summary(summary_text)
     best = next((r for r in rows if r.get("tuning_space") == "global"), rows[-1] if rows else {})
-    cmd = os.path.join(results_dir, "cmd_optimal.txt")
+    cmd = _text(results, "cmd_optimal.txt")
     return {
-        "optimal_config": _json(optimal),
+        "optimal_config": optimal,
         "best_experiment": best.get("best_exp_name"),
         "best_metric_value": best.get("best_metric_val"),
         "summary": rows,
         "summary_text": summary_text,
-        "cmd_optimal": _read(cmd, MAX_JSON_BYTES).strip() if os.path.isfile(cmd) else None,
+        "cmd_optimal": cmd.strip() if cmd is not None else None,
         "experiments": [{k: e.get(k) for k in ("name", "status", "errors")}
                         | {"metric": (e.get("metrics") or {}).get("throughput")} for e in experiments],
         "results_dir": results_dir,

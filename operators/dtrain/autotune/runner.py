@@ -17,7 +17,6 @@ found by running it (docs/deepspeed.md has the details):
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess
@@ -25,10 +24,15 @@ import sys
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Sequence
 
+from dtrain import grammar
 from dtrain.args import coerce_argv, coerce_int
 from dtrain.errors import SpecError
 
 RESULTS_DIR, EXPS_DIR = "autotuning_results", "autotuning_exps"
+#: what the runner writes into the work dir: the config DeepSpeed varies, and the hostfile (or the
+#: name of a file that does not exist, which DeepSpeed reads as "this host only")
+CONFIG_FILE, HOSTFILE, NO_HOSTFILE = "ds_config_autotune.json", "hostfile", "no-hostfile"
+CONFIG_PLACEHOLDER = "{deepspeed_config}"
 #: keys of the autotuning section a user may set (deepspeed/autotuning/constants.py)
 ALLOWED = {
     "enabled": "true (forced)", "fast": "true (forced: false fails in DeepSpeed 0.19)",
@@ -71,10 +75,12 @@ def autotuning_section(config: Mapping[str, Any], overrides: Mapping[str, Any] |
     if not isinstance(section.get("overwrite", True), bool):
         raise SpecError("autotuning.overwrite", section["overwrite"], "true or false")
     mappings = section.get("arg_mappings")
+    # DeepSpeed inserts each flag into every experiment's argv, which a remote shell reads (see REMOTE_ARG).
     if mappings is not None and (not isinstance(mappings, Mapping)
-                                 or not all(isinstance(k, str) and isinstance(v, str) and v.startswith("--")
+                                 or not all(isinstance(k, str) and isinstance(v, str) and grammar.FLAG.fullmatch(v)
                                             for k, v in mappings.items())):
-        raise SpecError("autotuning.arg_mappings", mappings, ALLOWED["arg_mappings"] + " (--flag values)")
+        raise SpecError("autotuning.arg_mappings", mappings,
+                        ALLOWED["arg_mappings"] + f" (--flag values matching {grammar.FLAG.pattern})")
     section.update(enabled=True, fast=True)
     return section
 
@@ -92,7 +98,10 @@ class AutotuneSpec:
             tuner_num_trials, start_profile_step, end_profile_step, ...).
         nodes, procs_per_node: the job's shape (slots per node: GPUs, or CPU ranks).
         hosts: the nodes' addresses for a multi-node run (a DeepSpeed hostfile is written); None: this host.
-        work_dir: where the config, ``autotuning_results/`` and ``autotuning_exps/`` go.
+            DeepSpeed then starts experiments through pdsh, whose remote shell reads the command as
+            one line: every argument, the work dir and env values must then be words that shell
+            reads verbatim (:data:`dtrain.grammar.REMOTE_ARG`), or the spec is refused.
+        work_dir: where the config, ``autotuning_results/`` and ``autotuning_exps/`` go (made absolute).
         device: ``cpu`` runs DeepSpeed's CPU accelerator (``DS_ACCELERATOR=cpu``), ``gpu`` its default.
         env: extra environment for the autotuner and its experiments.
     """
@@ -117,22 +126,75 @@ class AutotuneSpec:
         if not script.endswith(".py"):
             raise SpecError("command", self.command[:2], "[python] SCRIPT.py ARGS: DeepSpeed's autotuner launches a "
                                                          "script file (not -m or an executable)")
-        self.nodes = coerce_int("nodes", self.nodes, minimum=1, maximum=4096)
+        self.nodes = coerce_int("nodes", self.nodes, minimum=1, maximum=grammar.MAX_NODES)
         self.procs_per_node = coerce_int("procs_per_node", self.procs_per_node, minimum=1, maximum=1024)
         if self.device not in ("cpu", "gpu"):
             raise SpecError("device", self.device, "cpu or gpu")
-        if self.hosts is not None and len(self.hosts) != self.nodes:
-            raise SpecError("hosts", list(self.hosts), f"exactly nodes={self.nodes} host addresses")
+        if not isinstance(self.work_dir, str) or not self.work_dir.strip() or "\0" in self.work_dir:
+            raise SpecError("work_dir", self.work_dir, "a directory path")
+        self.work_dir = os.path.abspath(self.work_dir)
+        if self.hosts is not None:
+            self.hosts = [hostfile_host(f"hosts[{i}]", host) for i, host in enumerate(self.hosts)]
+            if len(self.hosts) != self.nodes:
+                raise SpecError("hosts", self.hosts, f"exactly nodes={self.nodes} host addresses")
         if self.hosts is None and self.nodes > 1:
             raise SpecError("nodes", self.nodes, "1 without hosts (more nodes need their addresses: backend ssh)")
         config = load_deepspeed_config(self.deepspeed_config)
         config["autotuning"] = autotuning_section(config, self.autotuning)
         self.config = config
+        if self.hosts is not None:
+            check_remote_words(self)
 
     @property
     def script_and_args(self) -> list[str]:
         command = list(self.command)
         return command[1:] if command[0] in ("python", "python3", sys.executable) else command
+
+    @property
+    def config_path(self) -> str:
+        return os.path.join(self.work_dir, CONFIG_FILE)
+
+    @property
+    def hostfile(self) -> str:
+        return os.path.join(self.work_dir, HOSTFILE if self.hosts else NO_HOSTFILE)
+
+
+def hostfile_host(field_name: str, host: Any) -> str:
+    """One node address, by the hostfile grammar (dtrain.launch.backends.ssh.hostfile), without the
+    ``user@`` and ``:port`` that DeepSpeed's hostfile and pdsh's host list cannot carry."""
+    from dtrain.launch.backends.ssh.hostfile import TARGET_RE
+
+    match = TARGET_RE.match(host) if isinstance(host, str) else None
+    if match is None or match.group("user") is not None or match.group("port") is not None:
+        raise SpecError(field_name, host, "a host name or IPv4 address as in a hostfile, without user@ or :port "
+                                          "(set those in ~/.ssh/config: DeepSpeed reaches the nodes with pdsh)")
+    return match.group("host")
+
+
+def check_remote_words(spec: AutotuneSpec) -> None:
+    """Refuse what a remote shell would read as code when DeepSpeed starts experiments on the hosts.
+
+    DeepSpeed 0.19's PDSH runner sends each node ``export K="V"; cd WORK_DIR; python -u -m
+    deepspeed.launcher.launch ... SCRIPT ARGS`` as one line for the remote shell, quoting only an
+    argument with a space (in double quotes, escaping nothing but ``"``): ``--run-name
+    'x;touch${IFS}PWNED;#'`` would run ``touch`` on every node. So each such word must be one the
+    shell reads verbatim."""
+    # The remote shell runs `cd <the autotuner's working directory>` as the kernel names it (links
+    # resolved), and the config path under the work dir is an argument.
+    for path in (spec.work_dir, os.path.realpath(spec.work_dir)):
+        grammar.check("work_dir", path, grammar.PLAIN_PATH, f"with hosts, a path matching {grammar.PLAIN_PATH.pattern} "
+                                                            f"(also once links are resolved): DeepSpeed sends "
+                                                            f"`cd WORK_DIR` unquoted to a remote shell")
+    for i, arg in enumerate(spec.command):
+        if grammar.REMOTE_ARG.fullmatch(arg.replace(CONFIG_PLACEHOLDER, spec.config_path)) is None:
+            raise SpecError(f"command[{i}]", arg, f"with hosts, words of {grammar.REMOTE_ARG.pattern} only: DeepSpeed "
+                                                  f"sends the command to a remote shell as one line, unquoted")
+    for key, value in spec.env.items():
+        if key == "DS_ENV_FILE":
+            raise SpecError("env", key, "not DS_ENV_FILE: DeepSpeed would export that file's lines on every node")
+        grammar.check(f"env[{key!r}]", value, grammar.REMOTE_ENV_VALUE,
+                      f"with hosts, a value matching {grammar.REMOTE_ENV_VALUE.pattern}: DeepSpeed writes "
+                      f"`export {key}=\"VALUE\"` unescaped into a remote shell line")
 
 
 def hostfile_text(hosts: Sequence[str], slots: int) -> str:
@@ -140,16 +202,21 @@ def hostfile_text(hosts: Sequence[str], slots: int) -> str:
     return "".join(f"{host} slots={slots}\n" for host in hosts)
 
 
+def user_args(spec: AutotuneSpec, config_path: str) -> list[str]:
+    """The script and its arguments as DeepSpeed gets them: ``{deepspeed_config}`` is the config
+    file (else ``--deepspeed_config FILE`` is appended)."""
+    args = spec.script_and_args
+    if any(CONFIG_PLACEHOLDER in a for a in args):
+        return [a.replace(CONFIG_PLACEHOLDER, config_path) for a in args]
+    return [*args, "--deepspeed_config", config_path]
+
+
 def build_argv(spec: AutotuneSpec, config_path: str, hostfile: str, master_port: int,
                deepspeed: str = "deepspeed") -> list[str]:
     """The ``deepspeed --autotuning tune`` command line (argv, no shell)."""
-    args = spec.script_and_args
-    if any("{deepspeed_config}" in a for a in args):
-        args = [a.replace("{deepspeed_config}", config_path) for a in args]
-    else:
-        args = [*args, "--deepspeed_config", config_path]
     return [deepspeed, "--autotuning", "tune", "--hostfile", hostfile, "--num_nodes", str(spec.nodes),
-            "--num_gpus", str(spec.procs_per_node), "--master_port", str(master_port), *args]
+            "--num_gpus", str(spec.procs_per_node), "--master_port", str(master_port),
+            *user_args(spec, config_path)]
 
 
 def autotune_env(spec: AutotuneSpec, environ: Mapping[str, str] | None = None) -> dict[str, str]:
@@ -173,23 +240,32 @@ def release_experiment_buffers(results_dir: str) -> None:
     release_ports(experiment_ports(results_dir))
 
 
+def write_inputs(spec: AutotuneSpec) -> None:
+    """The work dir, the config and the hostfile, written as a run directory is (dtrain.rundir: the
+    experiments' code runs there too): no link followed, temp file + rename. A work dir that
+    cannot be made is bad input (SpecError), not a traceback."""
+    from dtrain.rundir import RunDir, UnsafeRunDir
+
+    work = RunDir(spec.work_dir)
+    try:
+        work.ensure_dir()
+    except (OSError, UnsafeRunDir) as e:
+        raise SpecError("work_dir", spec.work_dir, f"a directory this user can create or use ({e})") from e
+    work.write_json(CONFIG_FILE, value=spec.config, indent=2)
+    # Without hosts, NO_HOSTFILE stays missing: DeepSpeed reads that as "this host only" (never /job/hostfile).
+    if spec.hosts:
+        work.write(HOSTFILE, data=hostfile_text(spec.hosts, spec.procs_per_node).encode())
+
+
 def run_autotune(spec: AutotuneSpec, sink: Callable[[str], None] = print,
                  started: Callable[[subprocess.Popen], None] | None = None) -> dict[str, Any]:
     """Write the config (and hostfile), run DeepSpeed's autotuner in ``work_dir``, return its results."""
     from dtrain.autotune.results import read_results
     from dtrain.launch.net import free_port
 
-    os.makedirs(spec.work_dir, exist_ok=True)
-    config_path = os.path.join(spec.work_dir, "ds_config_autotune.json")
-    with open(config_path, "w", encoding="utf-8") as fh:
-        json.dump(spec.config, fh, indent=2, sort_keys=True)
-    # A path that does not exist means "this host only" to DeepSpeed (and never a stray /job/hostfile).
-    hostfile = os.path.join(spec.work_dir, "hostfile" if spec.hosts else "no-hostfile")
-    if spec.hosts:
-        with open(hostfile, "w", encoding="utf-8") as fh:
-            fh.write(hostfile_text(spec.hosts, spec.procs_per_node))
-    argv = build_argv(spec, config_path, hostfile, free_port(), os.path.join(os.path.dirname(sys.executable),
-                                                                             "deepspeed"))
+    write_inputs(spec)
+    argv = build_argv(spec, spec.config_path, spec.hostfile, free_port(),
+                      os.path.join(os.path.dirname(sys.executable), "deepspeed"))
     sink("[autotune] " + " ".join(argv))
     proc = subprocess.Popen(argv, cwd=spec.work_dir, env=autotune_env(spec), stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, start_new_session=True)

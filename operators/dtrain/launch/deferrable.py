@@ -18,7 +18,6 @@ Airflow itself is imported only by the trigger module; everything here runs in t
 
 from __future__ import annotations
 
-import json
 import os
 import time
 from typing import Any, Mapping
@@ -27,7 +26,7 @@ from dtrain.errors import DTrainError, LaunchError, SpecError
 from dtrain.launch.backends import JobHandle, backend_for, detachable_backend_names, get_backend_class
 from dtrain.launch.hang import HANG_EXIT_CODE
 from dtrain.launch.spec import LaunchSpec
-from dtrain.launch.submission import DEFAULT_POLL_INTERVAL, submission_path, write_submission
+from dtrain.launch.submission import DEFAULT_POLL_INTERVAL, check_submitted, write_submission
 
 SUBMISSION_KEY = "_dtrain_submission"  # attribute on the operator: the handle on_kill cancels
 EVENT_STATUSES = ("success", "failed", "error", "hung")
@@ -74,15 +73,7 @@ def _validated(event: Any) -> tuple[dict[str, Any], JobHandle]:
         raise DTrainError(f"unexpected trigger event: status={event.get('status')!r}")
     handle = JobHandle.from_dict(event.get("handle"))
     get_backend_class(handle.backend)  # a registered backend
-    try:
-        with open(submission_path(handle), encoding="utf-8") as fh:
-            record = json.load(fh)
-    except (OSError, ValueError) as e:
-        raise DTrainError(f"trigger event names {handle.backend} job {handle.backend_job_id} in {handle.run_dir}, "
-                          "which has no submission record") from e
-    if record != handle.to_dict():
-        raise DTrainError(f"trigger event for {handle.backend} job {handle.backend_job_id} does not match its "
-                          f"submission record {record}")
+    check_submitted(handle, "trigger event")
     return {**dict(event), "tail": [str(line) for line in event.get("tail") or []]}, handle
 
 
@@ -103,7 +94,7 @@ def resume_job(operator, event: Any) -> dict[str, Any]:
         job_id=handle.job_id, run_dir=run_dir, world_size=handle.world_size,
         exit_code=0 if event["status"] == "success" else (event.get("exit_code") or 1),
         duration_s=round(time.time() - handle.submitted_at, 3),
-        checkpoint_dir=os.path.join(run_dir, "checkpoints"), metrics_dir=metrics_dir, metrics=read_metrics(metrics_dir),
+        checkpoint_dir=os.path.join(run_dir, "checkpoints"), metrics_dir=metrics_dir, metrics=read_metrics(run_dir),
     )
     where = f"{handle.backend} job {handle.backend_job_id}"
     if handle.backend_job_id != handle.job_id:

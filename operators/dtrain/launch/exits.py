@@ -8,31 +8,27 @@ exit records.
 
 from __future__ import annotations
 
-import json
-import os
 from typing import Any, Iterable
 
 from dtrain.launch.retry import communication_error  # the one list of those patterns
+from dtrain.rundir import EXIT_FILE, EXITS, MAX_RECORD_BYTES, RunDir, UnsafeRunDir
 
-#: Bound on one record's size (a record holds a rank's last lines): larger is not ours.
-MAX_RECORD_BYTES = 1 << 20
+
+def _run(run_dir: str) -> RunDir | None:
+    try:
+        return RunDir(run_dir)
+    except UnsafeRunDir:
+        return None
 
 
 def exit_records(run_dir: str) -> dict[str, int]:
-    """The rank exit records now: file name -> mtime (ns)."""
-    folder = os.path.join(run_dir, "exits")
-    found = {}
-    try:
-        names = os.listdir(folder)
-    except OSError:
+    """The rank exit records now: file name -> mtime (ns). Regular files only (a directory or a
+    link a rank planted in ``exits/`` is not a record)."""
+    run = _run(run_dir)
+    if run is None:
         return {}
-    for name in names:
-        if name.startswith("rank") and name.endswith(".json"):
-            try:
-                found[name] = os.stat(os.path.join(folder, name)).st_mtime_ns
-            except OSError:
-                continue
-    return found
+    return {entry.name: entry.mtime_ns for entry in run.list(EXITS)
+            if not entry.is_dir and EXIT_FILE.match(entry.name)}
 
 
 def ranks_exited_since(before: dict[str, int], now: dict[str, int], world_size: int) -> bool:
@@ -43,17 +39,13 @@ def ranks_exited_since(before: dict[str, int], now: dict[str, int], world_size: 
 
 def records_since(run_dir: str, before: dict[str, int], now: dict[str, int]) -> list[dict[str, Any]]:
     """The records written since ``before`` (``now`` from :func:`exit_records`), parsed; a record
-    that cannot be read (half-written, too large, not JSON) is skipped."""
+    that cannot be read (half-written, too large, not JSON, a link) is skipped."""
+    run = _run(run_dir)
     out = []
     for name, mtime in sorted(now.items()):
-        if before.get(name) == mtime:
+        if before.get(name) == mtime or run is None:
             continue
-        try:
-            with open(os.path.join(run_dir, "exits", name), "rb") as fh:
-                data = fh.read(MAX_RECORD_BYTES + 1)
-            record = json.loads(data) if len(data) <= MAX_RECORD_BYTES else None
-        except (OSError, ValueError):
-            continue
+        record = run.read_json(EXITS, name, limit=MAX_RECORD_BYTES)
         if isinstance(record, dict):
             out.append(record)
     return out

@@ -28,10 +28,13 @@ from __future__ import annotations
 
 import json
 import os
+import stat
 import threading
 import time
 from dataclasses import asdict, dataclass, field
 from typing import Any, Callable
+
+from dtrain.rundir import HANG, METRICS, PROGRESS, STACK_FILE, RunDir, UnsafeRunDir
 
 #: exit code of a launch torn down because it hung (as timeout(1) reports a command it stopped)
 HANG_EXIT_CODE = 124
@@ -56,11 +59,11 @@ PROGRESS_DIR_ENV = "DTRAIN_PROGRESS_DIR"
 
 
 def hang_dir(run_dir: str) -> str:
-    return os.path.join(run_dir, "hang")
+    return os.path.join(run_dir, HANG)
 
 
 def progress_dir(run_dir: str) -> str:
-    return os.path.join(run_dir, "progress")
+    return os.path.join(run_dir, PROGRESS)
 
 
 def request_path(directory: str) -> str:
@@ -91,26 +94,29 @@ def rank_env(run_dir: str, environ: dict[str, str]) -> dict[str, str]:
 
 
 def write_private(path: str, data: bytes) -> None:
-    """Write ``data`` to ``path`` atomically, never through a symlink someone planted: the
-    temporary file is created exclusively without following links, then renamed over."""
-    tmp = f"{os.path.join(os.path.dirname(path), '.' + os.path.basename(path))}.{os.getpid()}.tmp"
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
-    try:
-        os.write(fd, data)
-    finally:
-        os.close(fd)
-    os.replace(tmp, path)
+    """Write ``data`` to ``path`` atomically, never through a symlink someone planted (the file
+    and its directory): :meth:`dtrain.rundir.RunDir.write`, private to the user."""
+    RunDir(os.path.dirname(path)).write(os.path.basename(path), data=data, mode=0o600)
 
 
 def read_bounded(path: str, limit: int) -> bytes | None:
-    """A rank-written file's bytes, or None when it is missing, a symlink, or over ``limit``."""
+    """A rank-written file's bytes, or None when it is missing, a symlink (the file or its
+    directory), not a regular file, or over ``limit``."""
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
-    except OSError:
+        return RunDir(os.path.dirname(path)).read(os.path.basename(path), limit=limit)
+    except UnsafeRunDir:
         return None
-    with os.fdopen(fd, "rb") as fh:
-        raw = fh.read(limit + 1)
-    return raw if len(raw) <= limit else None
+
+
+def exists(path: str) -> bool:
+    """Whether ``path`` (a file in a hang directory) exists, itself not followed, its directory
+    opened without following a link: how a rank sees the request and its own dump."""
+    if not os.path.isabs(path):
+        return False
+    try:
+        return RunDir(os.path.dirname(os.path.normpath(path))).stat(os.path.basename(path)) is not None
+    except UnsafeRunDir:
+        return False
 
 
 class ProgressToucher:
@@ -130,27 +136,34 @@ class ProgressToucher:
                 return
             self._last = now
         try:
-            os.makedirs(os.path.dirname(self.path), exist_ok=True)
-            fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW, 0o644)
-            try:
-                os.utime(fd)
-            finally:
-                os.close(fd)
-        except OSError:
+            directory = RunDir(os.path.dirname(self.path))
+            directory.ensure_dir(owned=False)
+            directory.touch(os.path.basename(self.path))
+        except (OSError, ValueError):
             pass  # progress marking must never break a rank
 
 
 def last_progress(run_dir: str, rank: int) -> float | None:
-    """Wall-clock time of the rank's latest sign of life, None when it has shown none."""
+    """Wall-clock time of the rank's latest sign of life, None when it has shown none.
+
+    The status-change time (ctime), not the modification time: any process of the job can set a
+    file's mtime to the past (``os.utime``) and so get another rank blamed for a hang, but the
+    kernel sets ctime to now on every change, that one included."""
+    run = _run(run_dir)
     latest = None
-    for path in (os.path.join(progress_dir(run_dir), f"rank{rank}"),
-                 os.path.join(run_dir, "metrics", f"rank{rank}.jsonl")):
-        try:
-            mtime = os.stat(path, follow_symlinks=False).st_mtime
-        except OSError:
+    for parts in ((PROGRESS, f"rank{rank}"), (METRICS, f"rank{rank}.jsonl")):
+        info = run.stat(*parts) if run is not None else None
+        if info is None or not stat.S_ISREG(info.st_mode):
             continue
-        latest = mtime if latest is None else max(latest, mtime)
+        latest = info.st_ctime if latest is None else max(latest, info.st_ctime)
     return latest
+
+
+def _run(run_dir: str) -> RunDir | None:
+    try:
+        return RunDir(run_dir)
+    except UnsafeRunDir:
+        return None
 
 
 def job_progress(run_dir: str, world_size: int, since: float) -> dict[int, float]:
@@ -271,14 +284,9 @@ def diagnose(last: dict[int, float], now: float, timeout: float, recorders: dict
 
 def clear_previous(run_dir: str) -> None:
     """An earlier attempt's request would make new ranks dump at once, and its stacks would pass
-    for this attempt's: remove them before the job starts (unlinking never follows a link)."""
-    directory = hang_dir(run_dir)
-    os.makedirs(directory, exist_ok=True)
-    for name in os.listdir(directory):
-        try:
-            os.unlink(os.path.join(directory, name))
-        except (IsADirectoryError, PermissionError, FileNotFoundError):
-            continue
+    for this attempt's: remove them before the job starts. A ``hang`` that a rank replaced by a
+    link or a file is removed, never followed, and made again (:meth:`RunDir.clear`)."""
+    RunDir(run_dir).clear(HANG)
 
 
 class HangDetector:
@@ -308,11 +316,19 @@ class HangDetector:
     def silent(self, last: dict[int, float], now: float) -> list[int]:
         return silent_ranks(last, now, self.timeout) if last else []
 
-    def request_dumps(self) -> None:
-        write_private(request_path(self.directory), json.dumps({"time": time.time()}).encode())
+    def request_dumps(self) -> bool:
+        """Ask every rank for its stack; False when the request cannot be written (a rank removed or
+        replaced the hang directory...): the verdict then goes on without the stacks."""
+        try:
+            write_private(request_path(self.directory), json.dumps({"time": time.time()}).encode())
+            return True
+        except (OSError, ValueError):
+            return False
 
     def dumped(self) -> set[int]:
-        return {r for r in range(self.world_size) if os.path.isfile(stack_path(self.directory, r))}
+        run = _run(self.run_dir)
+        ranks = run.ranked(HANG, STACK_FILE) if run is not None else {}
+        return {r for r in ranks if r < self.world_size}
 
     def verdict(self, last: dict[int, float], now: float) -> HangVerdict:
         """Read the dumps, name the stuck rank(s), and record the verdict next to the stacks."""
@@ -327,7 +343,10 @@ class HangDetector:
             missing_stacks=sorted(set(range(self.world_size)) - stacks),
             detected_after_s=round(now - min(last.values()), 1), detected_at=now,
         )
-        write_private(os.path.join(self.directory, "verdict.json"), json.dumps(verdict.to_dict(), indent=2).encode())
+        try:
+            write_private(os.path.join(self.directory, "verdict.json"), json.dumps(verdict.to_dict(), indent=2).encode())
+        except (OSError, ValueError):
+            pass  # the verdict still goes to the log and XCom
         return verdict
 
     def _read_stacks(self, ranks: set[int]) -> dict[int, str]:
@@ -392,21 +411,32 @@ class HangWatch:
             self._thread.join(timeout=self.dump_wait + 10)
 
     def _run(self) -> None:
-        detector = self.detector
         while not self._stop.wait(self.interval):
-            last, now = detector.progress(), time.time()
-            silent = detector.silent(last, now)
-            if not silent:
-                continue
-            self.sink(f"[dtrain] no progress from rank(s) {silent} for {detector.timeout:g} s: "
-                      "asking every rank for its stack")
-            detector.request_dumps()
+            try:
+                if self._check():
+                    return
+            except Exception as e:  # a rank's files must never end the watch: hangs are still enforced
+                self.sink(f"[dtrain] hang watch: {type(e).__name__}: {e} (still watching)")
+
+    def _check(self) -> bool:
+        """One look at the progress files; True once a verdict was handed over (or the watch stopped)."""
+        detector = self.detector
+        last, now = detector.progress(), time.time()
+        silent = detector.silent(last, now)
+        if not silent:
+            return False
+        self.sink(f"[dtrain] no progress from rank(s) {silent} for {detector.timeout:g} s: "
+                  "asking every rank for its stack")
+        if detector.request_dumps():
             deadline = time.monotonic() + self.dump_wait
             while len(detector.dumped()) < detector.world_size and time.monotonic() < deadline:
                 if self._stop.wait(0.2):
-                    return
-            self.verdict = detector.verdict(last, now)
-            self.sink(f"[dtrain] {self.verdict.message()}")
-            if not self._stop.is_set():
-                self.on_hang(self.verdict)
-            return
+                    return True
+        else:
+            self.sink("[dtrain] the stack-dump request could not be written to the run directory: "
+                      "deciding without the stacks")
+        self.verdict = detector.verdict(last, now)
+        self.sink(f"[dtrain] {self.verdict.message()}")
+        if not self._stop.is_set():
+            self.on_hang(self.verdict)
+        return True

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 import uuid
 from dataclasses import dataclass, field
@@ -10,6 +9,7 @@ from dataclasses import dataclass, field
 from dtrain.launch.net import free_port  # noqa: F401 (re-exported: where callers look for it)
 from dtrain.launch.spec import LaunchSpec
 from dtrain.launch.torchrun import AGENT_ENV
+from dtrain.rundir import CHECKPOINTS, DEEPSPEED_CONFIG, EXITS, METRICS, RunDir, UnsafeRunDir
 
 
 #: XCom key under which the training operator records where its job writes (the Training tab reads it)
@@ -29,15 +29,15 @@ class Job:
 
     @property
     def checkpoint_dir(self) -> str:
-        return os.path.join(self.run_dir, "checkpoints")
+        return os.path.join(self.run_dir, CHECKPOINTS)
 
     @property
     def metrics_dir(self) -> str:
-        return os.path.join(self.run_dir, "metrics")
+        return os.path.join(self.run_dir, METRICS)
 
     @property
     def exits_dir(self) -> str:
-        return os.path.join(self.run_dir, "exits")
+        return os.path.join(self.run_dir, EXITS)
 
 
 def run_record(spec: LaunchSpec) -> dict:
@@ -60,12 +60,17 @@ def prepare_job(spec: LaunchSpec, *, create: bool = True) -> Job:
     job_id = spec.job_id or f"dtrain-{uuid.uuid4().hex[:12]}"
     run_dir = os.path.abspath(spec.run_dir or os.path.join(dtrain_home(), "runs", job_id))
     job = Job(spec=spec, job_id=job_id, run_dir=run_dir)
+    run = RunDir(run_dir)
     if create:
-        for path in (job.run_dir, job.checkpoint_dir, job.metrics_dir, job.exits_dir):
-            os.makedirs(path, exist_ok=True)
-        # Exit records of an earlier attempt would be mistaken for this attempt's failures.
-        for name in os.listdir(job.exits_dir):
-            os.unlink(os.path.join(job.exits_dir, name))
+        run.ensure_dir()
+        for directory in (CHECKPOINTS, METRICS):
+            try:
+                run.ensure_dir(directory, owned=False)
+            except UnsafeRunDir:
+                pass  # the ranks' own directory, made a link by them: the product never reads through it
+        # Exit records of an earlier attempt would be mistaken for this attempt's failures; a link
+        # planted as exits/ is removed, never followed (RunDir.clear).
+        run.clear(EXITS)
     env = {
         **AGENT_ENV,  # read by the torchrun agents (restarts that work); harmless to the ranks
         "DTRAIN_JOB_ID": job_id,
@@ -79,12 +84,9 @@ def prepare_job(spec: LaunchSpec, *, create: bool = True) -> Job:
     if spec.pass_local_rank:
         env["DTRAIN_PASS_LOCAL_RANK"] = "1"  # the rank wrapper appends --local_rank=N
     if spec.resolved_deepspeed_config is not None:
-        path = os.path.join(run_dir, "deepspeed_config.json")
+        path = run.join(DEEPSPEED_CONFIG)
         if create:
-            tmp = path + ".tmp"
-            with open(tmp, "w", encoding="utf-8") as fh:
-                json.dump(spec.resolved_deepspeed_config, fh, indent=2, sort_keys=True)
-            os.replace(tmp, path)
+            run.write_json(DEEPSPEED_CONFIG, value=spec.resolved_deepspeed_config, indent=2)
         env["DTRAIN_DEEPSPEED_CONFIG"] = path
         if not spec.uses_gpu():
             env["DS_ACCELERATOR"] = "cpu"

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import json
-import os
 import threading
 import time
 from dataclasses import asdict, dataclass, field
@@ -16,6 +14,7 @@ from dtrain.launch.exits import first_failure
 from dtrain.launch.job import Job, prepare_job
 from dtrain.launch.processes import LineSink, print_sink
 from dtrain.launch.spec import LaunchSpec
+from dtrain.rundir import RunDir, UnsafeRunDir
 
 STOPPED_EXIT_CODE = 143  # 128 + SIGTERM, as a shell reports a job stopped by SIGTERM
 
@@ -60,13 +59,12 @@ class LaunchResult:
         return data
 
 
-def read_metrics(metrics_dir: str) -> dict[str, Any]:
-    """The result the training script's rank 0 wrote (``result.json``), if any."""
-    path = os.path.join(metrics_dir, "result.json")
+def read_metrics(run_dir: str) -> dict[str, Any]:
+    """The result the training script's rank 0 wrote (``metrics/result.json``): a JSON object read
+    without following a link, bounded; {} when there is none."""
     try:
-        with open(path, encoding="utf-8") as fh:
-            return json.load(fh)
-    except (OSError, ValueError):
+        return RunDir(run_dir).result()
+    except UnsafeRunDir:
         return {}
 
 
@@ -103,7 +101,7 @@ class Launcher:
             job_id=job.job_id, run_dir=job.run_dir, world_size=self.spec.world_size,
             exit_code=outcome.exit_code, duration_s=round(duration, 3),
             checkpoint_dir=job.checkpoint_dir, metrics_dir=job.metrics_dir,
-            metrics=read_metrics(job.metrics_dir),
+            metrics=read_metrics(job.run_dir),
         )
         self._report_stalls(result)
         if self.hang_verdict is not None:

@@ -206,12 +206,18 @@ class DistributedTrainingOperator(ResumableJobMixin, BaseOperator):
 
     def _record_run(self, spec, context) -> None:
         """Where the job writes, in XCom before it starts: the Training tab (dtrain.ui) reads the
-        run directory from this record, never from a request, while the job runs and after it failed."""
+        run directory from this record, never from a request, while the job runs and after it failed.
+
+        An XCom can be PATCHed by anyone who may edit the task instance, so the directory is marked
+        first (dtrain.provenance): the UI shows it only while the marker names this task instance."""
         from dtrain.launch.job import RUN_RECORD_KEY, run_record
+        from dtrain.provenance import write_marker
 
         ti = (context or {}).get("ti")
         if ti is not None:
-            ti.xcom_push(key=RUN_RECORD_KEY, value=run_record(spec))
+            record = run_record(spec)
+            write_marker(record["run_dir"], ti)
+            ti.xcom_push(key=RUN_RECORD_KEY, value=record)
 
     def on_kill(self) -> None:
         if self._launcher is not None:

@@ -5,7 +5,9 @@ just before it starts the command, so a DeepSpeed script can take
 ``--deepspeed_config {deepspeed_config}`` without the config being given twice. There is no
 shell and no other expansion: only exactly ``{name}`` with ``name`` below is replaced (inside an
 argument too: ``--local_rank={local_rank}``); any other brace, ``$VAR`` or ``~`` reaches the
-script as written, and a replaced value is never scanned again. Stdlib only.
+script as written, and a replaced value is never scanned again. ``{lbrace}`` is a literal ``{``:
+what a value filled in before the ranks start (a pipeline's ``{params.NAME}``) writes its braces
+as (:func:`literal`), so that nothing in it is taken for a placeholder here. Stdlib only.
 """
 
 from __future__ import annotations
@@ -25,14 +27,26 @@ PLACEHOLDERS: dict[str, tuple[str, str]] = {
     "world_size": ("WORLD_SIZE", "the number of ranks"),
     "local_world_size": ("LOCAL_WORLD_SIZE", "ranks on this node"),
 }
-PATTERN = re.compile(r"\{(" + "|".join(PLACEHOLDERS) + r")\}")
+#: ``{lbrace}``: a literal ``{`` (see the module docstring)
+LBRACE = "lbrace"
+PATTERN = re.compile(r"\{(" + "|".join([*PLACEHOLDERS, LBRACE]) + r")\}")
 
 
 def used(command: Sequence[str]) -> set[str]:
     """The placeholders ``command`` uses."""
-    return {m.group(1) for arg in command for m in PATTERN.finditer(arg)}
+    return {m.group(1) for arg in command for m in PATTERN.finditer(arg)} - {LBRACE}
+
+
+def literal(value: str) -> str:
+    """``value`` as command text that :func:`fill` turns back into exactly ``value``, in the same
+    single pass that fills the placeholders around it."""
+    return value.replace("{", "{" + LBRACE + "}")
 
 
 def fill(command: Sequence[str], environ: Mapping[str, str]) -> list[str]:
     """``command`` with every placeholder replaced by its value in ``environ`` (left as written if unset)."""
-    return [PATTERN.sub(lambda m: environ.get(PLACEHOLDERS[m.group(1)][0], m.group(0)), arg) for arg in command]
+    def value(match: re.Match) -> str:
+        name = match.group(1)
+        return "{" if name == LBRACE else environ.get(PLACEHOLDERS[name][0], match.group(0))
+
+    return [PATTERN.sub(value, arg) for arg in command]

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import collections
 import ctypes
-import json
 import os
 import shutil
 import signal
@@ -37,6 +36,7 @@ import time
 from dtrain.launch import ds_shm, hang, placeholders
 from dtrain.launch.ranklog import RankLog
 from dtrain.launch.env_contract import contract_from_env, deepspeed_launcher_env
+from dtrain.rundir import EXITS, RunDir
 
 TAIL_LINES = 40
 PR_SET_PDEATHSIG = 1
@@ -140,7 +140,7 @@ class RankProcess:
     def ensure_stack_dump(self, directory: str) -> None:
         """Once the launcher asks, give this rank's stack: the helper's dump if it answers in time,
         else py-spy's view of the command from outside, else a note saying why there is none."""
-        while not os.path.lexists(hang.request_path(directory)):
+        while not hang.exists(hang.request_path(directory)):
             if self.proc.poll() is not None:
                 return
             time.sleep(0.5)
@@ -148,7 +148,7 @@ class RankProcess:
         target = hang.stack_path(directory, rank)
         deadline = time.monotonic() + hang.HELPER_DUMP_WAIT_S
         while time.monotonic() < deadline:
-            if os.path.lexists(target):
+            if hang.exists(target):
                 return
             time.sleep(0.2)
         try:
@@ -173,8 +173,6 @@ class RankProcess:
         run_dir = self.environ.get("DTRAIN_RUN_DIR")
         if not run_dir:
             return
-        exits = os.path.join(run_dir, "exits")
-        os.makedirs(exits, exist_ok=True)
         name = f"rank{self.environ.get('RANK', 'x')}.restart{self.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}.json"
         record = {
             "rank": int(self.environ.get("RANK", -1)),
@@ -186,10 +184,10 @@ class RankProcess:
             "host": os.uname().nodename,
             "tail": list(self.tail),
         }
-        tmp = os.path.join(exits, f".{name}.{os.getpid()}.tmp")
-        with open(tmp, "w", encoding="utf-8") as fh:
-            json.dump(record, fh)
-        os.replace(tmp, os.path.join(exits, name))
+        try:
+            RunDir(run_dir).write_json(EXITS, name, value=record)
+        except (OSError, ValueError) as e:  # exits/ replaced by a link or a file: not written through
+            print(f"[dtrain] rank {record['rank']}: exit record not written: {e}", file=sys.stderr)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -23,13 +23,12 @@ value edited through the REST API cannot make the task poll or cancel anything e
 
 from __future__ import annotations
 
-import json
 import os
 from typing import Any, Callable
 
 from dtrain.errors import DTrainError, LaunchError
 from dtrain.launch.backends import Backend, BackendOutcome, JobHandle, JobStatus
-from dtrain.launch.submission import DEFAULT_POLL_INTERVAL, submission_path, write_submission
+from dtrain.launch.submission import DEFAULT_POLL_INTERVAL, check_submitted, write_submission
 
 # What get_job_status reports to the mixin: "<verdict>:<backend state>".
 ACTIVE, SUCCEEDED, ENDED, NOT_OURS = "active", "succeeded", "ended", "not-ours"
@@ -65,15 +64,7 @@ def recorded_handle(value: Any, backend: str, run_dir: str) -> JobHandle:
     if handle.backend != backend or os.path.abspath(handle.run_dir) != os.path.abspath(run_dir):
         raise DTrainError(f"the recorded job ({handle.backend} in {handle.run_dir}) is not this task's "
                           f"({backend} in {run_dir})")
-    try:
-        with open(submission_path(handle), encoding="utf-8") as fh:
-            record = json.load(fh)
-    except (OSError, ValueError) as e:
-        raise DTrainError(f"no submission record for {handle.backend} job {handle.backend_job_id} "
-                          f"in {handle.run_dir}") from e
-    if record != handle.to_dict():
-        raise DTrainError(f"the recorded {handle.backend} job {handle.backend_job_id} does not match "
-                          "its submission record")
+    check_submitted(handle, "the recorded job")
     return handle
 
 

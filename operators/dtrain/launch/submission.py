@@ -8,12 +8,12 @@ and :mod:`dtrain.launch.resumable`, which the launcher also uses (so it imports 
 
 from __future__ import annotations
 
-import json
 import os
 import re
 
 from dtrain.errors import DTrainError
 from dtrain.launch.backends import JobHandle
+from dtrain.rundir import RunDir, UnsafeRunDir
 
 DEFAULT_POLL_INTERVAL = 10.0
 # Backend job ids appear in file names: a conservative alphabet, whatever the backend.
@@ -27,9 +27,21 @@ def submission_path(handle: JobHandle) -> str:
 
 
 def write_submission(handle: JobHandle) -> None:
-    """The handle, in the run directory (temp file + rename): what an event must match."""
-    path = submission_path(handle)
-    tmp = f"{path}.{os.getpid()}.tmp"
-    with open(tmp, "w", encoding="utf-8") as fh:
-        json.dump(handle.to_dict(), fh)
-    os.replace(tmp, path)
+    """The handle, in the run directory (exclusive no-follow temp file + rename): what an event must match."""
+    RunDir(handle.run_dir).write_json(os.path.basename(submission_path(handle)), value=handle.to_dict())
+
+
+def check_submitted(handle: JobHandle, what: str) -> JobHandle:
+    """``handle`` if its run directory holds the matching submission record (read without following
+    a link, bounded); else DTrainError naming ``what`` (the trigger event, the recorded job) and why."""
+    try:
+        record = RunDir(handle.run_dir).read_json(os.path.basename(submission_path(handle)))
+    except UnsafeRunDir:
+        record = None
+    if record is None:
+        raise DTrainError(f"{what} names {handle.backend} job {handle.backend_job_id} in {handle.run_dir}, "
+                          "which has no submission record")
+    if record != handle.to_dict():
+        raise DTrainError(f"{what}: {handle.backend} job {handle.backend_job_id} does not match its "
+                          "submission record")
+    return handle

@@ -50,7 +50,7 @@ from dtrain.launch.operator import DistributedTrainingOperator
 from dtrain.pipeline.config import partition_of
 from dtrain.pipeline.gate import Gate
 from dtrain.pipeline.params import DATASET_VERSION_PATTERN, FINITE, MAX_RANKS_ENV, OVERSUBSCRIPTION
-from dtrain.pipeline.placeholders import to_jinja
+from dtrain.pipeline.placeholders import LITERAL_MACRO, literal_text, to_jinja
 from dtrain.preflight.operator import PreflightOperator
 from dtrain.preprocess.operator import PreprocessFinalizeOperator, PreprocessOperator
 from dtrain.preprocess.packing import packing_option
@@ -246,10 +246,14 @@ def retraining_pipeline(
         "version": VERSION,
         "partition": PART,
     }
-    heldout_text = None if heldout is None else to_jinja(
-        heldout, "heldout", {k: templates[k] for k in ("version", "partition")}, all_params)
-    templates["heldout"] = heldout_text or ""
-    argv = [to_jinja(arg, f"train_command[{i}]", templates, all_params) for i, arg in enumerate(command)]
+    def heldout_jinja(for_ranks: bool) -> str | None:
+        return None if heldout is None else to_jinja(
+            heldout, "heldout", {k: templates[k] for k in ("version", "partition")}, all_params, for_ranks)
+
+    heldout_text = heldout_jinja(for_ranks=False)  # what evaluate gets
+    templates["heldout"] = heldout_jinja(for_ranks=True) or ""  # what the ranks get
+    argv = [to_jinja(arg, f"train_command[{i}]", templates, all_params, for_ranks=True)
+            for i, arg in enumerate(command)]
     model = model_asset(dag_id)
     staged = dataset_asset(dag_id)
     next_step = "approve" if approval else "publish"
@@ -280,7 +284,7 @@ def retraining_pipeline(
         params=all_params,
         user_defined_macros={"dtrain_partition": partition_of, "dtrain_previous_model": previous,
                              "dtrain_deepspeed_config": deepspeed, "dtrain_train_env": train_env,
-                             "dtrain_approval_body": approval_body},
+                             "dtrain_approval_body": approval_body, LITERAL_MACRO: literal_text},
         default_args={"retries": 1, "retry_delay": dt.timedelta(seconds=10), **(default_args or {})},
         tags=["dtrain", "retraining", *tags],
         doc_md=doc_md or __doc__.split("\n\n", 1)[0],

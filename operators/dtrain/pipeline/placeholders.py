@@ -12,6 +12,12 @@ looks like one (``{shard}``, ``{params.epoch}``) is refused with the known names
 fails the DAG at parse time instead of reaching the training script as literal text; other
 braces (JSON such as ``{"lr": 1}``) are left alone. Values are never shell-expanded: argv
 elements reach the ranks as they are.
+
+One pass: the text is scanned once, here, and a value is never scanned again. The rank wrapper
+fills the per-rank placeholders of the rendered argv later, so a param value that goes there
+(``x}{run_dir}{rank`` from the UI) has its braces written as the launcher's literal ``{lbrace}``
+(:func:`dtrain.launch.placeholders.literal`, through the DAG's :data:`LITERAL_MACRO`): the rank
+gets the value as it was typed, and nothing in it is filled.
 """
 
 from __future__ import annotations
@@ -21,6 +27,10 @@ from typing import Iterable, Mapping
 
 from dtrain.errors import SpecError
 from dtrain.launch.placeholders import PLACEHOLDERS as PER_RANK
+from dtrain.launch.placeholders import literal
+
+#: the DAG macro that writes a value for a launch command (the factory registers :func:`literal_text`)
+LITERAL_MACRO = "dtrain_literal"
 
 #: what each placeholder means (the README's table is generated from the same text in tests)
 PLACEHOLDERS: dict[str, str] = {
@@ -37,12 +47,20 @@ PLACEHOLDERS: dict[str, str] = {
 LOOKS_LIKE = re.compile(r"\{([A-Za-z_][A-Za-z0-9_]*(?:\.[A-Za-z_][A-Za-z0-9_]*)*)\}")
 
 
-def to_jinja(text: str, field: str, templates: Mapping[str, str], params: Iterable[str]) -> str:
+def literal_text(value: object) -> str:
+    """A param's value as it renders, for a launch command: the rank wrapper gives it back verbatim."""
+    return literal(str(value))
+
+
+def to_jinja(text: str, field: str, templates: Mapping[str, str], params: Iterable[str],
+             for_ranks: bool = False) -> str:
     """``text`` with each placeholder replaced by its Jinja template.
 
     ``templates``: placeholder name -> Jinja text giving its value, for the names valid in
     this field; ``params``: the pipeline's param names (``{params.NAME}``: the value
-    ``check_params`` returned, so ``2.0`` arrives as ``2``).
+    ``check_params`` returned, so ``2.0`` arrives as ``2``). ``for_ranks``: the text is part of a
+    launch command, whose per-rank placeholders the rank wrapper fills: param values are written
+    with :data:`LITERAL_MACRO` so that it never fills anything inside them.
     """
     if not isinstance(text, str):
         raise SpecError(field, text, "text")
@@ -53,7 +71,8 @@ def to_jinja(text: str, field: str, templates: Mapping[str, str], params: Iterab
         if name.startswith("params."):
             param = name.split(".", 1)[1]
             if param in param_names:
-                return "{{ ti.xcom_pull(task_ids='check_params')[" + repr(param) + "] }}"
+                value = "ti.xcom_pull(task_ids='check_params')[" + repr(param) + "]"
+                return "{{ " + (f"{LITERAL_MACRO}({value})" if for_ranks else value) + " }}"
             raise SpecError(field, text, f"{{params.NAME}} with NAME a param of this pipeline "
                                          f"({', '.join(sorted(param_names)) or 'none'}); {match.group(0)} is not")
         if name in templates:

@@ -30,7 +30,7 @@ from dtrain.preprocess.inputs import (DEFAULT_MAX_RECORD_BYTES, MAX_RECORD_BYTES
 from dtrain.preprocess.packing import Packing, packing_option
 from dtrain.preprocess.store import Store
 from dtrain.preprocess.transform import identity, resolve, variable_fields
-from dtrain.preprocess.worker import init_worker, process_chunk
+from dtrain.preprocess.worker import process_chunk
 
 DEFAULT_SHARD_SIZE = 8192
 DEFAULT_MAX_BAD_FRACTION = 0.001
@@ -113,54 +113,118 @@ def terminate_active() -> None:
 
 
 class _Pool:
-    """Ordered map with a bounded number of chunks in flight (memory stays flat on big inputs).
+    """Ordered map over ``workers`` spawned processes, each given one chunk at a time on its own
+    pipe; results come back in task order, with at most ``2 * workers`` waiting (memory stays flat
+    on big inputs).
 
-    concurrent.futures rather than multiprocessing.Pool: a worker that dies (OOM killer,
-    a crash in native code) breaks the pool with an error instead of hanging forever.
+    Neither concurrent.futures nor multiprocessing.Pool: their queues hold POSIX named semaphores
+    (``/dev/shm/sem.mp-*``) that only a clean exit or multiprocessing's resource tracker unlinks,
+    and a node crash (SIGKILL of the whole process group, tracker included) left five behind per
+    run. A pipe is a socketpair passed to the child as a descriptor: it has no name to leave. A
+    worker that dies (OOM killer, a crash in native code) is seen on its pipe and fails the
+    partition instead of hanging it.
     """
 
     def __init__(self, workers: int):
         self.workers = workers
-        self.executor = None
+        self._procs: list[tuple[Any, Any]] = []  # (process, the runner's end of its pipe)
         if workers > 1:
             import multiprocessing
-            from concurrent.futures import ProcessPoolExecutor
+
+            from dtrain.preprocess.worker import serve
 
             # spawn: no inherited threads or locks (Airflow's task runner has both); the
             # transform is importable by name, so the workers need nothing else from us.
-            self.executor = ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn"),
-                                                initializer=init_worker)
+            context = multiprocessing.get_context("spawn")
             _active.add(self)
+            try:
+                with _main_without_path():
+                    for _ in range(workers):
+                        ours, theirs = context.Pipe()
+                        proc = context.Process(target=serve, args=(theirs,), name="dtrain-preprocess-worker")
+                        proc.start()
+                        theirs.close()
+                        self._procs.append((proc, ours))
+            except BaseException:
+                self.close(ok=False)  # the workers already started
+                raise
 
     def map(self, tasks: Iterator[tuple[Any, dict | None]]) -> Iterator[tuple[Any, dict | None]]:
         """tasks yields (key, task or None for "already done"); results come back in task order."""
-        pending: deque = deque()
-        for key, task in tasks:
-            if task is None:
-                pending.append((key, None))
-            elif self.executor is None:
-                pending.append((key, process_chunk(task)))
-            else:
-                with _main_without_path():
-                    pending.append((key, self.executor.submit(process_chunk, task)))
-            while pending and (len(pending) > 2 * self.workers or not _is_future(pending[0][1])):
-                yield _resolve(pending.popleft())
-        while pending:
-            yield _resolve(pending.popleft())
+        if not self._procs:
+            for key, task in tasks:
+                yield key, None if task is None else process_chunk(task)
+            return
+        pending: deque[list] = deque()  # [key, result, done], in task order
+        idle, busy = list(self._procs), {}
+        tasks, exhausted = iter(tasks), False
+        while True:
+            while not exhausted and idle and len(pending) <= 2 * self.workers:
+                item = next(tasks, None)
+                if item is None:
+                    exhausted = True
+                    break
+                entry = [item[0], None, item[1] is None]
+                pending.append(entry)
+                if item[1] is not None:
+                    worker = idle.pop()
+                    worker[1].send(item[1])
+                    busy[worker] = entry
+            while pending and pending[0][2]:
+                key, value, _ = pending.popleft()
+                yield key, value
+            if exhausted and not pending:
+                return
+            if not exhausted and idle and len(pending) <= 2 * self.workers:
+                continue
+            for worker in self._answered(busy):
+                entry = busy.pop(worker)
+                entry[1], entry[2] = _reply(worker), True
+                idle.append(worker)
+
+    @staticmethod
+    def _answered(busy: dict) -> list:
+        """The busy workers that have answered (blocks until one has; a death wakes it too)."""
+        from multiprocessing.connection import wait
+
+        ready = set(wait([conn for _, conn in busy] + [proc.sentinel for proc, _ in busy]))
+        return [worker for worker in busy if worker[1] in ready or worker[0].sentinel in ready]
 
     def kill(self) -> None:
         # Running chunks die mid-way: their shards are written atomically (index last), so a
         # half-done chunk leaves nothing a rerun would trust.
-        for proc in list((getattr(self.executor, "_processes", None) or {}).values()):
+        for proc, _ in self._procs:
             proc.kill()
 
     def close(self, ok: bool) -> None:
-        if self.executor is None:
+        if not self._procs:
             return
         _active.discard(self)
-        if not ok:
-            self.kill()
-        self.executor.shutdown(wait=True, cancel_futures=not ok)
+        for proc, conn in self._procs:
+            try:
+                if ok:
+                    conn.send(None)  # finish: the worker returns
+            except OSError:
+                pass
+            if not ok:
+                proc.kill()
+        for proc, conn in self._procs:
+            proc.join()
+            conn.close()
+
+
+def _reply(worker: tuple[Any, Any]) -> dict:
+    """The shard index a worker sent; its exception raised here; RuntimeError when it died instead."""
+    proc, conn = worker
+    try:
+        reply = conn.recv()
+    except (EOFError, OSError):
+        proc.join()
+        raise RuntimeError(f"worker process {proc.pid} died (exit code {proc.exitcode}) while processing a chunk")
+    if reply[0] == "error":
+        reply[1].add_note(f"in worker process {proc.pid}:\n{reply[2]}")
+        raise reply[1]
+    return reply[1]
 
 
 @contextlib.contextmanager
@@ -183,15 +247,6 @@ def _main_without_path() -> Iterator[None]:
         main.__spec__ = spec
         if path is not None:
             main.__file__ = path
-
-
-def _is_future(value: Any) -> bool:
-    return hasattr(value, "result") and hasattr(value, "done")
-
-
-def _resolve(item: tuple[Any, Any]) -> tuple[Any, Any]:
-    key, value = item
-    return key, (value.result() if _is_future(value) else value)
 
 
 def process_partition(inputs: str | list[str], output: str, transform: str, *, partition: str | None = None,

@@ -8,6 +8,8 @@ that are not the record's fault (disk full, a lost object store) propagate.
 from __future__ import annotations
 
 import json
+import pickle
+import traceback
 from typing import Any, Callable
 
 import numpy as np
@@ -23,8 +25,35 @@ _transforms: dict[str, Callable] = {}
 _stores: dict[str, Store] = {}
 
 
+def serve(conn) -> None:
+    """A pool process (dtrain.preprocess.runner._Pool): a chunk in, ``("ok", shard index)`` or
+    ``("error", exception, traceback)`` out, one at a time, until None arrives or the pipe closes."""
+    init_worker()
+    while True:
+        try:
+            task = conn.recv()
+        except EOFError:  # the runner is gone
+            return
+        if task is None:
+            return
+        try:
+            reply = ("ok", process_chunk(task))
+        except Exception as e:  # noqa: BLE001 - the runner re-raises it, as a future would
+            reply = ("error", _portable(e), traceback.format_exc())
+        conn.send(reply)
+
+
+def _portable(error: Exception) -> Exception:
+    """``error`` if it survives pickling (what the pipe does to it), else a PreprocessError saying what it was."""
+    try:
+        pickle.loads(pickle.dumps(error))
+        return error
+    except Exception:  # noqa: BLE001 - any exception type may fail to pickle or to rebuild
+        return PreprocessError(f"{type(error).__name__}: {error}")
+
+
 def init_worker() -> None:
-    """Pool initializer: die with the parent (a SIGKILLed runner leaves no orphan workers)."""
+    """Pool process set-up: die with the parent (a SIGKILLed runner leaves no orphan workers)."""
     try:
         import ctypes
         import signal

@@ -37,7 +37,7 @@ def register(subparsers) -> None:
     p.add_argument("--no-fsync", action="store_true", help="skip fsync per file (faster; less durable on crash)")
     p.add_argument("--progress-interval", type=float, default=10.0, help="seconds between progress lines")
     p.add_argument("--epoch-seconds", type=float, help="target epoch time: compare staging throughput with the need")
-    p.add_argument("--nodes", type=int, default=1, help="training nodes (with --epoch-seconds)")
+    p.add_argument("--nodes", default=1, help="training nodes (with --epoch-seconds)")
     p.add_argument("--deployment-type", help="FSx for Lustre deployment type to size (with --epoch-seconds)")
     p.add_argument("--fail-below-need", action="store_true",
                    help="exit non-zero if staging throughput is below what training needs")
@@ -47,7 +47,7 @@ def register(subparsers) -> None:
     q = subparsers.add_parser("plan", help="read throughput training needs and the FSx for Lustre size that gives it")
     q.add_argument("--dataset-size", required=True, help="e.g. 100GB, 1.5TiB or bytes")
     q.add_argument("--epoch-seconds", required=True, type=float, help="target seconds per epoch")
-    q.add_argument("--nodes", type=int, default=1, help="training nodes (default 1)")
+    q.add_argument("--nodes", default=1, help="training nodes (default 1)")
     q.add_argument("--deployment-type", help="only this FSx for Lustre deployment type (default: all)")
     q.add_argument("--table", metavar="FILE", help="JSON deployment-type table overriding the built-in one")
     q.add_argument("--json", action="store_true", help="print the plan as JSON")
@@ -55,17 +55,12 @@ def register(subparsers) -> None:
 
 
 def storage_options_arg(value: str | None) -> dict:
+    from dtrain.args import read_input_file
     from dtrain.errors import SpecError
 
     if not value:
         return {}
-    text = value
-    if value.startswith("@"):
-        try:
-            with open(value[1:], encoding="utf-8") as f:
-                text = f.read()
-        except OSError as e:
-            raise SpecError("--storage-options", value, f"a readable JSON file ({e})") from e
+    text = read_input_file("--storage-options", value[1:]) if value.startswith("@") else value
     try:
         options = json.loads(text)
     except ValueError as e:

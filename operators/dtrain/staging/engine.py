@@ -103,8 +103,12 @@ def open_destination(url: str, fsync: bool = True) -> Destination:
     return PosixDestination(url, fsync=fsync)
 
 
-def _check_arguments(source: Any, destination: Any, workers: Any, part_size: Any, verify: str) -> tuple[int, int]:
-    """(workers, part size in bytes); SpecError for anything wrong, before any I/O."""
+def _check_arguments(source: Any, destination: Any, workers: Any, part_size: Any, verify: str,
+                     progress_interval: Any) -> tuple[int, int, float]:
+    """(workers, part size in bytes, seconds between progress lines); SpecError for anything wrong,
+    before any I/O."""
+    from dtrain.args import coerce_float
+
     if not isinstance(source, str) or not source.strip():
         raise SpecError("source", source, "a non-empty URL such as s3://bucket/prefix/ or a local path")
     if not isinstance(destination, str) or not destination.strip():
@@ -115,7 +119,9 @@ def _check_arguments(source: Any, destination: Any, workers: Any, part_size: Any
         raise SpecError("part_size", part_size, f"at least {MIN_PART_SIZE} bytes")
     if verify not in V.VERIFY_MODES:
         raise SpecError("verify", verify, f"one of {', '.join(V.VERIFY_MODES)}")
-    return workers, part_size
+    # NaN or a negative interval would make the progress check always (or never) true.
+    interval = coerce_float("progress_interval", progress_interval, minimum=0.0, maximum=86400.0)
+    return workers, part_size, interval
 
 
 @dataclass
@@ -144,9 +150,10 @@ def stage(source: str, destination: str, *, workers: Any = DEFAULT_WORKERS, part
     """
     secrets = [x for url in (source, destination) if isinstance(url, str) for x in url_secrets(url)]
     with _clean_errors(secrets):
-        workers, part_size = _check_arguments(source, destination, workers, part_size, verify)
+        workers, part_size, interval = _check_arguments(source, destination, workers, part_size, verify,
+                                                        progress_interval)
         settings = _Settings(workers=workers, part_size=part_size, verify=verify, retries=retries, delete=delete,
-                             progress_interval=progress_interval, log=log or log_default,
+                             progress_interval=interval, log=log or log_default,
                              cancel=cancel or threading.Event())
         dest = open_destination(destination.strip(), fsync=fsync)
         started = time.monotonic()

@@ -15,6 +15,7 @@ import math
 from dataclasses import asdict, dataclass, field
 from typing import Any, Mapping
 
+from dtrain import grammar
 from dtrain.errors import SpecError
 from dtrain.staging.errors import ThroughputError
 from dtrain.staging.fsx_table import FSX_LUSTRE
@@ -65,11 +66,13 @@ def load_table(table: Mapping[str, Any] | str | None) -> dict[str, dict]:
     if table is None:
         return FSX_LUSTRE
     if isinstance(table, str):
+        from dtrain.args import read_input_file
+
+        text = read_input_file("table", table)
         try:
-            with open(table, encoding="utf-8") as f:
-                table = json.load(f)
-        except (OSError, ValueError) as e:
-            raise SpecError("table", table, f"a readable JSON file shaped like the built-in table ({e})") from e
+            table = json.loads(text)
+        except ValueError as e:
+            raise SpecError("table", table, f"a JSON file shaped like the built-in table ({e})") from e
     if not isinstance(table, Mapping) or not table:
         raise SpecError("table", table, "a non-empty mapping of deployment type -> {throughput_mbps_per_tib, capacity_tib}")
     for name, row in table.items():
@@ -106,7 +109,7 @@ def plan(dataset_bytes: Any, epoch_seconds: Any, nodes: Any = 1, deployment_type
     if size <= 0:
         raise SpecError("dataset_size", dataset_bytes, "a positive size such as 100GB")
     seconds = coerce_float("epoch_seconds", epoch_seconds)
-    nodes = coerce_int("nodes", nodes, minimum=1)
+    nodes = coerce_int("nodes", nodes, minimum=1, maximum=grammar.MAX_NODES)
     rows = load_table(table)
     if deployment_type is not None and deployment_type not in rows:
         raise SpecError("deployment_type", deployment_type, f"one of {', '.join(sorted(rows))}")

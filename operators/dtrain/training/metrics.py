@@ -11,6 +11,8 @@ import os
 import time
 from typing import Any
 
+from dtrain.rundir import RESULT, RunDir
+
 
 def metrics_dir() -> str:
     return os.environ.get("DTRAIN_METRICS_DIR") or os.path.join(os.getcwd(), "metrics")
@@ -18,10 +20,11 @@ def metrics_dir() -> str:
 
 class MetricsWriter:
     def __init__(self, rank: int, directory: str | None = None):
-        self.directory = directory or metrics_dir()
-        os.makedirs(self.directory, exist_ok=True)
+        self.directory = os.path.abspath(directory or metrics_dir())
         self.path = os.path.join(self.directory, f"rank{rank}.jsonl")
-        self._fh = open(self.path, "a", encoding="utf-8", buffering=1)
+        # never through a link another process of the job planted (dtrain.rundir)
+        fd = RunDir(self.directory).open_append(os.path.basename(self.path))
+        self._fh = os.fdopen(fd, "a", encoding="utf-8", buffering=1)
 
     def log(self, *, step: int, loss: float, samples: int, step_time_s: float, data_wait_s: float,
             epoch: int | None = None, **extra: Any) -> None:
@@ -39,11 +42,5 @@ class MetricsWriter:
 
 def write_result(result: dict[str, Any], directory: str | None = None) -> str:
     """Atomically write the run's final metrics (rank 0 calls this); the launcher returns them."""
-    directory = directory or metrics_dir()
-    os.makedirs(directory, exist_ok=True)
-    path = os.path.join(directory, "result.json")
-    tmp = f"{path}.{os.getpid()}.tmp"
-    with open(tmp, "w", encoding="utf-8") as fh:
-        json.dump(result, fh, indent=2, sort_keys=True)
-    os.replace(tmp, path)
-    return path
+    directory = os.path.abspath(directory or metrics_dir())
+    return RunDir(directory).write_json(RESULT, value=result, indent=2)

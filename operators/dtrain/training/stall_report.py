@@ -21,29 +21,14 @@ left out, as Debugger's rules skip their first steps.
 
 from __future__ import annotations
 
-import glob
-import json
 import os
-import re
 import statistics
 from typing import Any
 
+from dtrain.rundir import RunDir, UnsafeRunDir
+
 CPU_BOTTLENECK_THRESHOLD = 0.20
 LOAD_BALANCING_RATIO = 1.2
-RANK_FILE = re.compile(r"^rank(\d+)\.jsonl$")
-
-
-def _read_rank(path: str) -> list[dict[str, Any]]:
-    records = []
-    with open(path, encoding="utf-8") as fh:
-        for line in fh:
-            try:
-                record = json.loads(line)
-            except ValueError:
-                continue  # a line cut by a kill: the rest of the file is still good
-            if isinstance(record, dict) and isinstance(record.get("step_time_s"), (int, float)):
-                records.append(record)
-    return records
 
 
 def _rank_stats(rank: int, records: list[dict[str, Any]], skip_first: int) -> dict[str, Any] | None:
@@ -68,11 +53,12 @@ def _rank_stats(rank: int, records: list[dict[str, Any]], skip_first: int) -> di
 def summarize(metrics_dir: str, *, skip_first: int = 5, cpu_bottleneck_threshold: float = CPU_BOTTLENECK_THRESHOLD,
               load_balancing_ratio: float = LOAD_BALANCING_RATIO) -> dict[str, Any]:
     """Per-rank figures and the two rules' verdicts; every value a JSON primitive (XCom-able)."""
-    per_rank = {}
-    for path in glob.glob(os.path.join(metrics_dir, "rank*.jsonl")):
-        match = RANK_FILE.match(os.path.basename(path))
-        if match:
-            per_rank[int(match.group(1))] = _read_rank(path)
+    try:  # rank-written files: read through dtrain.rundir (no link followed, each file bounded)
+        records = RunDir(os.path.abspath(metrics_dir)).ranked_jsonl("")
+    except UnsafeRunDir:
+        records = {}
+    per_rank = {rank: [r for r in rank_records if isinstance(r.get("step_time_s"), (int, float))]
+                for rank, rank_records in records.items()}
     return summarize_records(per_rank, metrics_dir, skip_first=skip_first,
                              cpu_bottleneck_threshold=cpu_bottleneck_threshold,
                              load_balancing_ratio=load_balancing_ratio)

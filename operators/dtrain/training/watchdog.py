@@ -23,7 +23,7 @@ import time
 import traceback
 
 from dtrain.launch.hang import (
-    HANG_DIR_ENV, ProgressToucher, flight_recorder_path, progress_dir, request_path, stack_path, write_private,
+    HANG_DIR_ENV, ProgressToucher, exists, flight_recorder_path, progress_dir, request_path, stack_path, write_private,
 )
 
 _toucher: ProgressToucher | None = None
@@ -79,7 +79,7 @@ def _respond(directory: str, rank: str, interval: float) -> None:
     # The launcher removes an earlier attempt's request before the job starts: one that
     # exists now is for this job.
     request = request_path(directory)
-    while not os.path.lexists(request):
+    while not exists(request):
         time.sleep(interval)
     try:
         answer_dump_request(directory, rank)

@@ -19,15 +19,17 @@ Every ``ti`` endpoint takes the task instance as query parameters and is guarded
 ``requires_access_dag`` (reading that DAG's task instances; logs and stacks need its task logs), so
 the deployment's auth manager decides; the retraining endpoints list only the DAGs the auth manager
 says the user may read. Files are located from the task instance's recorded XCom, never from the
-request (dtrain.ui.rundir reads them without following symlinks, bounded).
+request, and shown only when their provenance holds (dtrain.provenance: under the configured
+root, marked by the launcher for this task instance; otherwise 404 with the reason), read by
+dtrain.rundir without following symlinks, bounded. A run's metrics are followed once per run
+directory, within bounds (dtrain.ui.metrics_cache). Rank-written numbers that JSON or a plot cannot
+carry are dropped there; any non-finite number left in a view is sent as null.
 """
 
 from __future__ import annotations
 
-import json
-import os
+import math
 import re
-from functools import lru_cache
 from html import escape
 from importlib import resources
 from typing import Annotated, Any
@@ -39,9 +41,11 @@ from airflow.api_fastapi.auth.managers.models.resource_details import DagAccessE
 from airflow.api_fastapi.common.db.common import SessionDep
 from airflow.api_fastapi.core_api.security import GetUserDep, requires_access_dag, requires_authenticated
 
+from dtrain.errors import SpecError
 from dtrain.launch.job import RUN_RECORD_KEY
-from dtrain.ui import plots, retraining, store, training, ui_base
-from dtrain.ui.rundir import METRICS_FILE, RunDir, UnsafeRunDir
+from dtrain.provenance import Untrusted, models_roots, runs_roots, trusted_published, trusted_run_dir
+from dtrain.rundir import RunDir, UnsafeRunDir
+from dtrain.ui import metrics_cache, plots, retraining, store, training, ui_base
 
 #: what a page may load: its own scripts and styles (matplotlib's SVG uses style attributes), framed
 #: only by the Airflow UI of the same origin
@@ -50,8 +54,6 @@ CSP = ("default-src 'none'; script-src 'self'; style-src 'self' 'unsafe-inline';
 MAP_INDEX = re.compile(r"-?\d{1,9}")
 MAX_ID = 250  # Airflow's ID_LEN
 STATIC = {"training.js": "text/javascript", "retraining.js": "text/javascript", "dtrain.css": "text/css"}
-#: the published metrics.json is written by dtrain.pipeline.publish; a larger one is not ours
-MAX_PUBLISHED_BYTES = 4 << 20
 
 read_ti = Depends(requires_access_dag("GET", DagAccessEntity.TASK_INSTANCE))
 read_logs = Depends(requires_access_dag("GET", DagAccessEntity.TASK_LOGS))
@@ -88,8 +90,20 @@ def _secure(response: Response) -> Response:
     return response
 
 
+def _finite(value: Any) -> Any:
+    """``value`` with every non-finite float as None: JSON has no inf or NaN (starlette refuses them),
+    and a ratio or sum of rank-written numbers can still overflow."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_finite(v) for v in value]
+    return value
+
+
 def _json(data: Any) -> Response:
-    return _secure(JSONResponse(data))
+    return _secure(JSONResponse(_finite(data)))
 
 
 def _records(session, ref: TaskInstanceRef) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -100,47 +114,45 @@ def _records(session, ref: TaskInstanceRef) -> tuple[dict[str, Any], dict[str, A
                            (RUN_RECORD_KEY, "return_value", "hang"))
 
 
-def _run_dir(records: dict[str, Any]) -> RunDir | None:
-    """The run directory the task recorded before it launched (None: it launched no job)."""
+def _roots(which) -> list[str]:
+    try:
+        return which()
+    except SpecError as exc:  # the deployment's configuration, not the request
+        raise HTTPException(500, str(exc)) from exc
+
+
+def _run_dir(ti: dict[str, Any], records: dict[str, Any]) -> RunDir | None:
+    """The run directory the task recorded before it launched (None: it launched no job), if its
+    provenance holds (dtrain.provenance); else 404 saying why."""
     record = records.get(RUN_RECORD_KEY)
     if not isinstance(record, dict):
         return None
     try:
-        return RunDir(record.get("run_dir"))
-    except UnsafeRunDir:
-        return None
-
-
-def _metrics(run: RunDir) -> dict[int, list[dict[str, Any]]]:
-    """The run's metrics records, read once per change of its files: one refresh of a page asks for
-    the summary and three plots, every 2 s, each needing all of them (callers must not mutate)."""
-    files = tuple(sorted((rank, e.size, e.mtime) for rank, e in run.ranked("metrics", METRICS_FILE).items()))
-    return _read_metrics(run.path, files)
-
-
-@lru_cache(maxsize=32)
-def _read_metrics(path: str, files: tuple) -> dict[int, list[dict[str, Any]]]:
-    return RunDir(path).metrics()
+        return trusted_run_dir(record.get("run_dir"), ti, _roots(runs_roots))
+    except Untrusted as exc:
+        raise HTTPException(404, f"not showing the job of task {ti['task_id']} of {ti['dag_id']}/{ti['run_id']}: "
+                                 f"{exc}") from None
 
 
 def _require_run(session, ref: TaskInstanceRef) -> RunDir:
-    run = _run_dir(_records(session, ref)[1])
+    run = _run_dir(*_records(session, ref))
     if run is None:
         raise HTTPException(404, f"task {ref.task_id} of {ref.dag_id}/{ref.run_id} recorded no training job")
     return run
 
 
-def read_published(metrics_path: str) -> dict[str, Any] | None:
-    """A published model's metrics.json, as the publish task recorded its path: the file itself,
-    never through a symlink, bounded."""
-    if os.path.basename(metrics_path) != "metrics.json":
-        return None
+def read_published(dag_id: str, metrics_path: Any, partition: Any) -> dict[str, Any] | None:
+    """A published model's metrics.json, as the publish task recorded its path, if it is the
+    pipeline's record for the run's partition (dtrain.provenance.trusted_published); else None."""
     try:
-        raw = RunDir(os.path.dirname(metrics_path)).read("metrics.json", limit=MAX_PUBLISHED_BYTES)
-        data = json.loads(raw) if raw is not None else None
-    except (UnsafeRunDir, ValueError):
+        return trusted_published(metrics_path, dag_id, partition, _roots(models_roots))
+    except Untrusted:
         return None
-    return data if isinstance(data, dict) else None
+
+
+def _pipeline_view(session, dag_id: str) -> dict[str, Any]:
+    return retraining.pipeline_view(dag_id, store.pipeline_runs(session, dag_id),
+                                    lambda path, partition: read_published(dag_id, path, partition))
 
 
 def _page(request: Request, name: str, title: str, data: dict[str, str]) -> Response:
@@ -154,8 +166,14 @@ def _page(request: Request, name: str, title: str, data: dict[str, str]) -> Resp
     return _secure(HTMLResponse(html))
 
 
+def _refused(request: Request, exc: UnsafeRunDir) -> Response:
+    """A run directory made a link after its provenance check (a rank may rename its own): refused."""
+    return _secure(JSONResponse({"detail": f"not showing the job: {exc}"}, status_code=404))
+
+
 def create_app() -> FastAPI:
     app = FastAPI(title="dtrain", docs_url=None, redoc_url=None, openapi_url=None)
+    app.add_exception_handler(UnsafeRunDir, _refused)
 
     @app.get("/ti", dependencies=[read_ti])
     def training_tab(request: Request, ref: TIRef) -> Response:
@@ -178,22 +196,25 @@ def create_app() -> FastAPI:
         ti, records = _records(session, ref)
         result = records.get("return_value") if isinstance(records.get("return_value"), dict) else None
         hang = records.get("hang") if isinstance(records.get("hang"), dict) else None
-        run = _run_dir(records)
+        run = _run_dir(ti, records)
+        metrics = metrics_cache.follow(run).records if run else None
         return _json(training.job_view(ti=ti, record=records.get(RUN_RECORD_KEY) if run else None,
-                                       result=result, hang=hang, run=run, metrics=_metrics(run) if run else None))
+                                       result=result, hang=hang, run=run, metrics=metrics))
 
     @app.get("/api/ti/curves", dependencies=[read_ti])
     def ti_curves(session: SessionDep, ref: TIRef, since_step: Annotated[int, Query(ge=-1)] = -1) -> Response:
-        run = _require_run(session, ref)
-        return _json({"curves": training.curves(_metrics(run), since_step)})
+        live = metrics_cache.follow(_require_run(session, ref))
+        curves = live.once("curves", training.curves) if since_step < 0 else training.curves(live.records, since_step)
+        return _json({"curves": curves})
 
     @app.get("/api/ti/plot/{curve}.svg", dependencies=[read_ti])
     def ti_plot(session: SessionDep, ref: TIRef, curve: str) -> Response:
         if curve not in training.CURVES:
             raise HTTPException(404, f"curve={curve!r}: one of {', '.join(training.CURVES)}")
-        run = _require_run(session, ref)
+        live = metrics_cache.follow(_require_run(session, ref))
         title, ylabel = training.CURVES[curve]
-        svg = plots.rank_curves(curve, title, ylabel, training.curves(_metrics(run))[curve])
+        svg = live.once(("plot", curve), lambda _: plots.rank_curves(
+            curve, title, ylabel, training.plot_points(live.once("curves", training.curves)[curve])))
         return _secure(Response(svg, media_type="image/svg+xml"))
 
     @app.get("/api/ti/logs", dependencies=[read_logs])
@@ -213,12 +234,12 @@ def create_app() -> FastAPI:
         from airflow.api_fastapi.app import get_auth_manager
 
         readable = get_auth_manager().get_authorized_dag_ids(user=user, method="GET", session=session)
-        return _json({"pipelines": [retraining.pipeline_view(dag_id, store.pipeline_runs(session, dag_id), read_published)
+        return _json({"pipelines": [_pipeline_view(session, dag_id)
                                     for dag_id in store.retraining_dag_ids(session, readable)]})
 
     @app.get("/api/retraining/plot.svg", dependencies=[read_runs])
     def retraining_plot(session: SessionDep, dag_id: Annotated[str, Query(max_length=MAX_ID)]) -> Response:
-        view = retraining.pipeline_view(dag_id, store.pipeline_runs(session, dag_id), read_published)
+        view = _pipeline_view(session, dag_id)
         svg = plots.partition_metric(dag_id, view["metric"] or "metric", view["points"])
         return _secure(Response(svg, media_type="image/svg+xml"))
 

@@ -76,8 +76,10 @@ def partition_metric(dag_id: str, metric: str, points: Sequence[Mapping]) -> str
                 ax.plot([dt.date.fromisoformat(p["partition"]) for p in chosen], [p["value"] for p in chosen],
                         gid=series_id(dag_id, "published" if published else "gated-out"), **style)
         _date_ticks(ax, sorted({p["partition"] for p in points}))
-        ax.set_title(f"{dag_id}: {metric} per partition", fontsize=10)
-        ax.set_ylabel(metric, fontsize=8)
+        # The metric's name comes from a recorded decision (an XCom anyone who may edit the run can
+        # change): plain text, never mathtext ("$\\foo$" would fail to parse and fail the page).
+        ax.set_title(f"{dag_id}: {metric} per partition", fontsize=10, parse_math=False)
+        ax.set_ylabel(metric, fontsize=8, parse_math=False)
         ax.tick_params(labelsize=7)
         ax.grid(alpha=0.3)
         if points:

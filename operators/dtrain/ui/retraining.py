@@ -32,8 +32,9 @@ def _outcome(run: Mapping[str, Any], decision: Mapping[str, Any], published: Any
 
 def pipeline_view(dag_id: str, runs: Sequence[Mapping[str, Any]],
                   read_published: Callable[[str], Mapping[str, Any] | None]) -> dict[str, Any]:
-    """``runs``: dtrain.ui.store.pipeline_runs(); ``read_published(metrics_path)``: the published
-    record (None when unreadable)."""
+    """``runs``: dtrain.ui.store.pipeline_runs(); ``read_published(metrics_path, partition)``: the
+    published record, if it is this pipeline's for the run's partition (None otherwise: the
+    recorded path is an XCom anyone who may edit the run can change; see dtrain.provenance)."""
     rows, points, metric, goal = [], [], None, None
     for run in runs:
         decision = run.get("decision") if isinstance(run.get("decision"), Mapping) else {}
@@ -41,8 +42,8 @@ def pipeline_view(dag_id: str, runs: Sequence[Mapping[str, Any]],
         metric = metric or decision.get("metric")
         goal = goal or decision.get("goal")
         value = _number(decision.get("value"))
-        record = read_published(str(published.get("metrics_path"))) if published and published.get(
-            "metrics_path") else None
+        path = published.get("metrics_path") if published else None
+        record = read_published(path, run.get("partition")) if path else None
         if record and decision.get("metric"):
             value = _number((record.get("evaluation") or {}).get(decision["metric"])) or value
         outcome = _outcome(run, decision, published)

@@ -1,7 +1,7 @@
 """What the Training tab shows, assembled from what the job wrote: pure, no Airflow.
 
 Inputs are the training task's records (its XComs: the run record pushed before launch, the
-result on success, the hang verdict) and its run directory (:class:`~dtrain.ui.rundir.RunDir`).
+result on success, the hang verdict) and its run directory (:class:`~dtrain.rundir.RunDir`).
 Everything returned is JSON primitives: the JSON API serves it as is.
 """
 
@@ -11,8 +11,9 @@ import os
 from typing import Any, Mapping
 
 from dtrain.launch.exits import first_failure_of
+from dtrain.rundir import RunDir
 from dtrain.training.stall_report import summarize_records
-from dtrain.ui.rundir import RunDir
+from dtrain.ui.metrics_cache import number
 
 #: the per-rank curves, by API name: (title, y label)
 CURVES = {
@@ -22,21 +23,20 @@ CURVES = {
 }
 #: points per rank and curve sent to a page (evenly thinned beyond, the last point always kept)
 MAX_POINTS = 2000
+#: points per rank in a plot: the SVG is about 540 px wide, more only cost drawing time on every refresh
+MAX_PLOT_POINTS = 500
 #: log lines per rank in the live tails
 TAIL_LINES = 20
 
 
 def _value(record: Mapping[str, Any], curve: str) -> float | None:
+    """The record's point on ``curve``; None when it has none a browser and a plot can carry (a
+    ratio of two rank-written numbers can overflow: 1e100 / 1e-100 is past what is plottable)."""
     if curve == "data_wait_fraction":
-        step, wait = record.get("step_time_s"), record.get("data_wait_s")
-        if isinstance(step, (int, float)) and isinstance(wait, (int, float)) and step > 0:
-            return round(float(wait) / float(step), 6)
-        return None
-    value = record.get(curve)
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or value != value or value in (
-            float("inf"), float("-inf")):
-        return None
-    return float(value)
+        step, wait = number(record.get("step_time_s")), number(record.get("data_wait_s"))
+        return number(round(float(wait) / float(step), 6)) if step and step > 0 and wait is not None else None
+    value = number(record.get(curve))
+    return None if value is None else float(value)
 
 
 def _thin(points: list[list[float]], limit: int) -> list[list[float]]:
@@ -64,6 +64,11 @@ def curves(metrics: Mapping[int, list[dict[str, Any]]], since_step: int = -1,
             if points:
                 out[name][str(rank)] = _thin(points, max_points)
     return out
+
+
+def plot_points(by_rank: Mapping[str, list[list[float]]]) -> dict[str, list[list[float]]]:
+    """One curve's points per rank (from :func:`curves`), thinned for a plot."""
+    return {rank: _thin(points, MAX_PLOT_POINTS) for rank, points in by_rank.items()}
 
 
 def _job_state(ti_state: str | None, result: Mapping[str, Any] | None, failure, hang) -> str:

@@ -20,7 +20,13 @@
 
   async function fetchOk(url) {
     const response = await fetch(url, {credentials: "same-origin"});
-    if (!response.ok) throw new Error(`${url.split("?")[0]}: HTTP ${response.status}`);
+    if (!response.ok) {
+      // The API says why (a run directory refused by its provenance check, say): shown as text.
+      let detail = "";
+      try { detail = (await response.json()).detail; } catch (e) { /* not JSON */ }
+      detail = typeof detail === "string" ? detail : detail ? JSON.stringify(detail) : "";
+      throw new Error(`${url.split("?")[0]}: HTTP ${response.status}${detail ? ": " + detail : ""}`);
+    }
     return response;
   }
 

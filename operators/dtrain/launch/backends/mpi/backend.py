@@ -36,6 +36,7 @@ from dtrain.launch.exits import exit_records, first_failure_of, ranks_exited_sin
 from dtrain.launch.job import Job
 from dtrain.launch.processes import NodeSupervisor
 from dtrain.launch.spec import LaunchSpec
+from dtrain.rundir import RunDir
 
 
 def mpi_hostfile_text(nodes: int, procs_per_node: int) -> str:
@@ -57,14 +58,6 @@ def outcome_of(records: list[dict]) -> tuple[int, int | None]:
         return int(failure["exit_code"]), failure.get("node_rank")
     codes = [r.get("exit_code") for r in records if isinstance(r.get("exit_code"), int) and r.get("exit_code")]
     return (codes[0], None) if codes else (0, None)
-
-
-def _write_private(path: str, text: str) -> None:
-    tmp = f"{path}.{os.getpid()}.tmp"
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w", encoding="utf-8") as fh:
-        fh.write(text)
-    os.replace(tmp, path)
 
 
 class MPIBackend(Backend):
@@ -140,9 +133,9 @@ class MPIBackend(Backend):
 
     def submit(self, job: Job, *, detached: bool = False) -> JobHandle:
         request = self.dryrun(job, detached=detached)
+        run = RunDir(job.run_dir)
         for path, text in self._files(job).items():
-            os.makedirs(os.path.dirname(path), exist_ok=True)
-            _write_private(path, text)
+            run.write(*os.path.relpath(path, job.run_dir).split(os.sep), data=text.encode(), mode=0o600)
         argv = list(request.argvs[0])
         self._records_before, self._ranks_ended_at = exit_records(job.run_dir), None  # not this mpirun's ranks
         self.sink("[dtrain] mpirun: " + " ".join(argv[: argv.index("-m") - 1]))

@@ -32,6 +32,7 @@ from dtrain.launch.exits import exit_records, ranks_exited_since
 from dtrain.launch.job import Job
 from dtrain.launch.spec import LaunchSpec
 from dtrain.launch.tailfile import TAIL_LINES, LogFollower, read_tail
+from dtrain.rundir import RunDir
 
 
 def _run(argv: list[str], timeout: float = 60.0) -> subprocess.CompletedProcess:
@@ -102,13 +103,9 @@ def handle_grace(handle: JobHandle, grace: float | None) -> float:
 def mark_stop(run_dir: str, job_id: str) -> None:
     """Tell the batch script that the launcher stops the job (it then waits for the cancel instead
     of ending with the ranks' 143: the job ends CANCELLED whoever wins the race)."""
-    path = R.stop_path(run_dir, job_id)
-    tmp = f"{path}.{os.getpid()}.tmp"
     try:
-        with open(tmp, "w", encoding="utf-8") as fh:
-            fh.write(f"{time.time()}\n")
-        os.replace(tmp, path)
-    except OSError:
+        RunDir(run_dir).write(os.path.basename(R.stop_path(run_dir, job_id)), data=f"{time.time()}\n".encode())
+    except (OSError, ValueError):
         pass  # the stop still happens; the job may then end FAILED (143) instead of CANCELLED
 
 

@@ -32,6 +32,7 @@ from dtrain.launch.backends.base import JobStatus
 from dtrain.launch.job import Job
 from dtrain.launch.processes import stop_grace_env
 from dtrain.launch.torchrun import Static, agent_argv
+from dtrain.rundir import RunDir
 
 SCRIPT_NAME = "slurm-job.sh"
 # Job states after which nothing of the job runs any more (scontrol/squeue/sacct spelling).
@@ -340,7 +341,9 @@ def render_sbatch(job: Job, options: SlurmOptions, *, workdir: str | None = None
         'echo "[dtrain] slurm job $SLURM_JOB_ID on $SLURM_JOB_NODELIST: rendezvous $MASTER_NODE ($MASTER_ADDR:$MASTER_PORT)"',
         command,
         "status=$?",
-        f'printf \'%s\\n\' "$status" > {exit_file}.tmp && mv -f {exit_file}.tmp {exit_file}',
+        # mktemp creates the temporary file exclusively: a link a rank planted is never written through.
+        f'tmp=$(mktemp {q(job.run_dir)}/.slurm-"$SLURM_JOB_ID".exit.XXXXXX) && printf \'%s\\n\' "$status" > "$tmp" '
+        f'&& mv -f "$tmp" {exit_file}',
         "# After a stop the launcher asked for (it SIGTERMed the ranks, which saved and exited), its cancel",
         "# ends the job, so Slurm reports it CANCELLED rather than failed; bounded in case it never comes.",
         f"if [ -e {stop_file} ]; then sleep {STOP_CANCEL_WAIT_S}; fi",
@@ -354,17 +357,9 @@ def script_path(job: Job) -> str:
 
 
 def write_script(job: Job, options: SlurmOptions) -> str:
-    """Render and write the script into the run directory (temp file + rename); returns its path.
-
-    Owner-only permissions: the script carries the job's environment."""
-    text = render_sbatch(job, options)
-    path = script_path(job)
-    tmp = f"{path}.{os.getpid()}.tmp"
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o700)
-    with os.fdopen(fd, "w", encoding="utf-8") as fh:
-        fh.write(text)
-    os.replace(tmp, path)
-    return path
+    """Render and write the script into the run directory (exclusive no-follow temp file + rename);
+    returns its path. Owner-only permissions: the script carries the job's environment."""
+    return RunDir(job.run_dir).write(SCRIPT_NAME, data=render_sbatch(job, options).encode(), mode=0o700)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -423,10 +418,11 @@ def decide(job_id: str, fields: dict[str, str], recorded_exit: int | None) -> Jo
 
 
 def read_exit_record(run_dir: str, slurm_job_id: str) -> int | None:
+    """The batch script's record of srun's status: a small integer, read without following a link."""
     try:
-        with open(exit_path(run_dir, slurm_job_id), encoding="utf-8") as fh:
-            return int(fh.read().strip())
-    except (OSError, ValueError):
+        raw = RunDir(run_dir).read(os.path.basename(exit_path(run_dir, slurm_job_id)), limit=32)
+        return int(raw.strip()) if raw is not None and raw.strip().isdigit() else None
+    except ValueError:
         return None
 
 

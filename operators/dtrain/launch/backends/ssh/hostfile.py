@@ -22,7 +22,7 @@ import re
 from dataclasses import dataclass
 from typing import Any, Iterable, Sequence
 
-from dtrain.args import coerce_float, coerce_int, mapping_arg
+from dtrain.args import coerce_float, coerce_int, mapping_arg, read_input_file
 from dtrain.errors import SpecError
 from dtrain.launch.backends.ssh.fanout import DEFAULT_FANOUT, MAX_FANOUT
 
@@ -103,12 +103,7 @@ def _parse_line(line: str, number: int, source: str) -> HostEntry:
 
 
 def read_hostfile(path: str) -> list[HostEntry]:
-    try:
-        with open(path, encoding="utf-8") as fh:
-            text = fh.read()
-    except OSError as e:
-        raise SpecError("hostfile", path, f"a readable file ({e.strerror})") from e
-    return parse_hostfile_text(text, source=f"hostfile {path}")
+    return parse_hostfile_text(read_input_file("hostfile", path), source=f"hostfile {path}")
 
 
 def coerce_hosts(value: Any) -> list[HostEntry]:

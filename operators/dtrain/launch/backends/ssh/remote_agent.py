@@ -32,6 +32,7 @@ import sys
 import threading
 
 from dtrain.launch.proctree import kill_tree
+from dtrain.rundir import RunDir
 
 ANNOUNCE = "[dtrain-remote]"
 
@@ -82,11 +83,8 @@ class RemoteNode:
     def announce(self) -> None:
         pgid = os.getpgrp()
         if self.args.pgid_file:
-            os.makedirs(os.path.dirname(self.args.pgid_file) or ".", exist_ok=True)
-            tmp = f"{self.args.pgid_file}.{os.getpid()}.tmp"
-            with open(tmp, "w", encoding="utf-8") as fh:
-                fh.write(f"{pgid}\n")
-            os.replace(tmp, self.args.pgid_file)
+            path = os.path.abspath(self.args.pgid_file)  # in the run directory: dtrain.rundir writes it
+            RunDir(os.path.dirname(path)).write(os.path.basename(path), data=f"{pgid}\n".encode())
         print(f"{ANNOUNCE} nonce={self.nonce} node={self.args.node} pgid={pgid} host={socket.gethostname()}",
               flush=True)
 
@@ -130,9 +128,10 @@ class RemoteNode:
         self.stopping.clear()
         self._kill_tree()
         if self.args.pgid_file:
+            path = os.path.abspath(self.args.pgid_file)
             try:
-                os.unlink(self.args.pgid_file)
-            except OSError:
+                RunDir(os.path.dirname(path)).remove(os.path.basename(path))
+            except (OSError, ValueError):
                 pass
         return 128 - code if code < 0 else code
 
