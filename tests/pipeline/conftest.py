@@ -17,20 +17,31 @@ TABULAR = os.path.join(REPO, "examples", "tabular")
 #: the Training tab's test DAG (tests/pipeline/test_ui_browser.py)
 UI_DAGS = os.path.join(REPO, "tests", "ui", "dags")
 TABULAR_BUCKET = "tabular-demo"
+#: the text example (examples/text): a causal language model on JSON-lines documents
+TEXT = os.path.join(REPO, "examples", "text")
+TEXT_BUCKET = "text-demo"
+TEXT_DATE = "2026-03-01"
 #: date -> (rows, label noise): 03-03's labels are noisy, so its model is worse than 03-02's
 TABULAR_DATES = {"2026-02-27": (2000, 0.1), "2026-03-01": (2000, 0.1), "2026-03-02": (3000, 0.1),
                  "2026-03-03": (3000, 3.0), "2026-03-10": (2000, 0.1), "2026-03-11": (2000, 0.1)}
 
 
-def seed_tabular(endpoint: str) -> None:
-    """Raw CSV per date under raw/v1/<date>/ and one held-out CSV, as the example's team would upload them."""
+def example_module(folder: str, name: str):
+    """A module of an example's package, imported as its team's PYTHONPATH would find it."""
+    import importlib
     import sys
 
-    sys.path.insert(0, TABULAR)
+    sys.path.insert(0, folder)
     try:
-        from tabular_pipeline.data import csv_bytes, generate_rows
+        return importlib.import_module(name)
     finally:
-        sys.path.remove(TABULAR)
+        sys.path.remove(folder)
+
+
+def seed_tabular(endpoint: str) -> None:
+    """Raw CSV per date under raw/v1/<date>/ and one held-out CSV, as the example's team would upload them."""
+    data = example_module(TABULAR, "tabular_pipeline.data")
+    csv_bytes, generate_rows = data.csv_bytes, data.generate_rows
     client = s3_client(endpoint)
     client.create_bucket(Bucket=TABULAR_BUCKET)
     for seed, (date, (rows, noise)) in enumerate(sorted(TABULAR_DATES.items()), start=1):
@@ -39,11 +50,23 @@ def seed_tabular(endpoint: str) -> None:
     client.put_object(Bucket=TABULAR_BUCKET, Key="heldout/v1/heldout.csv", Body=csv_bytes(generate_rows(1000, 99)))
 
 
+def seed_text(endpoint: str) -> None:
+    """One day of documents (and one without text, which the transform drops) and a held-out set."""
+    data = example_module(TEXT, "text_pipeline.data")
+    client = s3_client(endpoint)
+    client.create_bucket(Bucket=TEXT_BUCKET)
+    docs = data.generate_documents(600, 1) + [{"id": "untitled", "text": ""}]
+    client.put_object(Bucket=TEXT_BUCKET, Key=f"raw/v1/{TEXT_DATE}/part-0.jsonl", Body=data.jsonl_bytes(docs))
+    client.put_object(Bucket=TEXT_BUCKET, Key="heldout/v1/heldout.jsonl",
+                      Body=data.jsonl_bytes(data.generate_documents(200, 99)))
+
+
 @pytest.fixture(scope="session")
 def s3_endpoint():
     with moto_s3() as endpoint:
         seed_raw(endpoint, DATES)
         seed_tabular(endpoint)
+        seed_text(endpoint)
         yield endpoint
 
 
@@ -55,7 +78,8 @@ def pipeline_env(s3_endpoint, tmp_path_factory) -> dict[str, str]:
     env.update(DTRAIN_SHARED_FS=str(root / "shared"), DTRAIN_HOME=str(root / "dtrain"),
                PATH=BIN + os.pathsep + env.get("PATH", ""),
                TABULAR_BUCKET=f"s3://{TABULAR_BUCKET}", TABULAR_SHARED_FS=str(root / "shared"),
-               PYTHONPATH=os.pathsep.join(p for p in (TABULAR, env.get("PYTHONPATH")) if p))
+               TEXT_BUCKET=f"s3://{TEXT_BUCKET}", TEXT_SHARED_FS=str(root / "shared"),
+               PYTHONPATH=os.pathsep.join(p for p in (TABULAR, TEXT, env.get("PYTHONPATH")) if p))
     return env
 
 

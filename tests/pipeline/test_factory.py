@@ -118,11 +118,19 @@ def test_user_number_params_refuse_nan_like_the_builtin_ones():
     ({"model_name": "../model.pt"}, "model_name"),
     ({"command": ["x"]}, "train_options"),
     ({"run_dir": "/tmp/x"}, "train_options"),
+    ({"pack": {"field": "ids", "block_size": 0}}, "pack"),
+    ({"pack": {"block_size": 8}}, "pack"),
 ])
 def test_a_mistake_fails_the_dag_at_parse_time_naming_the_argument(overrides, field):
     with pytest.raises(SpecError) as info:
         build(**overrides)
     assert info.value.field == field
+
+
+def test_pack_reaches_every_mapped_preprocess_task_checked():
+    dag = build("lm", pack={"field": "input_ids", "block_size": 64, "separator": 1})
+    assert dag.get_task("preprocess").partial_kwargs["pack"] == {"field": "input_ids", "block_size": 64, "separator": 1}
+    assert build("plain").get_task("preprocess").partial_kwargs["pack"] is None
 
 
 def test_publish_is_atomic_and_the_warm_start_is_the_newest_model_before_the_date(tmp_path):

@@ -172,12 +172,14 @@ spec.loader.exec_module(importlib.util.module_from_spec(spec))
 t2 = time.perf_counter()
 new = {m.split(".")[0] for m in set(sys.modules) - before}
 print(json.dumps({"sdk_s": t1 - t0, "parse_s": t2 - t1,
-                  "heavy": sorted(new & {"torch", "deepspeed", "s3fs", "boto3", "botocore", "numpy", "paramiko"})}))
+                  "heavy": sorted(new & {"torch", "deepspeed", "s3fs", "boto3", "botocore", "numpy", "paramiko",
+                                         "tokenizers"})}))
 '''
     repo = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    folders = [os.path.join(repo, "dags"), os.path.join(repo, "examples", "tabular", "dags")]  # ours, a user's
+    folders = [os.path.join(repo, "dags"), os.path.join(repo, "examples", "tabular", "dags"),  # ours, users'
+               os.path.join(repo, "examples", "text", "dags")]
     files = sorted(os.path.join(d, f) for d in folders for f in os.listdir(d) if f.endswith(".py"))
-    assert {"retrain_pipeline.py", "tabular_retraining.py"} <= {os.path.basename(f) for f in files}
+    assert {"retrain_pipeline.py", "tabular_retraining.py", "text_retraining.py"} <= {os.path.basename(f) for f in files}
     lines = []
     for path in files:
         name = os.path.basename(path)

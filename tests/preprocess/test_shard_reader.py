@@ -113,8 +113,8 @@ def test_shard_loader_bounds_its_read_ahead_in_bytes(digits_shards):
     dataset = ShardDataset(digits_shards, cache_bytes=0)
     assert dataset.sample_nbytes == 64 * 4 + 8  # x float32 (64,), y int64
     gathered = []
-    get_batch = dataset.get_batch
-    dataset.get_batch = lambda idx: gathered.append(len(idx)) or get_batch(idx)
+    gather = dataset.gather
+    dataset.gather = lambda idx: gathered.append(len(idx)) or gather(idx)
     sampler = ShardSampler(len(dataset), num_replicas=1, rank=0, seed=2, drop_last=True)
     capped = ShardLoader(dataset, batch_size=50, sampler=sampler, read_ahead=64, read_ahead_bytes=3 * 50 * 264 + 1)
     assert capped.block_batches() == 3

@@ -6,21 +6,21 @@
 Rank, world size and master address come from the torchrun env contract (``init_distributed``);
 checkpoints and metrics go to the launcher's run directory, so a relaunch with the same run
 directory resumes from the latest checkpoint. On SIGTERM every rank stops after the same step,
-a checkpoint for that step is saved and the process exits with the guard's code (143).
+a checkpoint for that step is saved and the process exits with the guard's code (143): the
+bookkeeping is dtrain's ``TrainLoop``; the model, the loss and the result are this script's.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
-import sys
-import time
 
 import torch
 import torch.distributed as dist
 
-from dtrain.training import CheckpointManager, MetricsWriter, PreemptionGuard, init_distributed, write_result
+from dtrain.training import PreemptionGuard, init_distributed, write_result
 from dtrain.training.dist import exit_now, shutdown
+from dtrain.training.loop import TrainLoop, script_args
 from dtrain.training.shards import ShardDataset, ShardLoader, ShardSampler
 
 from tabular_pipeline.data import FEATURES
@@ -34,16 +34,7 @@ def build_model() -> torch.nn.Module:
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--shards", required=True, help="preprocessed shard directory (with manifest.json)")
-    p.add_argument("--output", required=True, help="where rank 0 writes the trained weights")
-    p.add_argument("--init-from", default="", help="warm-start weights, used when the file exists ('' = none)")
-    p.add_argument("--epochs", type=int, default=5)
-    p.add_argument("--lr", type=float, default=0.05)
-    p.add_argument("--batch-size", type=int, default=64, help="per-rank batch size")
-    p.add_argument("--checkpoint-every", type=int, default=50, help="steps between checkpoints")
-    p.add_argument("--seed", type=int, default=0)
-    return p.parse_args(argv)
+    return script_args(__doc__.splitlines()[0], epochs=5, lr=0.05, batch_size=64).parse_args(argv)
 
 
 def atomic_save(obj: object, path: str) -> None:
@@ -86,79 +77,21 @@ def main(argv: list[str] | None = None) -> int:
 
     model = build_model().to(device)
     optimizer = torch.optim.Adam(model.parameters(), lr=args.lr)
-    ckpt = CheckpointManager(every_n_steps=args.checkpoint_every, rank=ctx.rank)
-
-    step, warm_start = 0, None
-    state = ckpt.load_latest()
-    if state is not None:  # a resume wins over the warm start: the checkpoint already contains it
-        model.load_state_dict(state["model"])
-        optimizer.load_state_dict(state["optimizer"])
-        step, warm_start = state["step"], state.get("warm_start_from")
-        ckpt.last_saved_step = step  # the checkpoint for this step exists
-        if ctx.is_main:
-            print(f"resumed from checkpoint at step {step}")
-    elif args.init_from and os.path.isfile(args.init_from):
-        model.load_state_dict(torch.load(args.init_from, map_location=device, weights_only=True))
-        warm_start = args.init_from
-        if ctx.is_main:
-            print(f"warm start from {args.init_from}")
-    resumed_from = step
+    loop = TrainLoop(model, optimizer, rank=ctx.rank, checkpoint_every=args.checkpoint_every, guard=guard)
+    loop.restore(args.init_from, lambda path: model.load_state_dict(torch.load(path, map_location=device,
+                                                                               weights_only=True)))
     train_model = torch.nn.parallel.DistributedDataParallel(model) if ctx.world_size > 1 else model
-
-    def save_checkpoint() -> None:
-        ckpt.save(step, {"model": model.state_dict(), "optimizer": optimizer.state_dict(),
-                         "warm_start_from": warm_start})
-
-    metrics = MetricsWriter(ctx.rank)
     loss_fn = torch.nn.MSELoss()
-    total_steps = steps_per_epoch * args.epochs
-    preempted = False
-    try:
-        while step < total_steps and not preempted:
-            epoch, skip = divmod(step, steps_per_epoch)
-            sampler.set_epoch(epoch)
-            batches = iter(loader)
-            for _ in range(skip):  # a resume mid-epoch: skip the batches the interrupted run trained on
-                next(batches)
-            while True:
-                waited = time.perf_counter()
-                try:
-                    x, y = next(batches)
-                except StopIteration:
-                    break
-                started = time.perf_counter()
-                x, y = x.to(device), y.to(device)
-                loss = loss_fn(train_model(x).squeeze(1), y)
-                optimizer.zero_grad(set_to_none=True)
-                loss.backward()
-                optimizer.step()
-                step += 1
-                done = time.perf_counter()
-                metrics.log(step=step, epoch=epoch, loss=loss.item(), samples=len(y),
-                            step_time_s=done - waited, data_wait_s=started - waited)
-                if ckpt.should_save(step):
-                    save_checkpoint()
-                if guard.should_stop():  # SIGTERM on any rank: every rank stops after this same step
-                    preempted = True
-                    break
-    except Exception:
-        if not guard.stop_requested():
-            raise
-        # Told to stop and a collective failed: a peer left before the ranks agreed on a step, so
-        # no coordinated checkpoint is possible (the periodic one stands). Exit without teardown.
-        metrics.close()
-        guard.exit()
-    metrics.close()
 
-    if preempted:
-        if guard.peers_lost:
-            guard.exit()
-        if ckpt.last_saved_step != step:
-            save_checkpoint()
-        if ctx.is_main:
-            print(f"preempted: checkpoint saved at step {step}", flush=True)
-        shutdown()
-        sys.exit(guard.exit_code)
+    def train_step(batch: tuple[torch.Tensor, torch.Tensor]) -> tuple[float, int]:
+        x, y = (t.to(device) for t in batch)
+        loss = loss_fn(train_model(x).squeeze(1), y)
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        optimizer.step()
+        return loss.item(), len(y)
+
+    step = loop.run(loader, sampler, args.epochs, train_step)  # on SIGTERM: checkpoint, then exit 143
 
     if ctx.world_size > 1:
         dist.barrier()  # every rank has finished its last step before rank 0 publishes the model
@@ -167,7 +100,7 @@ def main(argv: list[str] | None = None) -> int:
         atomic_save(model.state_dict(), args.output)
         write_result({
             "train_rmse": round(train_rmse, 6), "steps": step, "epochs": args.epochs,
-            "world_size": ctx.world_size, "warm_start_from": warm_start, "resumed_from_step": resumed_from,
+            "world_size": ctx.world_size, "warm_start_from": loop.warm_start, "resumed_from_step": loop.resumed_from,
             "model_path": args.output,
         })
         print(f"train: epochs={args.epochs} steps={step} world_size={ctx.world_size} train_rmse={train_rmse:.4f}")

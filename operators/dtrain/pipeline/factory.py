@@ -53,6 +53,7 @@ from dtrain.pipeline.params import DATASET_VERSION_PATTERN, FINITE, MAX_RANKS_EN
 from dtrain.pipeline.placeholders import LITERAL_MACRO, literal_text, to_jinja
 from dtrain.preflight.operator import PreflightOperator
 from dtrain.preprocess.operator import PreprocessFinalizeOperator, PreprocessOperator
+from dtrain.preprocess.packing import packing_option
 from dtrain.preprocess.transform import REF
 from dtrain.staging.operator import StageToSharedFSOperator
 
@@ -165,6 +166,7 @@ def retraining_pipeline(
     min_free_gb: float = 1.0,
     epoch_seconds: float | None = None,
     env: Mapping[str, str] | None = None,
+    pack: Mapping[str, Any] | None = None,
     **train_options: Any,
 ) -> DAG:
     """Build a retraining DAG for your model; everything model-specific is an argument.
@@ -203,6 +205,9 @@ def retraining_pipeline(
         min_free_gb: free space preflight requires on every node's run directory.
         epoch_seconds: staging sizes the shared filesystem for one epoch in this many seconds.
         env: extra environment for the ranks (added to what preflight recommends).
+        pack: pack the transform's variable-length token field into fixed-length blocks for causal-LM
+            training: ``{"field": "input_ids", "block_size": 128, "separator": EOS_ID}``
+            (:mod:`dtrain.preprocess.packing`); None keeps one sample per record.
         **train_options: further :class:`~dtrain.launch.operator.DistributedTrainingOperator`
             arguments (hang_timeout, stop_grace, max_restarts, deferrable, retry_policy, ...).
 
@@ -212,6 +217,7 @@ def retraining_pipeline(
     command = _check_command(train_command)
     transform = _import_path("transform", transform)
     evaluate = _import_path("evaluate", evaluate)
+    packing = packing_option(pack)  # checked here: a mapped task's arguments reach its operator only at run time
     gate = Gate(metric=metric, goal=goal, threshold=threshold, min_improvement=min_improvement)
     if not isinstance(model_name, str) or not MODEL_NAME.fullmatch(model_name):
         raise SpecError("model_name", model_name, "a file or directory name (letters, digits, _ . + -)")
@@ -308,6 +314,7 @@ def retraining_pipeline(
         raw_inputs = list_raw_inputs(f"{raw.rstrip('/')}/{VERSION}/{PART}/")
         preprocess = PreprocessOperator.partial(
             task_id="preprocess", transform=transform, output_path=processed_url, aws_conn_id=aws_conn_id,
+            pack=packing and packing.as_dict(),
         ).expand(input=raw_inputs)
         dataset = PreprocessFinalizeOperator(task_id="finalize_dataset", output_path=processed_url,
                                              partitions=preprocess.output, aws_conn_id=aws_conn_id)

@@ -32,6 +32,12 @@ def register(subparsers) -> None:
     p.add_argument("--max-record-bytes", default=None, metavar="BYTES",
                    help="largest input record (a line, a .npy row) read, default 67108864 (64 MiB); a longer line "
                         "is quarantined as a bad record without being read into memory (a decompression bomb)")
+    p.add_argument("--pack", default=None, metavar="FIELD",
+                   help="pack the transform's variable-length token field FIELD: each shard's sequences end to end, "
+                        "each followed by --separator, cut into --block-size tokens (causal-LM training)")
+    p.add_argument("--block-size", type=int, default=None, metavar="TOKENS", help="tokens per packed block")
+    p.add_argument("--separator", type=int, default=None, metavar="ID",
+                   help="token id put after every sequence when packing, e.g. end-of-text (default: none)")
     p.set_defaults(func=run)
 
 
@@ -42,8 +48,12 @@ def run(args: argparse.Namespace) -> int:
     limit = DEFAULT_MAX_RECORD_BYTES
     if args.max_record_bytes is not None:
         limit = coerce_max_record_bytes(args.max_record_bytes)
+    pack = None
+    if args.pack is not None or args.block_size is not None or args.separator is not None:
+        pack = {"field": args.pack, "block_size": args.block_size, "separator": args.separator}  # checked by the engine
     result = preprocess(args.input, args.output, args.transform, workers=args.workers,
-                        shard_size=args.shard_size, max_bad_fraction=args.max_bad_fraction, max_record_bytes=limit)
+                        shard_size=args.shard_size, max_bad_fraction=args.max_bad_fraction, max_record_bytes=limit,
+                        pack=pack)
     print(f"[preprocess] {result['num_samples']} samples, {result['shards']} shards, "
           f"{result['bad_records']} bad -> {result['manifest']}")
     return 0

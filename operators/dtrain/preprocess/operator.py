@@ -99,6 +99,9 @@ class PreprocessOperator(BaseOperator):
         shard_size: input records per shard.
         max_record_bytes: the largest input record (line, .npy row) read, default 64 MiB; a longer
             line is quarantined without being read into memory (a decompression bomb).
+        pack: ``{"field": "input_ids", "block_size": 1024, "separator": EOS_ID}`` packs the transform's
+            variable-length token field into fixed-length blocks (:mod:`dtrain.preprocess.packing`);
+            checked when the DAG is parsed. Not templated: it decides what the dataset holds.
         aws_conn_id: Airflow AWS connection for s3:// inputs and outputs (its credentials reach the
             workers as the standard AWS variables, for this task only; never logged).
 
@@ -113,8 +116,12 @@ class PreprocessOperator(BaseOperator):
     def __init__(self, *, transform: str, input: str | list[str], output_path: str, partition: str | None = None,
                  workers: int | str | None = None, max_bad_fraction: float | str = DEFAULT_MAX_BAD_FRACTION,
                  shard_size: int | str = DEFAULT_SHARD_SIZE, aws_conn_id: str | None = None,
-                 max_record_bytes: int | str = DEFAULT_MAX_RECORD_BYTES, **kwargs: Any) -> None:
+                 max_record_bytes: int | str = DEFAULT_MAX_RECORD_BYTES, pack: Any = None, **kwargs: Any) -> None:
+        from dtrain.preprocess.packing import packing_option
+
         super().__init__(**kwargs)
+        packing = packing_option(pack)
+        self.pack = packing and packing.as_dict()
         self.aws_conn_id = aws_conn_id
         self.max_record_bytes = max_record_bytes
         self.transform = transform
@@ -137,7 +144,7 @@ class PreprocessOperator(BaseOperator):
                 inputs, self.output_path, transform, partition=self.partition or None, workers=workers,
                 shard_size=coerce_int("shard_size", self.shard_size, minimum=1),
                 max_bad_fraction=_coerce_fraction(self.max_bad_fraction), log=self.log.info,
-                max_record_bytes=coerce_max_record_bytes(self.max_record_bytes),
+                max_record_bytes=coerce_max_record_bytes(self.max_record_bytes), pack=self.pack,
             )
 
     def on_kill(self) -> None:

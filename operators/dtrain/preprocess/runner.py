@@ -27,8 +27,9 @@ from dtrain.preprocess import shardfmt
 from dtrain.preprocess.errors import PreprocessError, TooManyBadRecords
 from dtrain.preprocess.inputs import (DEFAULT_MAX_RECORD_BYTES, MAX_RECORD_BYTES_CAP, InputFile, expand_input,
                                       iter_chunks)
+from dtrain.preprocess.packing import Packing, packing_option
 from dtrain.preprocess.store import Store
-from dtrain.preprocess.transform import identity
+from dtrain.preprocess.transform import identity, resolve, variable_fields
 from dtrain.preprocess.worker import process_chunk
 
 DEFAULT_SHARD_SIZE = 8192
@@ -65,8 +66,10 @@ def coerce_max_record_bytes(value: Any) -> int:
 
 
 def validate(*, transform: str, workers: int | None, shard_size: int, max_bad_fraction: float,
-             partition: str | None, max_record_bytes: int = DEFAULT_MAX_RECORD_BYTES) -> dict[str, Any]:
-    """Check every argument before any work; returns the transform identity."""
+             partition: str | None, max_record_bytes: int = DEFAULT_MAX_RECORD_BYTES,
+             pack: Any = None) -> tuple[dict[str, Any], Packing | None]:
+    """Check every argument before any work; returns the transform identity and the packing option."""
+    pack = packing_option(pack)
     if not isinstance(max_record_bytes, int) or isinstance(max_record_bytes, bool) \
             or not 1 <= max_record_bytes <= MAX_RECORD_BYTES_CAP:
         raise SpecError("max_record_bytes", max_record_bytes, MAX_RECORD_BYTES_ALLOWED)
@@ -79,22 +82,24 @@ def validate(*, transform: str, workers: int | None, shard_size: int, max_bad_fr
         raise SpecError("max_bad_fraction", max_bad_fraction, "a fraction between 0 and 1 (default 0.001 = 0.1%)")
     if partition is not None and not PARTITION_NAME.match(partition):
         raise SpecError("partition", partition, "1-128 characters of [A-Za-z0-9._=-], not starting with a symbol")
-    return identity(transform)
+    ident = identity(transform)
+    variable_fields(resolve(transform))  # a bad declaration fails here, not in every worker
+    return ident, pack
 
 
-# max_record_bytes is in both fingerprints: it decides which records are quarantined, so shards
-# made under another limit are not reused.
+# max_record_bytes and pack are in both fingerprints: they decide which records are quarantined and
+# what a shard holds, so shards made under other settings are not reused.
 def _chunk_fingerprint(ident: dict[str, Any], file: InputFile, chunk_index: int, shard_size: int,
-                       max_record_bytes: int) -> str:
+                       max_record_bytes: int, pack: Packing | None) -> str:
     key = json.dumps([shardfmt.FORMAT_VERSION, ident, file.url, file.fingerprint, file.format,
-                      chunk_index, shard_size, max_record_bytes], sort_keys=True)
+                      chunk_index, shard_size, max_record_bytes, pack and pack.as_dict()], sort_keys=True)
     return hashlib.sha256(key.encode()).hexdigest()
 
 
 def _partition_fingerprint(ident: dict[str, Any], files: list[InputFile], shard_size: int,
-                           max_record_bytes: int) -> str:
+                           max_record_bytes: int, pack: Packing | None) -> str:
     key = json.dumps([shardfmt.FORMAT_VERSION, ident, [(f.url, f.fingerprint) for f in files], shard_size,
-                      max_record_bytes], sort_keys=True)
+                      max_record_bytes, pack and pack.as_dict()], sort_keys=True)
     return hashlib.sha256(key.encode()).hexdigest()
 
 
@@ -248,11 +253,13 @@ def process_partition(inputs: str | list[str], output: str, transform: str, *, p
                       workers: int | None = None, shard_size: int = DEFAULT_SHARD_SIZE,
                       max_bad_fraction: float = DEFAULT_MAX_BAD_FRACTION, check_bad: bool = True,
                       log: Log = print, pool: "_Pool | None" = None,
-                      max_record_bytes: int = DEFAULT_MAX_RECORD_BYTES) -> dict[str, Any]:
+                      max_record_bytes: int = DEFAULT_MAX_RECORD_BYTES, pack: Any = None) -> dict[str, Any]:
     """Preprocess one input partition (a URL or a list of URLs) into ``output/parts/<partition>/``.
 
     A record (line, .npy row) above ``max_record_bytes`` is quarantined without being read
     into memory (see :mod:`dtrain.preprocess.inputs` for what each format bounds).
+    ``pack`` ({"field", "block_size", "separator"}, :mod:`dtrain.preprocess.packing`) packs each
+    shard's token sequences into fixed-length blocks.
     Returns the partition summary (primitives only: what the operator pushes to XCom).
     Raises :class:`TooManyBadRecords` when this partition alone is above the threshold
     (``check_bad=False`` leaves that check to :func:`finalize_dataset`, which then writes
@@ -262,13 +269,14 @@ def process_partition(inputs: str | list[str], output: str, transform: str, *, p
     if not urls or not all(isinstance(u, str) and u for u in urls):
         raise SpecError("input", inputs, "a URL or a non-empty list of URLs")
     partition = partition or partition_name(urls[0] if len(urls) == 1 else "|".join(urls))
-    ident = validate(transform=transform, workers=workers, shard_size=shard_size,
-                     max_bad_fraction=max_bad_fraction, partition=partition, max_record_bytes=max_record_bytes)
+    ident, pack = validate(transform=transform, workers=workers, shard_size=shard_size,
+                           max_bad_fraction=max_bad_fraction, partition=partition, max_record_bytes=max_record_bytes,
+                           pack=pack)
     files = [f for url in urls for f in expand_input(url)]
     workers = min(workers or default_workers(), 64)
     store = Store(output)
     pdir = shardfmt.part_dir(partition)
-    fingerprint = _partition_fingerprint(ident, files, shard_size, max_record_bytes)
+    fingerprint = _partition_fingerprint(ident, files, shard_size, max_record_bytes, pack)
 
     done = shardfmt.read_json(store, f"{pdir}/{shardfmt.PARTITION_DONE}")
     if done and done.get("fingerprint") == fingerprint and all(
@@ -285,7 +293,7 @@ def process_partition(inputs: str | list[str], output: str, transform: str, *, p
         for file_index, file in enumerate(files):
             for chunk in iter_chunks(file, shard_size, max_record_bytes):
                 name = f"shard-{file_index:04d}-{chunk.index:05d}"
-                fp = _chunk_fingerprint(ident, file, chunk.index, shard_size, max_record_bytes)
+                fp = _chunk_fingerprint(ident, file, chunk.index, shard_size, max_record_bytes, pack)
                 old = shardfmt.read_shard_index(store, partition, name)
                 if old and old.get("fingerprint") == fp and shardfmt.shard_intact(store, old, verify=True):
                     stats["kept"] += 1
@@ -298,7 +306,8 @@ def process_partition(inputs: str | list[str], output: str, transform: str, *, p
                 stats["written"] += 1
                 yield name, {"transform": transform, "output": output, "partition": partition, "name": name,
                              "file": file.url, "format": file.format, "header": chunk.header,
-                             "records": chunk.records, "first_line": chunk.first_line, "fingerprint": fp}
+                             "records": chunk.records, "first_line": chunk.first_line, "fingerprint": fp,
+                             "pack": pack and pack.as_dict()}
 
     own_pool = pool is None
     pool = _Pool(workers) if own_pool else pool
@@ -322,6 +331,7 @@ def process_partition(inputs: str | list[str], output: str, transform: str, *, p
     summary = {
         "name": partition, "inputs": urls, "files": [f.url for f in files], "fingerprint": fingerprint,
         "transform": ident, "shard_size": shard_size, "max_record_bytes": max_record_bytes,
+        "pack": pack and pack.as_dict(),
         "records": sum(s["records"] for s in shards), "samples": sum(s["num_samples"] for s in shards),
         "dropped": sum(s["dropped"] for s in shards), "bad": len(quarantine),
         "input_bytes": sum(f.size for f in files),
@@ -379,9 +389,10 @@ def finalize_dataset(output: str, partitions: list[Any] | None = None, *,
             raise PreprocessError(f"partition {name} is not finished under {store.url} (no {shardfmt.PARTITION_DONE})")
         summaries.append(summary)
 
-    idents = {json.dumps(s["transform"], sort_keys=True) for s in summaries}
-    if len(idents) != 1:
-        raise PreprocessError(f"partitions were made by different transforms: {sorted(idents)}")
+    for key, what in (("transform", "transforms"), ("pack", "pack settings")):
+        made_by = {json.dumps(s.get(key), sort_keys=True) for s in summaries}
+        if len(made_by) != 1:
+            raise PreprocessError(f"partitions were made by different {what}: {sorted(made_by)}")
     shards = [s for summary in summaries for s in summary["shards"] if s["num_samples"]]
     fields = _common_fields(shards)
     quarantine = b"".join(store.read_bytes(f"{shardfmt.part_dir(n)}/{shardfmt.QUARANTINE}") or b"" for n in names)
@@ -390,7 +401,7 @@ def finalize_dataset(output: str, partitions: list[Any] | None = None, *,
     bad = sum(s["bad"] for s in summaries)
     check_bad_fraction(bad, records, max_bad_fraction, store.display(shardfmt.QUARANTINE), "dataset")
     manifest = {
-        "format": shardfmt.FORMAT, "format_version": shardfmt.FORMAT_VERSION,
+        "format": shardfmt.FORMAT, "format_version": shardfmt.manifest_version(fields),
         "num_samples": sum(s["num_samples"] for s in shards), "fields": fields,
         "shards": [{"path": f"{shardfmt.part_dir(s['partition'])}/{s['name']}", "partition": s["partition"],
                     "num_samples": s["num_samples"], "sha256": s["sha256"], "files": s["files"],
@@ -402,6 +413,10 @@ def finalize_dataset(output: str, partitions: list[Any] | None = None, *,
         "records": records, "dropped": sum(s["dropped"] for s in summaries), "bad_records": bad,
         "max_bad_fraction": max_bad_fraction, "quarantine": shardfmt.QUARANTINE,
     }
+    if summaries[0].get("pack"):
+        manifest["packing"] = {**summaries[0]["pack"], **{
+            key: sum(s["packing"][key] for summary in summaries for s in summary["shards"])
+            for key in ("sequences", "tokens", "dropped_tokens")}}
     if manifest["num_samples"] == 0:
         raise PreprocessError(f"{store.url}: the transform kept no sample out of {records} records")
     store.write_text(shardfmt.MANIFEST, shardfmt.dumps(manifest))
@@ -415,21 +430,21 @@ def finalize_dataset(output: str, partitions: list[Any] | None = None, *,
 def _common_fields(shards: list[dict[str, Any]]) -> dict[str, Any]:
     fields = None
     for s in shards:
-        if fields is None:
-            fields = s["fields"]
-        elif s["fields"] != fields:
+        merged = s["fields"] if fields is None else shardfmt.merge_fields(fields, s["fields"])
+        if merged is None:
             raise PreprocessError(f"shard {s['partition']}/{s['name']} has fields {s['fields']}, "
                                   f"other shards have {fields}: the transform must return the same "
-                                  f"field names, dtypes and shapes for every record")
+                                  f"field names, dtypes and shapes (or variable lengths) for every record")
+        fields = merged
     return fields or {}
 
 
 def preprocess(inputs: list[str], output: str, transform: str, *, workers: int | None = None,
                shard_size: int = DEFAULT_SHARD_SIZE, max_bad_fraction: float = DEFAULT_MAX_BAD_FRACTION,
-               log: Log = print, max_record_bytes: int = DEFAULT_MAX_RECORD_BYTES) -> dict[str, Any]:
+               log: Log = print, max_record_bytes: int = DEFAULT_MAX_RECORD_BYTES, pack: Any = None) -> dict[str, Any]:
     """Every input URL as its own partition, then finalize: what ``dtrain preprocess`` runs."""
     validate(transform=transform, workers=workers, shard_size=shard_size,
-             max_bad_fraction=max_bad_fraction, partition=None, max_record_bytes=max_record_bytes)
+             max_bad_fraction=max_bad_fraction, partition=None, max_record_bytes=max_record_bytes, pack=pack)
     for url in inputs:
         expand_input(url)  # every input is checked before the first one is processed
     pool = _Pool(min(workers or default_workers(), 64))  # one pool for every partition: spawn once
@@ -437,7 +452,7 @@ def preprocess(inputs: list[str], output: str, transform: str, *, workers: int |
     try:
         summaries = [process_partition(url, output, transform, workers=workers, shard_size=shard_size,
                                        max_bad_fraction=max_bad_fraction, check_bad=False, log=log, pool=pool,
-                                       max_record_bytes=max_record_bytes)
+                                       max_record_bytes=max_record_bytes, pack=pack)
                      for url in inputs]
         ok = True
     finally:

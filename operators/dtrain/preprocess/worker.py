@@ -14,11 +14,12 @@ from typing import Any, Callable
 
 import numpy as np
 
-from dtrain.preprocess import shardfmt
+from dtrain.preprocess import packing, ragged, shardfmt
 from dtrain.preprocess.errors import PreprocessError, RecordTooLarge
 from dtrain.preprocess.inputs import EXCERPT, OversizedRecord
+from dtrain.preprocess.packing import Packing
 from dtrain.preprocess.store import Store
-from dtrain.preprocess.transform import resolve
+from dtrain.preprocess.transform import resolve, variable_fields
 
 _transforms: dict[str, Callable] = {}
 _stores: dict[str, Store] = {}
@@ -87,16 +88,25 @@ def _excerpt(raw: Any) -> str | None:
     return None
 
 
-def _fields(out: Any, spec: dict[str, tuple] | None) -> dict[str, np.ndarray]:
-    """Validate one transform output against the chunk's first good sample (``spec``: name -> (dtype, shape))."""
+BYTES_TYPES = (bytes, bytearray, memoryview)
+
+
+def _array(value: Any) -> np.ndarray:
+    """A field value as an array: bytes become their uint8 values (a variable-length bytes field)."""
+    return np.frombuffer(value, np.uint8) if isinstance(value, BYTES_TYPES) else np.asarray(value)
+
+
+def _fields(out: Any, spec: dict[str, tuple] | None, variable: frozenset[str] = frozenset()) -> dict[str, np.ndarray]:
+    """Validate one transform output against the chunk's first good sample (``spec``: name -> (dtype, shape),
+    shape None for a variable-length field). ``variable``: the fields declared variable-length."""
     if not isinstance(out, dict) or not out:
         raise TypeError(f"transform returned {type(out).__name__}, expected a non-empty dict of arrays or None")
     if spec is not None and out.keys() == spec.keys():  # the common case, checked without building names
         arrays = {}
         for name, value in out.items():
-            array = np.asarray(value)
+            array = _array(value)
             dtype, shape = spec[name]
-            if array.dtype != dtype or array.shape != shape:
+            if array.dtype != dtype or (array.ndim != 1 if shape is None else array.shape != shape):
                 break
             arrays[name] = array
         else:
@@ -105,16 +115,31 @@ def _fields(out: Any, spec: dict[str, tuple] | None) -> dict[str, np.ndarray]:
     for name, value in out.items():
         if not isinstance(name, str) or not shardfmt.FIELD_NAME.match(name):
             raise ValueError(f"field name {name!r} is not 1-64 characters of [A-Za-z0-9_]")
-        array = np.asarray(value)
+        array = _array(value)
         if array.dtype.kind not in "biuf":
-            raise TypeError(f"field {name} has dtype {array.dtype}, expected bool, integer or float")
+            raise TypeError(f"field {name} has dtype {array.dtype}, expected bool, integer or float (or bytes)")
+        if (name in variable or isinstance(value, BYTES_TYPES)) and array.ndim != 1:
+            raise ValueError(f"field {name} is variable-length: expected a 1-D array, got shape {array.shape}")
         arrays[name] = array
     if spec is not None:
-        got = {n: (a.dtype.name, a.shape) for n, a in arrays.items()}
-        want = {n: (d.name, s) for n, (d, s) in spec.items()}
+        got = {n: (a.dtype.name, "any length" if n in variable or isinstance(out[n], BYTES_TYPES) else a.shape)
+               for n, a in arrays.items()}
+        want = {n: (d.name, "any length" if s is None else s) for n, (d, s) in spec.items()}
         if got != want:
             raise ValueError(f"fields {got} differ from this shard's first sample {want}")
     return arrays
+
+
+def _pack(columns: dict[str, list], spec: dict[str, tuple], pack: Packing) -> tuple[dict, dict[str, int]]:
+    """The chunk's sequences of the packed field as blocks; any other field is a setting error."""
+    if set(columns) - {pack.field}:
+        raise PreprocessError(f"pack: the transform returned fields {sorted(columns)}; a packed dataset holds "
+                              f"only the packed field {pack.field!r} (its blocks span records, so other "
+                              f"per-record fields have no place): return {pack.field!r} alone")
+    if not columns:
+        return {}, {"sequences": 0, "tokens": 0, "dropped_tokens": 0}
+    blocks, counts = packing.pack(columns[pack.field], spec[pack.field][0], pack)
+    return {pack.field: blocks}, counts
 
 
 def process_chunk(task: dict[str, Any]) -> dict[str, Any]:
@@ -122,11 +147,13 @@ def process_chunk(task: dict[str, Any]) -> dict[str, Any]:
     fn = _transforms.get(ref) or _transforms.setdefault(ref, resolve(ref))
     store = _stores.get(task["output"]) or _stores.setdefault(task["output"], Store(task["output"]))
     fmt, url, header = task["format"], task["file"], task.get("header")
+    pack = task.get("pack") and Packing(**task["pack"])
+    variable = variable_fields(fn) | ({pack.field} if pack else set())
     records = task["records"]
     if fmt == "npy":  # rows of one array, numbered from first_line
         records = [(task["first_line"] + i, row) for i, row in enumerate(records)]
     columns: dict[str, list] = {}
-    spec = None
+    spec, byte_fields = None, frozenset()
     bad, dropped = [], 0
     for line, raw in records:
         try:
@@ -134,17 +161,22 @@ def process_chunk(task: dict[str, Any]) -> dict[str, Any]:
             if out is None:
                 dropped += 1
                 continue
-            arrays = _fields(out, spec)
+            arrays = _fields(out, spec, variable)
         except Exception as e:  # noqa: BLE001 - any failure of a record is that record's fault
             bad.append({"file": url, "line": line, "reason": f"{type(e).__name__}: {e}"[:500],
                         "excerpt": _excerpt(raw), "partition": task["partition"], "shard": task["name"]})
             continue
-        if spec is None:
-            spec = {n: (a.dtype, a.shape) for n, a in arrays.items()}
+        if spec is None:  # the first good sample: which fields vary in length, and every field's dtype
+            byte_fields = frozenset(n for n, v in out.items() if isinstance(v, BYTES_TYPES))
+            spec = {n: (a.dtype, None if n in variable | byte_fields else a.shape) for n, a in arrays.items()}
             columns = {n: [] for n in arrays}
         for name, array in arrays.items():
             columns[name].append(array)
-    stacked = {n: np.stack(v) for n, v in columns.items()}
     meta = {"fingerprint": task["fingerprint"], "file": url, "first_line": task["first_line"],
             "records": len(records), "dropped": dropped, "bad": len(bad), "quarantine": bad}
-    return shardfmt.write_shard(store, task["partition"], task["name"], stacked, meta)
+    if pack:
+        stacked, meta["packing"] = _pack(columns, spec, pack)
+    else:
+        stacked = {n: np.stack(v) if spec[n][1] is not None else ragged.from_samples(v, spec[n][0])
+                   for n, v in columns.items()}
+    return shardfmt.write_shard(store, task["partition"], task["name"], stacked, meta, byte_fields)

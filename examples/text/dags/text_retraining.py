@@ -1,0 +1,34 @@
+"""A team's own language-model retraining DAG: JSON-lines text in, held-out perplexity out, built with dtrain's
+pipeline factory.
+
+text_retraining: daily; tokenizes the day's documents (the example's own BPE tokenizer), packs them into
+64-token blocks, trains a small causal transformer on 2 ranks with DDP, and publishes it only when its
+held-out perplexity is below the bar and no worse than the published model's.
+"""
+
+import datetime as dt
+import os
+
+from airflow.sdk import Param
+
+from dtrain.pipeline import retraining_pipeline
+
+BUCKET = os.environ.get("TEXT_BUCKET", "s3://text-demo")
+SHARED_FS = os.environ.get("TEXT_SHARED_FS", "/fsx")
+# text_pipeline.tokenizer.EOS_ID, written out: parsing this file must not import the tokenizer (or numpy).
+EOS_ID = 1
+BLOCK_SIZE = 64
+
+dag = retraining_pipeline(
+    "text_retraining", schedule="@daily",
+    raw=f"{BUCKET}/raw", processed=f"{BUCKET}/processed", shared_fs=SHARED_FS,
+    transform="text_pipeline.prep:transform",
+    pack={"field": "input_ids", "block_size": BLOCK_SIZE, "separator": EOS_ID},
+    train_command=["python", "-m", "text_pipeline.train", "--shards", "{shards}", "--output", "{output}",
+                   "--init-from", "{init_from}", "--epochs", "{params.epochs}", "--lr", "{params.lr}"],
+    evaluate="text_pipeline.evaluate:evaluate", heldout=f"{BUCKET}/heldout/{{version}}/heldout.jsonl",
+    metric="perplexity", goal="minimize", threshold=50.0, min_improvement=0.0,
+    params={"epochs": Param(4, type="integer", minimum=1, maximum=200, title="Epochs"),
+            "lr": Param(0.003, type="number", exclusiveMinimum=0, maximum=1, title="Learning rate")},
+    nodes=1, procs_per_node=2, min_free_gb=0.1, start_date=dt.datetime(2026, 2, 1, tzinfo=dt.timezone.utc),
+)
