@@ -43,9 +43,10 @@ ALLOWED = {
     "training/reference/train_digits.py:atomic_save": "the example script (a rank) writes its model",
     "training/reference/train_digits.py:main": "the example script reads its data and the DeepSpeed config",
     "training/reference/digits_eval.py:evaluate": "the user's evaluate reads the model file it is given",
-    "training/shards.py:ShardDataset._array": "the staged dataset (staging's no-follow destination), not a run dir",
+    "training/shards.py:ShardDataset._map": "the staged dataset (staging's no-follow destination), not a run dir",
     "training/shards.py:ShardDataset._check_files": "the staged dataset",
-    "training/shards.py:ShardDataset._read_whole": "the staged dataset",
+    "training/shards.py:ShardDataset._read_into": "the staged dataset",
+    "training/loop.py:TrainLoop.restore": "the rank loads the warm-start model it was given (--init-from)",
     # The launcher's side, on paths that are not under a run directory.
     "launch/spec.py:visible_gpu_count": "/proc/driver/nvidia/gpus",
     "launch/spec.py:LaunchSpec.__post_init__": "the user's workdir exists (a spec check)",
