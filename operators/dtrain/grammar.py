@@ -67,6 +67,14 @@ CONTRACT_VARIABLES = frozenset({
 CONTRACT_PREFIXES = ("DTRAIN_", "OMPI_COMM_WORLD_", "PET_", "SLURM_")
 
 
+_USER = r"[A-Za-z_][A-Za-z0-9._-]{0,63}"
+# A name or IPv4 address (never starting with '-': it would read as an ssh option), or [IPv6].
+_HOST = r"\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9](?:[A-Za-z0-9._-]{0,252}[A-Za-z0-9])?"
+#: a hostfile line's target, ``[user@]host[:port]`` (the ssh backend's hostfiles, autotune's hosts)
+HOST_TARGET = re.compile(rf"^(?:(?P<user>{_USER})@)?(?P<host>{_HOST})(?::(?P<port>[0-9]{{1,5}}))?$")
+HOST_USER = re.compile(rf"^{_USER}$")
+
+
 def check(field: str, value: Any, pattern: re.Pattern, allowed: str) -> str:
     """``value`` as text if all of it matches ``pattern``, else SpecError naming field, value, allowed."""
     text = value if isinstance(value, str) else str(value)

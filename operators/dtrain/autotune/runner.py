@@ -160,11 +160,9 @@ class AutotuneSpec:
 
 
 def hostfile_host(field_name: str, host: Any) -> str:
-    """One node address, by the hostfile grammar (dtrain.launch.backends.ssh.hostfile), without the
+    """One node address, by the hostfile grammar (dtrain.grammar.HOST_TARGET), without the
     ``user@`` and ``:port`` that DeepSpeed's hostfile and pdsh's host list cannot carry."""
-    from dtrain.launch.backends.ssh.hostfile import TARGET_RE
-
-    match = TARGET_RE.match(host) if isinstance(host, str) else None
+    match = grammar.HOST_TARGET.match(host) if isinstance(host, str) else None
     if match is None or match.group("user") is not None or match.group("port") is not None:
         raise SpecError(field_name, host, "a host name or IPv4 address as in a hostfile, without user@ or :port "
                                           "(set those in ~/.ssh/config: DeepSpeed reaches the nodes with pdsh)")

@@ -18,19 +18,16 @@ defaults. Every error names the source, the line number and the offending value.
 from __future__ import annotations
 
 import os
-import re
 from dataclasses import dataclass
 from typing import Any, Iterable, Sequence
 
+from dtrain import grammar
 from dtrain.args import coerce_float, coerce_int, mapping_arg, read_input_file
 from dtrain.errors import SpecError
 from dtrain.launch.backends.ssh.fanout import DEFAULT_FANOUT, MAX_FANOUT
 
-_USER = r"[A-Za-z_][A-Za-z0-9._-]{0,63}"
-# A name or IPv4 address (never starting with '-': it would read as an ssh option), or [IPv6].
-_HOST = r"\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9](?:[A-Za-z0-9._-]{0,252}[A-Za-z0-9])?"
-TARGET_RE = re.compile(rf"^(?:(?P<user>{_USER})@)?(?P<host>{_HOST})(?::(?P<port>[0-9]{{1,5}}))?$")
-USER_RE = re.compile(rf"^{_USER}$")
+TARGET_RE = grammar.HOST_TARGET  # the one copy: autotune's hosts follow it too
+USER_RE = grammar.HOST_USER
 TARGET_SYNTAX = "[user@]host[:port] [slots=N], e.g. 'alice@worker-1:2222 slots=4'"
 STRICT_CHOICES = ("yes", "accept-new", "no")
 
