@@ -22,7 +22,7 @@ Rules (both must hold when both are configured):
   the same data scores a little differently each time, so "no worse" alone refuses good models
   about half the time. Choose the tolerance from that spread: evaluate a few retrainings of the
   same date (or look at the published models' metric over quiet dates) and allow about two
-  standard deviations (docs/training.md, "Choosing a tolerance").
+  standard deviations (docs/gate.md, "Choosing a tolerance").
 
     gate = Gate(metric="f1", goal="maximize", relative_tolerance=0.005)
     gate.decide({"f1": 0.9849}, {"f1": 0.988})  # publish: -0.0031, within tolerance 0.00494 (0.5% of 0.988)
