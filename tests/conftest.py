@@ -35,6 +35,82 @@ import subprocess  # noqa: E402
 
 import pytest  # noqa: E402
 
+# The suite's daemons, defined once (tests/services.py): one moto S3, one sshd cluster, one Slurm cluster.
+from tests.services import moto_endpoint, s3_bucket, slurm, slurm_cluster, ssh_cluster  # noqa: E402,F401
+
+#: session fixtures that start something expensive, in priority order: under pytest-xdist
+#: (``--dist loadgroup``, scripts/test.sh) every test using one runs on the same worker, so each starts
+#: once per suite; every other test goes with its module (module fixtures start once too).
+SHARED_DAEMONS = (
+    ("cluster", frozenset({"ssh_cluster", "slurm_cluster", "slurm"})),  # sshd hosts and Slurm: tests/services.py
+    ("airflow-standalone", frozenset({"standalone"})),                   # tests/pipeline/conftest.py
+    ("fresh-install", frozenset({"fresh_install"})),                     # tests/packaging/conftest.py
+)
+#: the quick tier (``scripts/test.sh --quick``, ``-m "not slow"``) leaves out every test that starts a
+#: daemon, Airflow or a training job: those folders and fixtures, and the tests that took longer than
+#: QUICK_SECONDS in the run that wrote tests/durations.json (``pytest --store-durations``)
+SLOW_FOLDERS = ("faults", "packaging", "pipeline", "remote", "slurm", "deepspeed", "backends")
+SLOW_FIXTURES = frozenset({"airflow_db", "api", "moto_endpoint", "s3_bucket", "s3", "s3_endpoint", "pipeline_env"})
+QUICK_SECONDS = 1.0
+DURATIONS = os.path.join(REPO, "tests", "durations.json")
+
+
+def pytest_addoption(parser):
+    parser.addoption("--store-durations", action="store_true",
+                     help="write each test's time (setup + call + teardown) to tests/durations.json")
+
+
+def _recorded_durations() -> dict[str, float]:
+    try:
+        with open(DURATIONS, encoding="utf-8") as fh:
+            return json.load(fh)
+    except (OSError, ValueError):
+        return {}
+
+
+def is_slow(item, durations: dict[str, float]) -> bool:
+    folder = item.nodeid.split("/")[1] if item.nodeid.count("/") > 1 else ""
+    return (folder in SLOW_FOLDERS or bool(set(item.fixturenames) & SLOW_FIXTURES)
+            or durations.get(item.nodeid, 0.0) > QUICK_SECONDS)
+
+
+def xdist_group(item) -> str:
+    used = set(item.fixturenames)
+    for group, fixtures in SHARED_DAEMONS:
+        if used & fixtures:
+            return group
+    return item.nodeid.split("::", 1)[0]
+
+
+def pytest_collection_modifyitems(config, items):
+    """Group every test for xdist (:func:`xdist_group`) and put the cluster group first: it is the
+    longest, and under ``loadgroup`` a group starts when a worker is free, so it must not start last.
+    Within a group, collection order is kept (some modules' tests build on the ones before)."""
+    rank = {group: i for i, (group, _) in enumerate(SHARED_DAEMONS)}
+    groups = {item.nodeid: xdist_group(item) for item in items}
+    items.sort(key=lambda item: rank.get(groups[item.nodeid], len(rank)))  # stable: file order within a rank
+    durations = _recorded_durations()
+    for item in items:
+        item.add_marker(pytest.mark.xdist_group(groups[item.nodeid]))
+        if is_slow(item, durations):
+            item.add_marker(pytest.mark.slow)
+
+
+_measured: dict[str, float] = {}
+
+
+def pytest_runtest_logreport(report):
+    """Sum each test's phases for --store-durations (under xdist the controller gets every worker's reports)."""
+    _measured[report.nodeid] = _measured.get(report.nodeid, 0.0) + report.duration
+
+
+def pytest_sessionfinish(session):
+    if session.config.getoption("--store-durations") and not hasattr(session.config, "workerinput"):
+        merged = {**_recorded_durations(), **{k: round(v, 3) for k, v in _measured.items()}}
+        with open(DURATIONS, "w", encoding="utf-8") as fh:
+            json.dump(dict(sorted(merged.items())), fh, indent=0)
+            fh.write("\n")
+
 
 @pytest.fixture(scope="session")
 def airflow_db() -> str:

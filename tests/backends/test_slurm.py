@@ -3,7 +3,7 @@
 import pytest
 
 from tests.backends.contract import BackendContract
-from tests.slurm.conftest import queue, slurm, slurm_cluster  # noqa: F401 (the fixtures)
+from tests.slurm.conftest import queue
 
 
 class TestSlurmBackend(BackendContract):

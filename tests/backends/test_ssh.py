@@ -3,7 +3,7 @@
 import pytest
 
 from tests.backends.contract import BackendContract
-from tests.remote.conftest import needs_sshd, ssh_cluster  # noqa: F401 (the session fixture)
+from tests.remote.conftest import needs_sshd
 
 
 @needs_sshd

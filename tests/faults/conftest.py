@@ -1,6 +1,5 @@
-"""Fault-injection tests: the real sshd "hosts" (tests/remote) and the real two-node Slurm
-cluster (tests/slurm), shared with those folders. Slurm tests: run them one session at a time
-(``flock /tmp/dtrain-slurm-tests.lock pytest ...``)."""
+"""Fault-injection tests, on the suite's real sshd "hosts" and two-node Slurm cluster
+(tests/services.py), shared with tests/remote and tests/slurm."""
 
-from tests.remote.conftest import needs_sshd, ssh_cluster  # noqa: F401 (fixtures used by the tests here)
-from tests.slurm.conftest import cpu_spec, queue, slurm, slurm_cluster  # noqa: F401
+from tests.remote.conftest import needs_sshd  # noqa: F401 (used by the tests here)
+from tests.slurm.conftest import cpu_spec, queue  # noqa: F401

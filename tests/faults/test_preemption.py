@@ -30,7 +30,7 @@ import time
 import pytest
 
 from dtrain.launch.spec import LaunchSpec
-from tests.remote.conftest import needs_sshd  # fixtures ssh_cluster and slurm: tests/faults/conftest.py
+from tests.remote.conftest import needs_sshd  # the fixtures ssh_cluster and slurm: tests/services.py
 from tests.support import wait_for
 
 pytestmark = pytest.mark.timeout(300)

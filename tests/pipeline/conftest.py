@@ -8,7 +8,7 @@ import os
 
 import pytest
 
-from dtrain.pipeline.demo import airflow_env, moto_s3, s3_client, seed_raw
+from dtrain.pipeline.demo import airflow_env, s3_client, seed_raw
 from tests.airflow_services import BIN, REPO, AirflowServices, bundle  # noqa: F401 (BIN re-exported to the tests)
 
 DATES = ["2026-01-01", "2026-01-02", "2026-01-03", "2026-01-04", "2026-02-01"]
@@ -62,12 +62,12 @@ def seed_text(endpoint: str) -> None:
 
 
 @pytest.fixture(scope="session")
-def s3_endpoint():
-    with moto_s3() as endpoint:
-        seed_raw(endpoint, DATES)
-        seed_tabular(endpoint)
-        seed_text(endpoint)
-        yield endpoint
+def s3_endpoint(moto_endpoint):
+    """The suite's moto server (tests/services.py), with the pipelines' buckets seeded."""
+    seed_raw(moto_endpoint, DATES)
+    seed_tabular(moto_endpoint)
+    seed_text(moto_endpoint)
+    return moto_endpoint
 
 
 @pytest.fixture(scope="session")

@@ -115,12 +115,11 @@ def test_preprocess_train_evaluate_and_warm_start(tmp_path):
     assert warm["rmse"] < 1.2 * scores["rmse"], (warm, scores)
 
 
-def test_evaluate_reads_heldout_from_s3(tmp_path, monkeypatch):
+def test_evaluate_reads_heldout_from_s3(tmp_path, s3_bucket):
     """s3:// works with the endpoint and keys only in the standard AWS environment variables."""
-    import s3fs
+    import boto3
     import torch
 
-    from dtrain.pipeline.demo import DEMO_KEY, moto_s3, s3_client
     from tabular_pipeline.train import build_model
 
     torch.manual_seed(0)
@@ -128,14 +127,7 @@ def test_evaluate_reads_heldout_from_s3(tmp_path, monkeypatch):
     torch.save(build_model().state_dict(), model)
     rows = generate_rows(40, seed=5)
     write_csv(str(tmp_path / "heldout.csv"), rows)
-    with moto_s3() as endpoint:
-        s3_client(endpoint).create_bucket(Bucket="tabular-heldout")
-        s3_client(endpoint).put_object(Bucket="tabular-heldout", Key="2026-01-01.csv", Body=csv_bytes(rows))
-        monkeypatch.setenv("AWS_ENDPOINT_URL", endpoint)
-        monkeypatch.setenv("AWS_ACCESS_KEY_ID", DEMO_KEY["key"])
-        monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", DEMO_KEY["secret"])
-        monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
-        s3fs.S3FileSystem.clear_instance_cache()  # an earlier test's filesystem may point at another endpoint
-        remote = evaluate(model, "s3://tabular-heldout/2026-01-01.csv")
+    boto3.client("s3").put_object(Bucket=s3_bucket, Key="2026-01-01.csv", Body=csv_bytes(rows))
+    remote = evaluate(model, f"s3://{s3_bucket}/2026-01-01.csv")
     assert remote == evaluate(model, str(tmp_path / "heldout.csv"))
     assert remote["samples"] == 40

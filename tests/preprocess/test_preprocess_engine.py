@@ -154,48 +154,24 @@ def test_csv_parquet_npy_and_gzip_inputs(tmp_path):
     assert i.tolist() == list(range(50)) and np.allclose(x.numpy(), rows[:, 1:].astype(np.float32))
 
 
-@pytest.fixture
-def moto_s3(monkeypatch):
-    from moto.server import ThreadedMotoServer
-
-    from dtrain.launch.job import free_port
-
-    port = free_port()
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
-    server.start()
-    for key, value in {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
-                       "AWS_DEFAULT_REGION": "us-east-1", "AWS_ENDPOINT_URL": f"http://127.0.0.1:{port}"}.items():
-        monkeypatch.setenv(key, value)
-    import boto3
-
-    boto3.client("s3").create_bucket(Bucket="raw")
-    import s3fs
-
-    s3fs.S3FileSystem.clear_instance_cache()  # a cached filesystem would still talk to an earlier test's server
-    try:
-        yield
-    finally:
-        server.stop()
-
-
-def test_s3_input_and_output_through_moto(tmp_path, moto_s3, digits_raw):
+def test_s3_input_and_output_through_moto(tmp_path, s3_bucket, digits_raw):
     import fsspec
 
     from dtrain.training.shards import ShardDataset
 
     fs = fsspec.filesystem("s3", skip_instance_cache=True)
     for path in partitions(digits_raw)[:2]:
-        fs.put_file(path, f"raw/day=2024-01-01/{os.path.basename(path)}")
-    out = "s3://raw/shards/2024-01-01"
-    result = preprocess(["s3://raw/day=2024-01-01/"], out, DIGITS, workers=2, shard_size=200, **QUIET)
+        fs.put_file(path, f"{s3_bucket}/day=2024-01-01/{os.path.basename(path)}")
+    out = f"s3://{s3_bucket}/shards/2024-01-01"
+    result = preprocess([f"s3://{s3_bucket}/day=2024-01-01/"], out, DIGITS, workers=2, shard_size=200, **QUIET)
     assert result["num_samples"] == 958 and result["manifest"] == out + "/manifest.json"
     fs.invalidate_cache()
     local = str(tmp_path / "staged")
-    fs.get("raw/shards/2024-01-01/", local, recursive=True)  # what the staging step does, in short
+    fs.get(f"{s3_bucket}/shards/2024-01-01/", local, recursive=True)  # what the staging step does, in short
     assert len(ShardDataset(local, verify=True)) == 958
 
 
-def test_s3_input_line_above_the_limit_is_quarantined(tmp_path, moto_s3):
+def test_s3_input_line_above_the_limit_is_quarantined(tmp_path, s3_bucket):
     """fsspec's remote files take no size in readline (and read to the newline whatever its
     distance): the reader wraps them so that the per-record limit holds there too."""
     import fsspec
@@ -204,9 +180,9 @@ def test_s3_input_line_above_the_limit_is_quarantined(tmp_path, moto_s3):
 
     lines = [json.dumps(r).encode() for r in digits_records()[:30]]
     lines[4] = b'{"pad": "' + b"a" * (3 << 20) + b'"}'
-    fsspec.filesystem("s3", skip_instance_cache=True).pipe_file("raw/long/part.jsonl", b"\n".join(lines) + b"\n")
+    fsspec.filesystem("s3", skip_instance_cache=True).pipe_file(f"{s3_bucket}/long/part.jsonl", b"\n".join(lines) + b"\n")
     out = str(tmp_path / "out")
-    result = preprocess(["s3://raw/long/part.jsonl"], out, DIGITS, workers=1, max_bad_fraction=0.1,
+    result = preprocess([f"s3://{s3_bucket}/long/part.jsonl"], out, DIGITS, workers=1, max_bad_fraction=0.1,
                         max_record_bytes=1024, **QUIET)
     assert result["num_samples"] == 29 and result["bad_records"] == 1
     bad = json.loads(open(os.path.join(out, "quarantine.jsonl"), encoding="utf-8").read())

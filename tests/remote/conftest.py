@@ -1,5 +1,6 @@
-"""Fixtures for the SSH and MPI tests: two real sshd daemons on 127.0.0.1 (own ports, host
-keys, AuthorizedKeysFile, StrictModes no, pid files in a temp dir), stopped at teardown.
+"""Helpers for the SSH and MPI tests. Their two real sshd daemons on 127.0.0.1 (own ports, host
+keys, AuthorizedKeysFile, StrictModes no, pid files in a temp dir) are the ``ssh_cluster``
+fixture of tests/services.py.
 
 Processes of a job are found by PID across "hosts" (all are on this machine): every
 process whose environment carries the job's DTRAIN_JOB_ID or whose command line names
@@ -17,7 +18,6 @@ import threading
 import psutil
 import pytest
 
-from tests.remote.sshd_cluster import SSHCluster, start_cluster
 from tests.support import poll_until
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -27,17 +27,6 @@ needs_sshd = pytest.mark.skipif(shutil.which("sshd") is None and not os.path.exi
                                 reason="OpenSSH server not installed (scripts/apt-packages.txt: openssh-server)")
 needs_mpirun = pytest.mark.skipif(shutil.which("mpirun") is None,
                                   reason="OpenMPI not installed (scripts/apt-packages.txt: openmpi-bin)")
-
-
-@pytest.fixture(scope="session")
-def ssh_cluster(tmp_path_factory) -> SSHCluster:
-    if os.geteuid() != 0:
-        pytest.skip("the sshd fixture runs sshd as root (it logs in as root with a test key)")
-    cluster = start_cluster(str(tmp_path_factory.mktemp("sshd")), count=2)
-    try:
-        yield cluster
-    finally:
-        cluster.stop()
 
 
 def job_processes(job_id: str) -> list[psutil.Process]:

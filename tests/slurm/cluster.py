@@ -209,6 +209,12 @@ class SlurmCluster:
         kill_pids(self.pids())
 
 
+def queue(cluster: SlurmCluster) -> list[str]:
+    """Job ids squeue still lists (any state, COMPLETING included)."""
+    out = cluster.run(["squeue", "-h", "-o", "%i %T"]).stdout
+    return [line.split()[0] for line in out.splitlines() if line.strip()]
+
+
 def _environ(proc: psutil.Process) -> dict[str, str]:
     try:
         return proc.environ()

@@ -1,7 +1,7 @@
 """Fixtures for staging tests: moto's real S3 server on loopback, and a fault-injecting proxy.
 
-The moto server is started once per session (ThreadedMotoServer on 127.0.0.1, a free
-port), as s3fs's own tests do, and reset between tests. AWS_* variables are set only
+The moto server is the suite's (``moto_endpoint``, tests/services.py); each test gets a bucket of
+its own, removed afterwards. AWS_* variables are set only
 inside fixtures (monkeypatch), never at import time.
 """
 
@@ -26,34 +26,7 @@ from tests.support import wait_for  # noqa: F401 (re-exported to the tests here)
 REGION = "us-east-1"
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-@pytest.fixture(scope="session")
-def moto_endpoint():
-    import logging
-
-    from moto.server import ThreadedMotoServer
-
-    logging.getLogger("werkzeug").setLevel(logging.ERROR)
-    port = free_port()
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
-    server.start()
-    endpoint = f"http://127.0.0.1:{port}"
-    wait_for(lambda: _port_open(port), what="moto server")
-    yield endpoint
-    server.stop()
-
-
-def _port_open(port: int) -> bool:
-    try:
-        with socket.create_connection(("127.0.0.1", port), timeout=0.5):
-            return True
-    except OSError:
-        return False
+from tests.services import _port_open, free_port, remove_bucket  # noqa: E402,F401 (re-exported to the tests here)
 
 
 @dataclass
@@ -106,9 +79,10 @@ def s3(moto_endpoint, monkeypatch):
                           aws_access_key_id="testing", aws_secret_access_key="testing")
     bucket = f"t-{uuid.uuid4().hex[:12]}"
     client.create_bucket(Bucket=bucket)
-    yield S3(moto_endpoint, bucket, client)
-    import urllib.request
-    urllib.request.urlopen(urllib.request.Request(f"{moto_endpoint}/moto-api/reset", method="POST")).read()
+    try:
+        yield S3(moto_endpoint, bucket, client)
+    finally:
+        remove_bucket(client, bucket)
 
 
 # --- a fault-injecting HTTP proxy in front of moto ---------------------------------------------
