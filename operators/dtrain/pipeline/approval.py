@@ -33,7 +33,9 @@ class ApprovalStep(ApprovalOperator):
     """ApprovalOperator whose retry completes with the answer an earlier try received (see the module)."""
 
     def __init__(self, **kwargs: Any) -> None:
-        super().__init__(**{"retries": RETRIES, "retry_delay": RETRY_DELAY, **kwargs})
+        # Fixed, whatever the DAG's default_args say (merged into kwargs before this runs): the
+        # retry exists for the race only, and a later one would only wait longer.
+        super().__init__(**{**kwargs, "retries": RETRIES, "retry_delay": RETRY_DELAY})
 
     def execute(self, context) -> Any:
         if context["task_instance"].try_number <= 1:
