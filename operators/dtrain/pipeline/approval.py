@@ -13,6 +13,10 @@ with that answer. So :class:`ApprovalStep` has one retry, a second later, and th
 again (that would reset the stored answer): it parks with a one-second deadline, and the sweep (every
 ``[scheduler] trigger_timeout_check_interval``, 15 s by default) resumes it with the earlier
 answer. A timeout stays final: no answer, no publish, no second wait.
+
+Limit: a first try that failed before it asked (a worker lost before the request was written)
+also gets this retry, which then finds no stored answer and fails with "no answer" instead of
+asking again: the same outcome as without the retry (the run fails, nothing is published).
 """
 
 from __future__ import annotations

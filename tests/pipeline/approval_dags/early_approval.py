@@ -10,13 +10,17 @@ from airflow.sdk import DAG, task
 
 from dtrain.pipeline.approval import ApprovalStep
 
+# The trivial tasks retry: on a loaded host the API server can time out a task's start
+# (httpx.ReadTimeout in the supervisor), which fails a try before it ran; not what this DAG tests.
+RETRY = {"retries": 3, "retry_delay": dt.timedelta(seconds=1)}
+
 with DAG(dag_id="early_approval", schedule=None, start_date=dt.datetime(2026, 1, 1), catchup=False) as dag:
 
-    @task
+    @task(**RETRY)
     def gate() -> str:
         return "passed"
 
-    @task
+    @task(**RETRY)
     def publish(answer: dict) -> list:
         return answer["chosen_options"]
 
