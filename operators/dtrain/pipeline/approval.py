@@ -10,9 +10,11 @@ try ("finished with state success, but the task instance's state attribute is qu
 The answer itself survives that failure: the request row (HITL detail) stays attached to the task
 instance, and the scheduler's timeout sweep resumes a parked task whose request holds an answer
 with that answer. So :class:`ApprovalStep` has one retry, a second later, and the retry does not ask
-again (that would reset the stored answer): it parks with a one-second deadline, and the sweep (every
-``[scheduler] trigger_timeout_check_interval``, 15 s by default) resumes it with the earlier
-answer. A timeout stays final: no answer, no publish, no second wait.
+again (that would reset the stored answer): it parks with a deadline of KEPT_ANSWER_DEADLINE, and
+the sweep (every ``[scheduler] trigger_timeout_check_interval``, 15 s by default) then resumes it
+with the earlier answer. The deadline is not shorter because a resume is an answer too: one that
+comes before the scheduler has processed the retry's own exit loses the same race (seen here with
+a one-second deadline). A timeout stays final: no answer, no publish, no second wait.
 
 Limit: a first try that failed before it asked (a worker lost before the request was written)
 also gets this retry, which then finds no stored answer and fails with "no answer" instead of
@@ -29,8 +31,9 @@ from airflow.providers.standard.operators.hitl import ApprovalOperator
 #: one retry: the try the scheduler fails in the race above, completed with the answer it kept
 RETRIES = 1
 RETRY_DELAY = dt.timedelta(seconds=1)
-#: how long a retry parks before the scheduler's sweep hands it the stored answer
-KEPT_ANSWER_DEADLINE = dt.timedelta(seconds=1)
+#: how long a retry parks before the scheduler's sweep hands it the stored answer: long enough for
+#: the scheduler to have processed the parked worker's exit first (see the module)
+KEPT_ANSWER_DEADLINE = dt.timedelta(seconds=20)
 
 
 class ApprovalStep(ApprovalOperator):
