@@ -709,6 +709,11 @@ def main() -> int:
 
     began = time.perf_counter()
     tmp = tempfile.mkdtemp(prefix="dtrain-bench-formats-")
+    # mosaicml-streaming's StreamingDataset creates <prefix>_barrier_filelock and <prefix>_cache_filelock
+    # in the temp folder and never removes them (streaming/base/dataset.py, 0.13): the reader processes
+    # get a temp folder inside tmp, removed with it.
+    os.makedirs(os.path.join(tmp, "tmp"))
+    os.environ["TMPDIR"] = os.path.join(tmp, "tmp")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     try:
         fixed_sets, lines = [], []

@@ -354,9 +354,10 @@ class RunDir:
                           mode=mode)
 
     def open_append(self, *parts: str, mode: int = 0o644) -> int:
-        """An fd to append to ``run_dir/parts...`` (created when missing), never through a link."""
+        """An fd to append to ``run_dir/parts...`` (created when missing), never through a link.
+        Non-blocking open: a FIFO planted in the file's place fails at once instead of blocking."""
         self.ensure_dir(*parts[:-1], owned=False)
-        fd = self._open(parts, os.O_WRONLY | os.O_APPEND | os.O_CREAT, mode)
+        fd = self._open(parts, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NONBLOCK, mode)
         if not stat.S_ISREG(os.fstat(fd).st_mode):
             os.close(fd)
             raise UnsafeRunDir(f"{self.join(*parts)} is not a regular file")

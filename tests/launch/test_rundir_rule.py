@@ -56,6 +56,7 @@ ALLOWED = {
     "launch/ranklog.py:RankLog.__init__": "opens the logs directory O_NOFOLLOW|O_DIRECTORY (fd-relative after)",
     "launch/ranklog.py:RankLog._rotate": "rename relative to the logs directory fd (never through a link)",
     "launch/ds_shm.py:unlink_ours": "DeepSpeed's /dev/shm buffers",
+    "launch/torchrun.py:main": "removes the agent's private log directory, made by tempfile.mkdtemp in the temp folder",
     "launch/proctree.py:environ_of": "/proc/PID/environ: a process's environment (read bounded)",
     "launch/ds_shm.py:release_ports": "DeepSpeed's /dev/shm buffers",
     "launch/backends/ssh/hostfile.py:SSHSettings._validated": "the user's ssh key and known_hosts paths exist",

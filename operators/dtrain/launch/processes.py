@@ -70,6 +70,10 @@ class NodeSupervisor:
         # stop_grace at submit (a rank's time to save a checkpoint); spent only while one still runs.
         self.grace_seconds = grace_seconds
         self.nodes: list[NodeProcess] = []
+        #: where a node's lines go once the job is being stopped (node index, line); None: the sink.
+        #: A stop makes every torchrun agent and rank print its shutdown (warnings, tracebacks); the
+        #: launcher reports the verdict once, so a backend sends those lines to the run directory.
+        self.stopping_sink: Callable[[int, str], None] | None = None
         self._stop = threading.Event()
         self._lock = threading.Lock()
         self._teardown_lock = threading.RLock()
@@ -98,7 +102,10 @@ class NodeSupervisor:
         for raw in iter(node.proc.stdout.readline, b""):
             line = raw.decode(errors="replace").rstrip("\n")
             node.tail.append(line)
-            self.sink(line if line.startswith("[node") else f"[node{node.index}] {line}")
+            if self._stop.is_set() and self.stopping_sink is not None:
+                self.stopping_sink(node.index, line)
+            else:
+                self.sink(line if line.startswith("[node") else f"[node{node.index}] {line}")
 
     def check(self, expected: int) -> tuple[bool, int, NodeProcess | None]:
         """Without blocking: (done, exit code, failed node). Done when one node failed (its code and
@@ -208,6 +215,28 @@ class NodeSupervisor:
         for node in self.nodes:
             if node.reader is not None:
                 node.reader.join(timeout=5)
+
+
+class AgentLogs:
+    """A stopping sink (:attr:`NodeSupervisor.stopping_sink`): each node's lines appended to
+    ``<run_dir>/logs/agent<node>.log``, never through a link (dtrain.rundir)."""
+
+    def __init__(self, run_dir: str):
+        self.run_dir = run_dir
+
+    def __call__(self, node: int, line: str) -> None:
+        from dtrain.rundir import LOGS, RunDir, UnsafeRunDir
+
+        try:
+            fd = RunDir(self.run_dir).open_append(LOGS, f"agent{int(node)}.log")
+        except (OSError, UnsafeRunDir):
+            return  # a planted link or a full disk costs these lines, never the teardown
+        try:
+            os.write(fd, (line + "\n").encode(errors="replace"))
+        except OSError:
+            pass
+        finally:
+            os.close(fd)
 
 
 def stop_grace_env(grace: float) -> dict[str, str]:

@@ -3,13 +3,17 @@
 Every backend that starts torchrun agents renders them here; only the rendezvous differs:
 
 * :class:`C10d` (local backend): dynamic c10d rendezvous at ``host:port``; node ranks are
-  assigned by the rendezvous. The agent is ``python -m torch.distributed.run``.
+  assigned by the rendezvous.
 * :class:`Static` (ssh, slurm): membership is fixed by the backend, so a static rendezvous
   with ``--node-rank`` makes NODE_RANK (and so RANK) follow the backend's node order.
   ``endpoint``/``node_rank`` None leave them to torchrun's ``PET_MASTER_ADDR``,
   ``PET_MASTER_PORT`` and ``PET_NODE_RANK`` variables (Slurm sets them per node at run time).
-  The agent is ``python -m dtrain.launch.torchrun``: torchrun itself, with the
-  ``dtrain-static`` rendezvous registered (torchrun's static one, restartable: see below).
+
+Either way the agent is ``python -m dtrain.launch.torchrun`` (:func:`main`): torchrun itself, with
+the ``dtrain-static`` rendezvous registered (torchrun's static one, restartable: see below), its
+per-job log directory removed when it ends (torchrun would leave a ``torchelastic_*`` directory in
+the temp folder per agent), and a stop by signal ending it quietly (torchrun prints a traceback per
+agent; the launcher reports the verdict once).
 
 Each worker runs the per-rank wrapper (:mod:`dtrain.launch.rank_entry`) around the user's argv.
 
@@ -32,8 +36,7 @@ if TYPE_CHECKING:
     from dtrain.launch.spec import LaunchSpec
 
 RANK_ENTRY = ("-m", "dtrain.launch.rank_entry")
-TORCHRUN = ("-m", "torch.distributed.run")
-STATIC_AGENT = ("-m", "dtrain.launch.torchrun")  # torchrun with RESTARTABLE_STATIC registered (main below)
+AGENT = ("-m", "dtrain.launch.torchrun")  # torchrun, with RESTARTABLE_STATIC and the clean-ups of main below
 RESTARTABLE_STATIC = "dtrain-static"
 
 # Environment every torchrun agent gets (through Job.rank_env, which every backend puts into the
@@ -79,7 +82,7 @@ def rendezvous_args(spec: "LaunchSpec", job_id: str, rdzv: Rendezvous) -> list[s
 def agent_argv(spec: "LaunchSpec", *, python: str, job_id: str, rdzv: Rendezvous) -> list[str]:
     """The argv that starts one node's torchrun agent."""
     return [
-        python, *(TORCHRUN if isinstance(rdzv, C10d) else STATIC_AGENT),
+        python, *AGENT,
         f"--nnodes={spec.nodes}",
         f"--nproc-per-node={spec.procs_per_node}",
         *rendezvous_args(spec, job_id, rdzv),
@@ -174,8 +177,19 @@ def main(argv: list[str] | None = None) -> None:
 
     torchrun fills in the endpoint (from ``--master-addr``/``--master-port``, i.e. PET_MASTER_*)
     and the node rank (``--node-rank``, PET_NODE_RANK) only for its own ``static`` backend; done
-    here the same way for ``dtrain-static``."""
+    here the same way for ``dtrain-static``.
+
+    Without ``--log-dir`` torchrun makes a ``torchelastic_*`` directory in the temp folder for its
+    workers' error files and never removes it (one per agent per job); here the agent gets a
+    private one that goes with it. A stop (SIGTERM/SIGINT/SIGHUP from the launcher's teardown, a
+    hang verdict, a cancel) still stops the workers as torchrun does, then exits 128 + the signal
+    without torchrun's traceback: every agent printed one, and the launcher reports the verdict."""
+    import shutil
+    import sys
+    import tempfile
+
     from torch.distributed import run as torchrun
+    from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import record
     from torch.distributed.elastic.rendezvous import rendezvous_handler_registry
 
@@ -186,7 +200,16 @@ def main(argv: list[str] | None = None) -> None:
             args.rdzv_endpoint = f"{args.master_addr}:{args.master_port or 29500}"
         args.rdzv_conf = ",".join(filter(None, [args.rdzv_conf, f"rank={args.node_rank}"]))
         args.node_rank = 0  # now in the rendezvous config; torchrun would warn that it ignores it
-    record(torchrun.run)(args)
+    private_log_dir = None
+    if not args.log_dir:
+        args.log_dir = private_log_dir = tempfile.mkdtemp(prefix="dtrain-agent-")
+    try:
+        record(torchrun.run)(args)
+    except SignalException as e:
+        sys.exit(128 + int(e.sigval))
+    finally:
+        if private_log_dir is not None:
+            shutil.rmtree(private_log_dir, ignore_errors=True)
 
 
 if __name__ == "__main__":

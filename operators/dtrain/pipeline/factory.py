@@ -396,11 +396,11 @@ def retraining_pipeline(
         decided = gate_model(evaluation)
         published = publish_model(evaluation)
         if approval:
-            from airflow.providers.standard.operators.hitl import ApprovalOperator
+            from dtrain.pipeline.approval import ApprovalStep
 
-            approve = ApprovalOperator(
+            approve = ApprovalStep(
                 task_id="approve", subject=f"Publish the {dag_id} model for {PART}?",
-                body="{{ dtrain_approval_body(ti) }}", response_timeout=approval_timeout, retries=0,
+                body="{{ dtrain_approval_body(ti) }}", response_timeout=approval_timeout,
             )
             decided >> approve >> published
         else:

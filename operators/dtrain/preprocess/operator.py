@@ -154,6 +154,17 @@ class PreprocessOperator(BaseOperator):
         terminate_active()
 
 
+def partition_names(partitions: Any) -> list[Any]:
+    """What the mapped preprocessing tasks returned (or the names given), as a list, in one read.
+
+    The mapped tasks' XComArg arrives as Airflow's lazy sequence: iterating it asks for item after
+    item until one is missing, and the Task SDK logs that last, expected miss as an ``[error] XCom
+    not found ... offset=N`` line on every successful run. A slice is one request for all of them."""
+    if isinstance(partitions, Sequence) and not isinstance(partitions, (str, bytes)):
+        return list(partitions[:])
+    return list(partitions)
+
+
 class PreprocessFinalizeOperator(BaseOperator):
     """Publish the dataset: check every partition, merge quarantine.jsonl, write manifest.json last.
 
@@ -183,7 +194,7 @@ class PreprocessFinalizeOperator(BaseOperator):
     def execute(self, context) -> dict[str, Any]:
         from dtrain.preprocess.runner import finalize_dataset
 
-        partitions = None if self.partitions is None else list(self.partitions)
+        partitions = None if self.partitions is None else partition_names(self.partitions)
         with aws_credentials_env(self.aws_conn_id):
             return finalize_dataset(self.output_path, partitions,
                                     max_bad_fraction=_coerce_fraction(self.max_bad_fraction), log=self.log.info)

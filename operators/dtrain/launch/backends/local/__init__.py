@@ -21,7 +21,7 @@ from typing import Sequence
 from dtrain.errors import SpecError
 from dtrain.launch.backends.base import Backend, DryRunRequest, JobHandle, JobStatus
 from dtrain.launch.job import Job
-from dtrain.launch.processes import NodeSupervisor, stop_grace_env
+from dtrain.launch.processes import AgentLogs, NodeSupervisor, stop_grace_env
 from dtrain.launch.spec import LaunchSpec
 from dtrain.launch.torchrun import C10d, agent_argv
 
@@ -72,6 +72,7 @@ class LocalBackend(Backend):
         envs = [dict(base_env, DTRAIN_NODE_INDEX=str(i)) for i in range(len(request.argvs))]
         self.supervisor.job_id = job.job_id  # teardown also finds what left the tree
         self.supervisor.grace_seconds = self._grace(job.spec)
+        self.supervisor.stopping_sink = AgentLogs(job.run_dir)  # a stop's shutdown chatter: see NodeSupervisor
         self.supervisor.start(request.argvs, envs, cwd=job.spec.workdir)
         return JobHandle(backend=self.name, job_id=job.job_id, backend_job_id=job.job_id, run_dir=job.run_dir,
                          world_size=job.spec.world_size, submitted_at=time.time(),
