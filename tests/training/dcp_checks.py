@@ -14,12 +14,13 @@ def flatten(value, prefix: str = "") -> dict:
     return {prefix.rstrip("/"): value}
 
 
-def assert_same_state(expected_path, actual_path) -> None:
-    """Every entry of the two saved states equal: tensors exactly (values, shape, dtype), the rest by ==."""
+def assert_same_state(expected, actual) -> None:
+    """Every entry of the two states (dicts, or files torch.save wrote) equal: tensors exactly (values,
+    shape, dtype), the rest by ==."""
     import torch
 
-    expected = flatten(torch.load(expected_path, weights_only=False))
-    actual = flatten(torch.load(actual_path, weights_only=False))
+    expected = flatten(expected if isinstance(expected, dict) else torch.load(expected, weights_only=False))
+    actual = flatten(actual if isinstance(actual, dict) else torch.load(actual, weights_only=False))
     assert sorted(expected) == sorted(actual)
     assert any(isinstance(v, torch.Tensor) and v.numel() > 1 for v in expected.values())
     for key, value in expected.items():

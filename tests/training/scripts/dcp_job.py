@@ -43,7 +43,7 @@ def build_model(kind: str):
 
         fully_shard(model)
         return model, model
-    if kind == "ddp" and dist.is_initialized():
+    if kind == "ddp" and dist.is_initialized():  # "plain": the same model, unwrapped
         return model, torch.nn.parallel.DistributedDataParallel(model)
     return model, model
 
