@@ -69,11 +69,14 @@ class CheckpointManager:
         self.last_saved_step: int | None = None
         self._dcp = None
         if format == "dcp":
-            from dtrain.training.ckpt_storage import open_storage
+            from dtrain.training.ckpt_storage import LocalStorage, open_storage
             from dtrain.training.dcp import FOLDER, DcpCheckpointer
 
             storage = open_storage(f"{self.directory.rstrip('/')}/{FOLDER}", storage_options)
-            self._dcp = DcpCheckpointer(storage, keep=keep, keep_best=keep_best, async_save=async_save)
+            # A remote location is listed for the UI in the run directory's checkpoints folder.
+            run_folder = os.environ.get("DTRAIN_CHECKPOINT_DIR")
+            index = LocalStorage(run_folder) if run_folder and not isinstance(storage, LocalStorage) else None
+            self._dcp = DcpCheckpointer(storage, keep=keep, keep_best=keep_best, async_save=async_save, index=index)
         else:
             os.makedirs(self.directory, exist_ok=True)
 

@@ -146,6 +146,10 @@ class FsspecStorage:
         except FileNotFoundError:
             pass
 
+    def size(self, name: str) -> int:
+        return sum(int(e.get("size") or 0) for e in self.fs.ls(self.path(name), detail=True)
+                   if e.get("type") == "file")
+
     def writer(self, name: str):
         from torch.distributed.checkpoint._fsspec_filesystem import FsspecWriter
 

@@ -38,6 +38,8 @@ from typing import Any
 
 STEP_DIR = re.compile(r"step-(\d{8})")
 MARKER = "dtrain-commit.json"
+#: in the run directory's checkpoints folder: the complete checkpoints of a remote location
+INDEX = "remote.json"
 #: the folder under the checkpoint location that holds DCP checkpoints
 FOLDER = "dcp"
 KEEP_BEST = ("min", "max")
@@ -67,18 +69,24 @@ def step_name(step: int) -> str:
 def parse_marker(name: str, data: bytes | None) -> Committed | None:
     """The marker of folder ``name``, or None when it is missing or not one this code wrote
     (storage is shared: anything may be there)."""
-    match = STEP_DIR.fullmatch(name)
-    if data is None or match is None:
+    if data is None:
         return None
     try:
         record = json.loads(data)
     except (ValueError, RecursionError):
         return None
-    if not isinstance(record, dict):
+    return commit_record(name, record)
+
+
+def commit_record(name: str, record: Any) -> Committed | None:
+    """A marker's (or the remote index's) record of checkpoint folder ``name``, checked whole:
+    its step is the folder's, a positive world size, a time, a finite metric or none."""
+    match = STEP_DIR.fullmatch(name) if isinstance(name, str) else None
+    if match is None or not isinstance(record, dict):
         return None
     step, world, when, metric = (record.get(k) for k in ("step", "world_size", "time", "metric"))
     if not (_is_int(step) and step == int(match.group(1)) and _is_int(world) and world > 0
-            and isinstance(when, (int, float)) and not isinstance(when, bool)):
+            and isinstance(when, (int, float)) and not isinstance(when, bool) and math.isfinite(when)):
         return None
     if metric is not None and not (isinstance(metric, (int, float)) and not isinstance(metric, bool)
                                    and math.isfinite(metric)):
@@ -124,12 +132,17 @@ class DcpCheckpointer:
     given to :meth:`save` when ``keep_best`` is "min" or "max".
     """
 
-    def __init__(self, storage: Any, *, keep: int = 2, keep_best: str | None = None, async_save: bool = False):
+    def __init__(self, storage: Any, *, keep: int = 2, keep_best: str | None = None, async_save: bool = False,
+                 index: Any = None):
         if keep_best not in (None, *KEEP_BEST):
             from dtrain.errors import SpecError
 
             raise SpecError("keep_best", keep_best, "None, 'min' or 'max'")
         self.storage, self.keep, self.keep_best, self.async_save = storage, keep, keep_best, async_save
+        #: where rank 0 lists the complete checkpoints of a remote location for the UI (a local
+        #: folder of the run directory: the UI never reads object storage with the deployment's
+        #: credentials on a rank's word), or None
+        self.index = index
         self._group = None
         self._pending = None          # this rank's future of the save in flight
         self._committed = threading.Event()
@@ -210,6 +223,14 @@ class DcpCheckpointer:
         record = {"step": step, "world_size": world, "time": time.time(), "metric": metric}
         self.storage.write_small(step_name(step), MARKER, data=json.dumps(record).encode())
         self.prune()
+        if self.index is not None:
+            self._write_index()
+
+    def _write_index(self) -> None:
+        entries = [{"step": c.step, "world_size": c.world_size, "time": c.time, "metric": c.metric,
+                    "size_bytes": self.storage.size(c.name)} for c in self.committed()]
+        self.index.make_root()
+        self.index.write_small(INDEX, data=json.dumps({"location": self.storage.root, "checkpoints": entries}).encode())
 
     def wait(self) -> None:
         """Block until the save in flight (if any) is written and committed; raise its error."""
