@@ -181,3 +181,35 @@ def test_shard_sampler_position_resumes_at_another_world_size(tmp_path):
     whole = ShardSampler(samples, 1, 0, seed=7)
     whole.set_epoch(2)
     assert set(seen[:60]) == set(whole.indices()[:60])  # the first 60 of the epoch's permutation, as trained
+
+
+def test_the_run_directory_lists_complete_dcp_checkpoints_and_a_remote_index(tmp_path, monkeypatch):
+    from dtrain.rundir import RunDir
+
+    run = tmp_path / "run"
+    ckpt = CheckpointManager(str(run / "checkpoints"), every_n_steps=1, format="dcp", keep=3)
+    ckpt.save(1, plain_state(1))
+    monkeypatch.setattr(ckpt._dcp, "_commit", lambda *args: None)
+    ckpt.save(2, plain_state(2))  # cut short before its marker: not listed
+    (run / "checkpoints" / "remote.json").write_text(json.dumps({"location": "s3://bkt/runs/r1/ckpt/dcp", "checkpoints": [
+        {"step": 6, "world_size": 4, "time": 5.0, "metric": None, "size_bytes": 1234},
+        {"step": "7", "world_size": 4, "time": 5.0}, {"step": 8, "world_size": 0, "time": 5.0}]}))
+    found = RunDir(str(run)).checkpoints()
+    assert [(c["step"], c["name"], c["kind"], c["world_size"]) for c in found] == [
+        (1, "dcp/step-00000001", "dcp", 1), (6, "s3://bkt/runs/r1/ckpt/dcp/step-00000006", "dcp", 4)]
+    assert found[0]["size_bytes"] > 0 and found[1]["size_bytes"] == 1234
+    (run / "checkpoints" / "remote.json").write_text(json.dumps({"location": "file:///etc", "checkpoints": [
+        {"step": 6, "world_size": 4, "time": 5.0}]}))
+    assert [c["step"] for c in RunDir(str(run)).checkpoints()] == [1]
+
+
+def test_a_remote_location_keeps_its_index_in_the_run_directory(tmp_path, s3, monkeypatch):
+    index = tmp_path / "run" / "checkpoints"
+    monkeypatch.setenv("DTRAIN_CHECKPOINT_DIR", str(index))
+    ckpt = CheckpointManager(s3.url("ckpt"), every_n_steps=1, format="dcp", keep=1)
+    ckpt.save(3, plain_state(3))
+    ckpt.save(5, plain_state(5))
+    recorded = json.loads((index / "remote.json").read_text())
+    assert recorded["location"] == f"s3://{s3.bucket}/ckpt/dcp"
+    assert [(c["step"], c["world_size"]) for c in recorded["checkpoints"]] == [(5, 1)]
+    assert recorded["checkpoints"][0]["size_bytes"] > 0
