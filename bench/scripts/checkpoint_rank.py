@@ -115,10 +115,12 @@ def main() -> int:
     train_step(model, optimizer)  # Adam's state exists from here
     params = sum(p.numel() for p in model.parameters())  # global: DTensor numel is the whole tensor's
     results: dict[str, dict[str, float]] = {}
-    url = f"{args.location.rstrip('/')}/torch/model.pt"
-    if "://" not in url:
-        os.makedirs(os.path.dirname(url), exist_ok=True)
-    torch_save_rank0(model, optimizer, url)  # not timed, like the first DCP save of each round
+    folder = f"{args.location.rstrip('/')}/torch"
+    if "://" not in folder:
+        os.makedirs(folder, exist_ok=True)
+    # Two keys: moto fails a multipart upload that replaces a key written by one ("seek of closed file").
+    torch_save_rank0(model, optimizer, f"{folder}/warmup.pt")  # not timed, like the first DCP save of each round
+    url = f"{folder}/model.pt"
     results["torch.save"] = {"stall_s": torch_save_rank0(model, optimizer, url)}
     results["torch.save"]["load_s"] = torch_load_rank0(model, optimizer, url)
     results["dcp-sync"] = dcp_round(model, optimizer, f"{args.location.rstrip('/')}/sync", False, 2)

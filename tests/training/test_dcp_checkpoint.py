@@ -66,12 +66,14 @@ def test_retention_keeps_the_last_k_and_the_best_and_removes_debris(tmp_path):
 def test_async_save_writes_the_state_as_it_was_when_save_returned(tmp_path):
     ckpt = manager(tmp_path, async_save=True)
     state = plain_state(1)
-    ckpt.save(1, state)
-    state["w"].add_(100.0)  # the next optimizer step, while the upload runs
-    ckpt.wait()
-    into = plain_state(0)
-    assert ckpt.load_latest(into=into)["step"] == 1
-    assert torch.equal(into["w"], torch.full((4, 3), 1.0))
+    for step in (1, 2):  # the second save reuses the first one's host buffers: its own values go out
+        state["w"].fill_(float(step))
+        ckpt.save(step, state)
+        state["w"].add_(100.0)  # the next optimizer step, while the upload runs
+        ckpt.wait()
+        into = plain_state(0)
+        assert ckpt.load_latest(into=into)["step"] == step
+        assert torch.equal(into["w"], torch.full((4, 3), float(step)))
 
 
 class SlowWrites:
