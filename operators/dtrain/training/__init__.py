@@ -7,6 +7,8 @@ Submodules import torch lazily, so importing this package stays cheap.
 """
 
 from dtrain.training.checkpoint import CheckpointManager
+from dtrain.training.data_position import ResumableSampler
+from dtrain.training.dcp import ModelState
 from dtrain.training.dist import DistContext, init_distributed
 from dtrain.training.loop import TrainLoop
 from dtrain.training.metrics import MetricsWriter, write_result
@@ -18,4 +20,5 @@ __all__ = [
     "CheckpointManager", "DistContext", "init_distributed", "MetricsWriter", "write_result", "TrainLoop",
     "scaled_lr", "warmup_factor", "heartbeat",
     "PreemptionGuard", "StopRequest", "stop_requested", "STOP_EXIT_CODE",
+    "ModelState", "ResumableSampler",
 ]
