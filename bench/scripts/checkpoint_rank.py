@@ -30,6 +30,9 @@ from dtrain.training.dcp import ModelState
 from dtrain.training.dist import exit_now, init_distributed
 
 HIDDEN = 4096
+#: moto assembles a multipart upload in its one Python process: on 2 busy cores that can outlast botocore's
+#: 60 s read timeout, and the retried completion then fails on parts the first one consumed
+S3_OPTIONS = {"config_kwargs": {"read_timeout": 900}}
 
 
 def build(params_gib: float):
@@ -54,13 +57,17 @@ def slowest(seconds: float) -> float:
     return t.item()
 
 
+def options_for(url: str) -> dict:
+    return S3_OPTIONS if url.startswith("s3://") else {}
+
+
 def torch_save_rank0(model, optimizer, url: str) -> float:
     import fsspec
 
     started = time.perf_counter()
     m, o = get_state_dict(model, optimizer, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
     if dist.get_rank() == 0:
-        with fsspec.open(url, "wb") as fh:
+        with fsspec.open(url, "wb", **options_for(url)) as fh:
             torch.save({"model": m, "optimizer": o}, fh)
             if hasattr(fh, "fileno"):
                 fh.flush()
@@ -75,7 +82,7 @@ def torch_load_rank0(model, optimizer, url: str) -> float:
     started = time.perf_counter()
     state = {"model": {}, "optimizer": {}}
     if dist.get_rank() == 0:
-        with fsspec.open(url, "rb") as fh:
+        with fsspec.open(url, "rb", **options_for(url)) as fh:
             state = torch.load(fh, map_location="cpu", weights_only=False)
     # Model and optimizer apart: set_state_dict skips the model's broadcast on ranks given an empty
     # model dict (it takes them for optimizer-only), and rank 0 then waits for them forever.
@@ -86,7 +93,8 @@ def torch_load_rank0(model, optimizer, url: str) -> float:
 
 
 def dcp_round(model, optimizer, location: str, asynchronous: bool, step: int) -> dict[str, float]:
-    ckpt = CheckpointManager(location, keep=1, format="dcp", async_save=asynchronous)
+    ckpt = CheckpointManager(location, keep=1, format="dcp", async_save=asynchronous,
+                             storage_options=options_for(location) or None)
     app = ModelState(model, optimizer)
     ckpt.save(step - 1, {"app": app})  # not timed: the first save makes the checkpoint's process group
     ckpt.wait()

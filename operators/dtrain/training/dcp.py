@@ -192,22 +192,29 @@ class DcpCheckpointer:
             self._discard(name)  # a save of this step cut short earlier, or one being replaced
         self._barrier()  # nobody writes before the folder is clean
         writer = self.storage.writer(name)
-        if not self.async_save:
+        if self.async_save:
+            self._save_async(state, writer, rank, step, world, metric)
+        else:
             dcp.save(state, storage_writer=writer, process_group=group)
             if rank == 0:
                 self._commit(step, world, metric)
-            return self.storage.path(name)
+        return self.storage.path(name)
+
+    def _save_async(self, state: dict[str, Any], writer: Any, rank: int, step: int, world: int,
+                    metric: float | None) -> None:
+        import torch.distributed.checkpoint as dcp
+
+        from dtrain.training.preemption import stop_requested
+
         self._committed.clear()
         self._error = None
-        future = dcp.async_save(state, storage_writer=writer, process_group=group, async_stager=self._stager())
+        future = dcp.async_save(state, storage_writer=writer, process_group=self._process_group(),
+                                async_stager=self._stager())
         self._pending = future
         _in_flight.add(self)
         future.add_done_callback(lambda f: self._finish(f, rank, step, world, metric))
-        from dtrain.training.preemption import stop_requested
-
         if stop_requested():  # the process is about to exit: the save must land first
             self.wait()
-        return self.storage.path(name)
 
     def _stager(self):
         """One stager for every asynchronous save of this checkpointer: it keeps the host copy's buffers
