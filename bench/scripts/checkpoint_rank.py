@@ -69,7 +69,7 @@ def torch_save_rank0(model, optimizer, url: str) -> float:
     if dist.get_rank() == 0:
         with fsspec.open(url, "wb", **options_for(url)) as fh:
             torch.save({"model": m, "optimizer": o}, fh)
-            if hasattr(fh, "fileno"):
+            if not url.startswith("s3://"):  # a local file: durable like the DCP shards (fsynced)
                 fh.flush()
                 os.fsync(fh.fileno())
     dist.barrier()
