@@ -114,3 +114,18 @@ def finite(field: str, value: Any, *, minimum: float, maximum: float) -> float:
     if not math.isfinite(number) or not minimum <= number <= maximum:
         raise SpecError(field, value, f"a finite number between {minimum:g} and {maximum:g}")
     return number
+
+
+#: where checkpoints go: an absolute local path (the shared filesystem) or an s3:// prefix (bucket
+#: names as S3 allows them; key parts in a plain alphabet, never "." or "..")
+_KEY_PART = r"(?!\.\.?(?:/|$))[A-Za-z0-9_.=+@,-]{1,255}"
+CHECKPOINT_URL = re.compile(rf"s3://(?P<bucket>[a-z0-9][a-z0-9.-]{{1,61}}[a-z0-9])(?P<key>(?:/{_KEY_PART})*)/?")
+CHECKPOINT_PATH = re.compile(rf"/(?:{_KEY_PART}/?)*")
+
+
+def checkpoint_location(field: str, value: Any) -> str:
+    """A checkpoint location: an absolute local path or ``s3://bucket/prefix``, without a trailing "/"."""
+    if isinstance(value, str) and (CHECKPOINT_URL.fullmatch(value) or CHECKPOINT_PATH.fullmatch(value)):
+        return value.rstrip("/") or "/"
+    raise SpecError(field, value, "an absolute path or s3://bucket/prefix (letters, digits and _.=+@,- in each "
+                                  "part; no '.' or '..' part)")

@@ -69,6 +69,10 @@ MAX_STACK_BYTES = 512 * 1024
 MAX_SMALL_JSON_BYTES = 1024 * 1024
 #: the end of a rank's log read for its tail
 LOG_TAIL_BYTES = 64 * 1024
+#: a DCP checkpoint's commit marker is a small JSON object
+MAX_CHECKPOINT_MARKER_BYTES = 64 * 1024
+#: entries of a remote location's checkpoint index looked at
+MAX_REMOTE_CHECKPOINTS = 1000
 #: ranks looked at, whatever the directory holds (a world of 100k ranks is not drawn)
 MAX_RANKS = 4096
 
@@ -464,8 +468,10 @@ class RunDir:
         return None if raw is None else raw.decode("utf-8", errors="replace")
 
     def checkpoints(self) -> list[dict[str, Any]]:
-        """Checkpoints (dtrain.training.checkpoint): ``step-NNNNNNNN.pt`` files, and DeepSpeed's tag
-        directories under ``checkpoints/deepspeed``, oldest step first."""
+        """Checkpoints (dtrain.training.checkpoint): ``step-NNNNNNNN.pt`` files, DeepSpeed's tag
+        directories under ``checkpoints/deepspeed``, complete DCP checkpoints (with their commit
+        marker) under ``checkpoints/dcp``, and those of a remote (s3://) location as its index here
+        lists them; oldest step first."""
         found = []
         for where in ((CHECKPOINTS,), (CHECKPOINTS, "deepspeed")):
             for entry in self.list(*where):
@@ -476,7 +482,40 @@ class RunDir:
                 found.append({"step": int(match.group(1)), "name": "/".join((*where[1:], entry.name)),
                               "size_bytes": size, "time": entry.mtime,
                               "kind": "deepspeed" if entry.is_dir else "torch"})
+        found += self._dcp_checkpoints() + self._remote_checkpoints()
         return sorted(found, key=lambda c: (c["step"], c["name"]))
+
+    def _dcp_checkpoints(self) -> list[dict[str, Any]]:
+        from dtrain.training.dcp import FOLDER, MARKER, parse_marker
+
+        found = []
+        for entry in self.list(CHECKPOINTS, FOLDER):
+            marker = entry.is_dir and parse_marker(entry.name, self.read(CHECKPOINTS, FOLDER, entry.name, MARKER,
+                                                                         limit=MAX_CHECKPOINT_MARKER_BYTES))
+            if marker:  # complete: a folder without its marker is a save cut short, never listed
+                found.append({"step": marker.step, "name": f"{FOLDER}/{entry.name}", "kind": "dcp",
+                              "size_bytes": sum(e.size for e in self.list(CHECKPOINTS, FOLDER, entry.name)),
+                              "time": marker.time, "world_size": marker.world_size})
+        return found
+
+    def _remote_checkpoints(self) -> list[dict[str, Any]]:
+        """The index rank 0 keeps of a remote location's complete checkpoints (shown, never fetched)."""
+        from dtrain.grammar import CHECKPOINT_URL
+        from dtrain.training.dcp import INDEX, commit_record, step_name
+
+        index = self.read_json(CHECKPOINTS, INDEX)
+        if not isinstance(index, dict) or not isinstance(index.get("location"), str) \
+                or not CHECKPOINT_URL.fullmatch(index["location"]) or not isinstance(index.get("checkpoints"), list):
+            return []
+        found = []
+        for record in index["checkpoints"][:MAX_REMOTE_CHECKPOINTS]:
+            step, size = (record.get(k) for k in ("step", "size_bytes")) if isinstance(record, dict) else (None, None)
+            marker = commit_record(step_name(step), record) if isinstance(step, int) and 0 <= step < 10**8 else None
+            if marker is not None:
+                found.append({"step": marker.step, "name": f"{index['location']}/{marker.name}", "kind": "dcp",
+                              "size_bytes": size if isinstance(size, int) and size >= 0 else None,
+                              "time": marker.time, "world_size": marker.world_size})
+        return found
 
 
 def _records(lines: list[bytes]) -> Iterator[dict[str, Any]]:

@@ -6,6 +6,10 @@ either the previous checkpoint or the new one, never a half-written file that a
 resume would trust. An Airflow retry or a torchrun restart resumes from ``latest``.
 A stop (SIGTERM: :mod:`dtrain.training.preemption`) saves one more, for the step it stopped
 at, unless :attr:`CheckpointManager.last_saved_step` says that step was just saved.
+
+``format="dcp"``: sharded checkpoints with torch.distributed.checkpoint, written by every rank,
+optionally asynchronous, to the shared filesystem or s3://, resharded on load
+(:mod:`dtrain.training.dcp`; docs/checkpoints.md says when to use which).
 """
 
 from __future__ import annotations
@@ -31,30 +35,65 @@ def _atomic_write_text(path: str, text: str) -> None:
     os.replace(tmp, path)
 
 
+FORMATS = ("torch", "dcp")
+
+
 class CheckpointManager:
     """Args:
-        directory: where checkpoints live (default ``$DTRAIN_CHECKPOINT_DIR``).
+        directory: where checkpoints live (default ``$DTRAIN_CHECKPOINT_DIR``); with ``format="dcp"``
+            also ``s3://bucket/prefix``.
         every_n_steps: save when ``step % every_n_steps == 0``.
         keep: how many recent checkpoints to keep.
-        rank: only rank 0 writes (DDP replicas are identical).
+        rank: with ``format="torch"`` only rank 0 writes (DDP replicas are identical).
+        format: ``"torch"`` (one ``torch.save`` file from rank 0) or ``"dcp"`` (every rank writes its
+            shards: FSDP2, DDP or plain state dicts; call ``save``/``load_latest`` on every rank).
+        async_save: (dcp) return once the state is copied to host memory; the write goes on behind.
+        keep_best: (dcp) also keep the best checkpoint by ``save(..., metric=)``: "min" or "max".
+        storage_options: (dcp, s3://) s3fs options; default: credentials from the environment.
     """
 
-    def __init__(self, directory: str | None = None, every_n_steps: int = 50, keep: int = 2, rank: int = 0):
+    def __init__(self, directory: str | None = None, every_n_steps: int = 50, keep: int = 2, rank: int = 0, *,
+                 format: str = "torch", async_save: bool = False, keep_best: str | None = None,
+                 storage_options: dict[str, Any] | None = None):
         if every_n_steps < 1 or keep < 1:
             raise ValueError(f"every_n_steps={every_n_steps} and keep={keep} must be at least 1")
+        if format not in FORMATS or (format == "torch" and (async_save or keep_best)):
+            from dtrain.errors import SpecError
+
+            raise SpecError("format", format, f"one of {FORMATS}; async_save and keep_best need 'dcp'")
         self.directory = directory or checkpoint_dir()
         self.every_n_steps = every_n_steps
         self.keep = keep
         self.rank = rank
         #: the step of the last save() / save_deepspeed() this process made (None: none yet)
         self.last_saved_step: int | None = None
-        os.makedirs(self.directory, exist_ok=True)
+        self._dcp = None
+        if format == "dcp":
+            from dtrain.training.ckpt_storage import LocalStorage, open_storage
+            from dtrain.training.dcp import FOLDER, DcpCheckpointer
+
+            storage = open_storage(f"{self.directory.rstrip('/')}/{FOLDER}", storage_options)
+            # A remote location is listed for the UI in the run directory's checkpoints folder.
+            run_folder = os.environ.get("DTRAIN_CHECKPOINT_DIR")
+            index = LocalStorage(run_folder) if run_folder and not isinstance(storage, LocalStorage) else None
+            self._dcp = DcpCheckpointer(storage, keep=keep, keep_best=keep_best, async_save=async_save, index=index)
+        else:
+            os.makedirs(self.directory, exist_ok=True)
+
+    @property
+    def format(self) -> str:
+        return "torch" if self._dcp is None else "dcp"
 
     def should_save(self, step: int) -> bool:
         return step > 0 and step % self.every_n_steps == 0
 
-    def save(self, step: int, state: dict[str, Any]) -> str | None:
-        """Write ``state`` for ``step`` (rank 0 only) and move the ``latest`` pointer to it."""
+    def save(self, step: int, state: dict[str, Any], metric: float | None = None) -> str | None:
+        """Write ``state`` for ``step`` (rank 0 only) and move the ``latest`` pointer to it.
+        dcp: every rank writes its shards of ``state`` (``metric`` ranks it for ``keep_best``)."""
+        if self._dcp is not None:
+            path = self._dcp.save(step, state, metric)
+            self.last_saved_step = step
+            return path
         if self.rank != 0:
             self.last_saved_step = step  # on every rank: the step the job's checkpoint covers
             return None
@@ -73,7 +112,14 @@ class CheckpointManager:
         self.last_saved_step = step
         return path
 
+    def wait(self) -> None:
+        """(dcp) Block until an asynchronous save in flight is complete; raise if it failed."""
+        if self._dcp is not None:
+            self._dcp.wait()
+
     def steps(self) -> list[int]:
+        if self._dcp is not None:
+            return [c.step for c in self._dcp.committed()]
         found = []
         for name in os.listdir(self.directory):
             match = PATTERN.match(name)
@@ -82,6 +128,9 @@ class CheckpointManager:
         return sorted(found)
 
     def latest_path(self) -> str | None:
+        if self._dcp is not None:
+            latest = self._dcp.latest()
+            return None if latest is None else self._dcp.storage.path(latest.name)
         pointer = os.path.join(self.directory, LATEST)
         try:
             with open(pointer, encoding="utf-8") as fh:
@@ -93,8 +142,18 @@ class CheckpointManager:
         steps = self.steps()
         return os.path.join(self.directory, f"step-{steps[-1]:08d}.pt") if steps else None
 
-    def load_latest(self, map_location: str = "cpu") -> dict[str, Any] | None:
-        """The latest checkpoint's state (with its ``step``), or None when there is none."""
+    def load_latest(self, map_location: str = "cpu", into: dict[str, Any] | None = None) -> dict[str, Any] | None:
+        """The latest checkpoint's state (with its ``step``), or None when there is none.
+        dcp: loads in place into ``into`` (the same keys and objects as saved, in this world's
+        shapes: DCP reshards), and returns it with ``step``."""
+        if self._dcp is not None:
+            if into is None:
+                raise ValueError("format='dcp' loads in place: pass into= (the state dict to fill)")
+            found = self._dcp.load(into)
+            if found is None:
+                return None
+            self.last_saved_step = found.step
+            return {**into, "step": found.step}
         path = self.latest_path()
         if path is None:
             return None

@@ -65,7 +65,13 @@ def init_distributed(backend: str | None = None, timeout_s: float = 300.0) -> Di
 
 
 def shutdown() -> None:
+    import sys
+
     import torch.distributed as dist
+
+    checkpoints = sys.modules.get("dtrain.training.dcp")
+    if checkpoints is not None:  # an asynchronous checkpoint may still be uploading on these groups
+        checkpoints.wait_all()
 
     if dist.is_initialized():
         dist.destroy_process_group()

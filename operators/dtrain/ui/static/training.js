@@ -154,7 +154,7 @@
     body.replaceChildren();
     for (const c of view.checkpoints || []) {
       const row = el("tr", null, {"data-step": c.step});
-      for (const cell of [c.step, c.name, bytes(c.size_bytes), when(c.time)]) row.append(el("td", cell));
+      for (const cell of [c.step, c.name, c.size_bytes == null ? "" : bytes(c.size_bytes), when(c.time)]) row.append(el("td", cell));
       body.append(row);
     }
     show("checkpoints", (view.checkpoints || []).length > 0);

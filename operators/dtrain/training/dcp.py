@@ -1,0 +1,331 @@
+"""Sharded checkpoints with torch.distributed.checkpoint (DCP): every rank writes its own shards.
+
+Layout, under the checkpoint location (a shared-filesystem path or an s3:// prefix)::
+
+    dcp/step-00000100/__0_0.distcp ... __{W-1}_0.distcp   one file per rank (its shards)
+    dcp/step-00000100/.metadata                           DCP's index, written by rank 0 after every rank's files
+    dcp/step-00000100/dtrain-commit.json                  the commit marker: written last, by rank 0
+
+**Complete or invisible.** A checkpoint counts (is listed, can be "latest") only when its commit
+marker exists. DCP's save ends with rank 0 gathering every rank's write results (a barrier: no rank's
+result arrives before its files are written, and on the shared filesystem fsynced) and writing
+``.metadata``; only when that succeeded does rank 0 write the marker. A kill at any moment (one rank,
+every rank, during the asynchronous upload) leaves a folder without a marker, which nothing reads, and
+the previous latest stands. Old checkpoints are removed only after a newer one is committed, marker
+first, so a removal cut short is invisible too.
+
+**Asynchronous.** ``async_save=True``: :func:`torch.distributed.checkpoint.async_save` copies the
+state to host memory (into buffers kept between saves) and returns; the upload runs in a background thread, on its own gloo process
+group (the training's collectives never interleave with the checkpoint's). One save in flight at a
+time: the next save, a stop (SIGTERM, :mod:`dtrain.training.preemption`) and the end of training
+(:func:`dtrain.training.dist.shutdown`, hence ``exit_now``) wait for it.
+
+**Resharding.** DCP stores each tensor's global shape and which shard holds which part; a load
+reads what the current ranks' state dicts ask for, so a checkpoint saved at world size 4 loads at
+2 or 8 (FSDP2's DTensors re-split, DDP's replicated tensors read whole). :class:`ModelState` gives
+a model and its optimizer the state dict that makes that work (torch's ``get_state_dict``).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any
+
+STEP_DIR = re.compile(r"step-(\d{8})")
+MARKER = "dtrain-commit.json"
+#: in the run directory's checkpoints folder: the complete checkpoints of a remote location
+INDEX = "remote.json"
+#: the folder under the checkpoint location that holds DCP checkpoints
+FOLDER = "dcp"
+KEEP_BEST = ("min", "max")
+
+#: checkpointers with a save that may still be in flight (dist.shutdown waits for them)
+_in_flight: "set[DcpCheckpointer]" = set()
+
+
+@dataclass(frozen=True)
+class Committed:
+    """A complete checkpoint, as its commit marker describes it."""
+
+    step: int
+    world_size: int
+    time: float
+    metric: float | None = None
+
+    @property
+    def name(self) -> str:
+        return step_name(self.step)
+
+
+def step_name(step: int) -> str:
+    return f"step-{step:08d}"
+
+
+def parse_marker(name: str, data: bytes | None) -> Committed | None:
+    """The marker of folder ``name``, or None when it is missing or not one this code wrote
+    (storage is shared: anything may be there)."""
+    if data is None:
+        return None
+    try:
+        record = json.loads(data)
+    except (ValueError, RecursionError):
+        return None
+    return commit_record(name, record)
+
+
+def commit_record(name: str, record: Any) -> Committed | None:
+    """A marker's (or the remote index's) record of checkpoint folder ``name``, checked whole:
+    its step is the folder's, a positive world size, a time, a finite metric or none."""
+    match = STEP_DIR.fullmatch(name) if isinstance(name, str) else None
+    if match is None or not isinstance(record, dict):
+        return None
+    step, world, when, metric = (record.get(k) for k in ("step", "world_size", "time", "metric"))
+    if not (_is_int(step) and step == int(match.group(1)) and _is_int(world) and world > 0
+            and isinstance(when, (int, float)) and not isinstance(when, bool) and math.isfinite(when)):
+        return None
+    if metric is not None and not (isinstance(metric, (int, float)) and not isinstance(metric, bool)
+                                   and math.isfinite(metric)):
+        return None
+    return Committed(step=step, world_size=world, time=float(when), metric=None if metric is None else float(metric))
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+class ModelState:
+    """A model (plain, DDP or FSDP2) and its optimizer as one DCP ``Stateful``: the state dicts come from
+    torch's ``get_state_dict`` (parameter names without DDP's ``module.`` prefix, FSDP2 shards as
+    DTensors, optimizer state keyed by parameter name), so they load at another world size."""
+
+    def __init__(self, model: Any, optimizer: Any = None):
+        self.model, self.optimizer = model, optimizer
+
+    def state_dict(self) -> dict[str, Any]:
+        from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_state_dict
+
+        if self.optimizer is None:
+            return {"model": get_model_state_dict(self.model)}
+        model, optimizer = get_state_dict(self.model, self.optimizer)
+        return {"model": model, "optimizer": optimizer}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        from torch.distributed.checkpoint.state_dict import set_model_state_dict, set_state_dict
+
+        if self.optimizer is None:
+            set_model_state_dict(self.model, state["model"])
+        else:
+            set_state_dict(self.model, self.optimizer, model_state_dict=state["model"],
+                           optim_state_dict=state["optimizer"])
+
+
+class DcpCheckpointer:
+    """Save and load DCP checkpoints under ``storage`` (:mod:`dtrain.training.ckpt_storage`).
+
+    Every rank calls every method at the same point (they are collectives when torch.distributed is
+    initialized). ``keep`` complete checkpoints are kept, newest first, plus the best by the metric
+    given to :meth:`save` when ``keep_best`` is "min" or "max".
+    """
+
+    def __init__(self, storage: Any, *, keep: int = 2, keep_best: str | None = None, async_save: bool = False,
+                 index: Any = None):
+        if keep_best not in (None, *KEEP_BEST):
+            from dtrain.errors import SpecError
+
+            raise SpecError("keep_best", keep_best, "None, 'min' or 'max'")
+        self.storage, self.keep, self.keep_best, self.async_save = storage, keep, keep_best, async_save
+        #: where rank 0 lists the complete checkpoints of a remote location for the UI (a local
+        #: folder of the run directory: the UI never reads object storage with the deployment's
+        #: credentials on a rank's word), or None
+        self.index = index
+        self._group = None
+        self._staging = None          # the asynchronous saves' host buffers (kept between saves)
+        self._pending = None          # this rank's future of the save in flight
+        self._committed = threading.Event()
+        self._committed.set()
+        self._error: BaseException | None = None
+
+    # -- the process group ------------------------------------------------------------------------
+
+    def _world(self) -> tuple[int, int]:
+        import torch.distributed as dist
+
+        if dist.is_available() and dist.is_initialized():
+            return dist.get_rank(), dist.get_world_size()
+        return 0, 1
+
+    def _process_group(self):
+        """A gloo group of every rank for the checkpoint's own collectives (made once, collectively):
+        an asynchronous save gathers in a background thread while training all-reduces on the main one."""
+        import torch.distributed as dist
+
+        if self._group is None and self._world()[1] > 1:
+            self._group = dist.new_group(backend="gloo")
+        return self._group
+
+    def _barrier(self) -> None:
+        import torch.distributed as dist
+
+        if self._world()[1] > 1:
+            dist.barrier(group=self._process_group())
+
+    # -- save -------------------------------------------------------------------------------------
+
+    def save(self, step: int, state: dict[str, Any], metric: float | None = None) -> str:
+        """Save ``state`` (tensors, plain values, ``Stateful`` objects such as :class:`ModelState`) as
+        checkpoint ``step``; committed when every rank's shards are written (later, when asynchronous)."""
+        import torch.distributed.checkpoint as dcp
+
+        if metric is not None and not math.isfinite(float(metric)):
+            raise ValueError(f"metric={metric!r} must be a finite number")
+        self.wait()  # one save in flight at a time
+        rank, world = self._world()
+        name = step_name(step)
+        group = self._process_group()
+        if rank == 0:
+            self.storage.make_root()
+            self._discard(name)  # a save of this step cut short earlier, or one being replaced
+        self._barrier()  # nobody writes before the folder is clean
+        writer = self.storage.writer(name)
+        if self.async_save:
+            self._save_async(state, writer, rank, step, world, metric)
+        else:
+            dcp.save(state, storage_writer=writer, process_group=group)
+            if rank == 0:
+                self._commit(step, world, metric)
+        return self.storage.path(name)
+
+    def _save_async(self, state: dict[str, Any], writer: Any, rank: int, step: int, world: int,
+                    metric: float | None) -> None:
+        import torch.distributed.checkpoint as dcp
+
+        from dtrain.training.preemption import stop_requested
+
+        self._committed.clear()
+        self._error = None
+        future = dcp.async_save(state, storage_writer=writer, process_group=self._process_group(),
+                                async_stager=self._stager())
+        self._pending = future
+        _in_flight.add(self)
+        future.add_done_callback(lambda f: self._finish(f, rank, step, world, metric))
+        if stop_requested():  # the process is about to exit: the save must land first
+            self.wait()
+
+    def _stager(self):
+        """One stager for every asynchronous save of this checkpointer: it keeps the host copy's buffers
+        and copies into them once per save. torch's default allocates a copy and copies again each time
+        (measured here: 4.0 s of stall for 384 MB per rank against 0.6 s with the kept buffers). Reusing
+        them is safe because a save waits for the previous one to finish first."""
+        if self._staging is None:
+            import torch
+            from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
+
+            cuda = torch.cuda.is_available()  # pinned buffers make device-to-host copies fast; CPU-only has none
+            self._staging = DefaultStager(StagingOptions(use_pinned_memory=cuda, use_shared_memory=False,
+                                                         use_async_staging=False, use_non_blocking_copy=cuda))
+        return self._staging
+
+    def _finish(self, future, rank: int, step: int, world: int, metric: float | None) -> None:
+        """Runs in the background thread when this rank's asynchronous save ends."""
+        try:
+            future.result()  # rank 0: raises unless every rank's shards and .metadata are written
+            if rank == 0:
+                self._commit(step, world, metric)
+        except BaseException as e:  # noqa: BLE001 (kept for wait() to raise on the main thread)
+            self._error = e
+        finally:
+            self._committed.set()
+
+    def _commit(self, step: int, world: int, metric: float | None) -> None:
+        record = {"step": step, "world_size": world, "time": time.time(), "metric": metric}
+        self.storage.write_small(step_name(step), MARKER, data=json.dumps(record).encode())
+        self.prune()
+        if self.index is not None:
+            self._write_index()
+
+    def _write_index(self) -> None:
+        entries = [{"step": c.step, "world_size": c.world_size, "time": c.time, "metric": c.metric,
+                    "size_bytes": self.storage.size(c.name)} for c in self.committed()]
+        self.index.make_root()
+        self.index.write_small(INDEX, data=json.dumps({"location": self.storage.root, "checkpoints": entries}).encode())
+
+    def wait(self) -> None:
+        """Block until the save in flight (if any) is written and committed; raise its error."""
+        if self._pending is None:
+            return
+        future, self._pending = self._pending, None
+        try:
+            future.exception()  # wait for the write itself; its outcome is read in _finish
+            self._committed.wait()
+        finally:
+            _in_flight.discard(self)
+        if self._error is not None:
+            error, self._error = self._error, None
+            raise RuntimeError(f"checkpoint save to {self.storage} failed: {error}") from error
+
+    # -- list, load, prune ------------------------------------------------------------------------
+
+    def committed(self) -> list[Committed]:
+        """Complete checkpoints, oldest step first."""
+        found = []
+        for name in self.storage.names():
+            if STEP_DIR.fullmatch(name):
+                marker = parse_marker(name, self.storage.read_small(name, MARKER))
+                if marker is not None:
+                    found.append(marker)
+        return sorted(found, key=lambda c: c.step)
+
+    def latest(self) -> Committed | None:
+        found = self.committed()
+        return found[-1] if found else None
+
+    def load(self, state: dict[str, Any]) -> Committed | None:
+        """Load the latest complete checkpoint into ``state`` in place (resharded to this world);
+        None when there is none. Rank 0 chooses it, so every rank loads the same one."""
+        import torch.distributed as dist
+        import torch.distributed.checkpoint as dcp
+
+        self.wait()
+        chosen = [self.latest() if self._world()[0] == 0 else None]
+        if self._world()[1] > 1:
+            dist.broadcast_object_list(chosen, src=0, group=self._process_group())
+        if chosen[0] is None:
+            return None
+        dcp.load(state, storage_reader=self.storage.reader(chosen[0].name), process_group=self._process_group())
+        return chosen[0]
+
+    def prune(self) -> None:
+        """Remove complete checkpoints beyond ``keep`` (and the best), and folders of saves that never
+        completed and are older than the newest complete one. Markers go first."""
+        found = self.committed()
+        if not found:
+            return
+        kept = {c.step for c in found[-self.keep:]}
+        scored = [c for c in found if c.metric is not None]
+        if self.keep_best and scored:
+            pick = min if self.keep_best == "min" else max
+            kept.add(pick(scored, key=lambda c: c.metric).step)
+        complete = {c.step for c in found}
+        for name in self.storage.names():
+            match = STEP_DIR.fullmatch(name)
+            if match is None:
+                continue
+            step = int(match.group(1))
+            if step in kept or (step not in complete and step > found[-1].step):
+                continue  # kept, or a save still to come (never touched here)
+            self._discard(name)
+
+    def _discard(self, name: str) -> None:
+        self.storage.remove_file(name, MARKER)  # invisible first
+        self.storage.remove_tree(name)
+
+
+def wait_all() -> None:
+    """Wait for every checkpoint save in flight in this process (before its process groups go)."""
+    for checkpointer in list(_in_flight):
+        checkpointer.wait()
