@@ -15,7 +15,7 @@ import sys
 
 import pytest
 
-from tests.staging.conftest import moto_endpoint, s3  # noqa: F401 (moto's S3 server, for the s3:// tests)
+from tests.staging.conftest import s3  # noqa: F401 (a bucket on the suite's moto server, for the s3:// tests)
 
 SCRIPTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "scripts")
 
