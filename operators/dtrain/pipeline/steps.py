@@ -10,7 +10,7 @@ from typing import Any, Callable, Mapping
 
 from dtrain.errors import DTrainError, SpecError
 from dtrain.pipeline.gate import Decision, Gate
-from dtrain.pipeline.publish import previous_published
+from dtrain.pipeline.registry import ModelRegistry
 
 
 class EvaluateError(DTrainError):
@@ -60,13 +60,10 @@ def evaluate_model(evaluate: Callable[[str, str | None], Any], model_path: str, 
     return clean
 
 
-def decide(gate: Gate, metrics: Mapping[str, Any], models_root: str, version: str, partition: str,
-           model_name: str) -> Decision:
-    """The gate's decision against the model published before ``partition`` (the warm start's source)."""
-    found = previous_published(models_root, version, partition, model_name) if gate.min_improvement is not None \
-        else None
+def decide(gate: Gate, metrics: Mapping[str, Any], registry: ModelRegistry, version: str, partition: str) -> Decision:
+    """The gate's decision against the registry's baseline for ``partition`` (dtrain.pipeline.registry)."""
+    found = registry.baseline(version, partition) if gate.min_improvement is not None else None
     if found is None:
         return gate.decide(metrics, None)
-    path, record = found
-    return gate.decide(metrics, record.get("evaluation") or {}, published_model=path)
+    return gate.decide(metrics, found.metrics, published_model=found.model)
 
