@@ -29,11 +29,15 @@ import math
 import os
 import tempfile
 from dataclasses import dataclass, field
-from typing import Any, Iterator, Mapping
+from typing import Any, Mapping
 
+from dtrain.environ import temporarily
 from dtrain.errors import DTrainError, SpecError
 from dtrain.grammar import MLFLOW_NAME, MLFLOW_RUN_ID, MLFLOW_URI, check
 
+#: XCom key of the train task's MLflow run ({"run_id", "experiment_id"}): for people and the UI,
+#: which checks it against its grammar; the pipeline's later tasks find the run by its key instead
+RUN_XCOM_KEY = "mlflow_run"
 #: the run tag that identifies a train task's run (see :func:`run_key`)
 KEY_TAG = "dtrain.key"
 #: what the ranks get, so a script that does log to MLflow itself writes into the same run
@@ -57,19 +61,9 @@ class TrackingServer:
     ui_url: str
     credentials: Mapping[str, str] = field(default_factory=dict, repr=False)
 
-    @contextlib.contextmanager
-    def signed_in(self) -> Iterator[None]:
+    def signed_in(self) -> contextlib.AbstractContextManager:
         """MLflow's REST client reads its credentials from these variables at each request."""
-        saved = {name: os.environ.get(name) for name in self.credentials}
-        os.environ.update(self.credentials)
-        try:
-            yield
-        finally:
-            for name, value in saved.items():
-                if value is None:
-                    os.environ.pop(name, None)
-                else:
-                    os.environ[name] = value
+        return temporarily(self.credentials)
 
     def client(self):
         from mlflow import MlflowClient

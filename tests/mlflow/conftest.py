@@ -84,3 +84,56 @@ def client(mlflow_server):
     from mlflow import MlflowClient
 
     return MlflowClient(tracking_uri=mlflow_server.uri, registry_uri=mlflow_server.uri)
+
+
+#: the e2e test's own bucket: the example's CSV data, dates chosen so that each outcome is the data's
+#: doing: date -> (rows, label noise). More clean data, warm-started from the champion, beats it;
+#: noisy labels do not.
+E2E_BUCKET = "mlflow-demo"
+E2E_DATES = {"2026-04-01": (2000, 0.1), "2026-04-02": (4000, 0.1), "2026-04-03": (3000, 3.0),
+             "2026-04-04": (6000, 0.1)}
+E2E_DAGS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "dags")
+
+
+def seed_e2e(endpoint: str) -> None:
+    from dtrain.pipeline.demo import s3_client
+    from tests.pipeline.conftest import TABULAR, example_module
+
+    data = example_module(TABULAR, "tabular_pipeline.data")
+    client = s3_client(endpoint)
+    client.create_bucket(Bucket=E2E_BUCKET)
+    for seed, (date, (rows, noise)) in enumerate(sorted(E2E_DATES.items()), start=11):
+        client.put_object(Bucket=E2E_BUCKET, Key=f"raw/v1/{date}/part-0.csv",
+                          Body=data.csv_bytes(data.generate_rows(rows, seed, label_noise=noise)))
+    client.put_object(Bucket=E2E_BUCKET, Key="heldout/v1/heldout.csv",
+                      Body=data.csv_bytes(data.generate_rows(1000, 99)))
+
+
+@pytest.fixture(scope="session")
+def mlflow_airflow(mlflow_server, tmp_path_factory):
+    """`airflow standalone` with tests/mlflow/dags, moto's S3 seeded for it, and the connection
+    mlflow_default pointing at the session's tracking server."""
+    from dtrain.pipeline.demo import airflow_env, moto_s3
+    from tests.airflow_services import AirflowServices, bundle
+    from tests.pipeline.conftest import TABULAR
+
+    class Standalone(AirflowServices):
+        def start(self, timeout: float = 240) -> None:
+            self.migrate()
+            self.spawn("standalone", "standalone")
+            self.wait_ready("tabular_mlflow", timeout)
+
+    root = tmp_path_factory.mktemp("mlflow-airflow")
+    with moto_s3() as endpoint:
+        seed_e2e(endpoint)
+        env = airflow_env(endpoint)
+        env.update(DTRAIN_SHARED_FS=str(root / "shared"), DTRAIN_HOME=str(root / "dtrain"),
+                   PATH=BIN + os.pathsep + env.get("PATH", ""), TABULAR_BUCKET=f"s3://{E2E_BUCKET}",
+                   TABULAR_SHARED_FS=str(root / "shared"), AIRFLOW_CONN_MLFLOW_DEFAULT=mlflow_server.uri,
+                   PYTHONPATH=os.pathsep.join(p for p in (TABULAR, env.get("PYTHONPATH")) if p))
+        server = Standalone(str(root / "home"), env, E2E_DAGS, [bundle("mlflow-dags", E2E_DAGS)])
+        try:
+            server.start()
+            yield server
+        finally:
+            server.stop()

@@ -17,10 +17,8 @@ from typing import Any
 from dtrain.launch.operator import DistributedTrainingOperator
 from dtrain.pipeline.config import partition_of
 from dtrain.pipeline.registry import ModelRegistry
+from dtrain.tracking import RUN_XCOM_KEY
 
-#: XCom key of the train task's MLflow run ({"run_id", "experiment_id"}): for people and the UI,
-#: which checks it against its own grammar; the pipeline's later tasks find the run by its key
-RUN_XCOM_KEY = "mlflow_run"
 #: the job's shape, as logged params
 SHAPE = ("nodes", "procs_per_node", "world_size", "distribution", "backend")
 #: what a training script's result (metrics/result.json) may carry that is a param of the run
