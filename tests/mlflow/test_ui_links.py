@@ -46,3 +46,28 @@ def test_the_retraining_view_carries_what_an_mlflow_publish_registered():
     mlflow_row, directory_row = view["runs"]
     assert (mlflow_row["registered"]["version"], mlflow_row["registered"]["alias"]) == ("2", "challenger")
     assert directory_row["registered"] is None and directory_row["model_path"] == "/m/model.pt"
+
+
+def test_dag_parsing_with_an_mlflow_registry_imports_no_mlflow():
+    from tests.support import heavy_libraries_imported_by
+
+    # what a DAG file with registry=MlflowRegistry(...) imports, and the operator its train task is
+    assert heavy_libraries_imported_by("dtrain.pipeline.registry_mlflow", "dtrain.pipeline.tracked_training",
+                                       "dtrain.pipeline.factory") == []
+
+
+def test_a_registry_is_checked_when_the_dag_is_built():
+    import pytest
+
+    from dtrain.errors import SpecError
+    from dtrain.pipeline.registry_mlflow import MlflowRegistry
+
+    for kwargs, field in (({"champion": "latest"}, "registry champion"), ({"challenger": "v2"}, "registry challenger"),
+                          ({"champion": "x", "challenger": "x"}, "registry challenger"),
+                          ({"tracking_uri": "file:///tmp/mlruns"}, "registry tracking_uri"),
+                          ({"conn_id": None}, "registry conn_id"), ({"load_model": "not a path"}, "registry load_model")):
+        with pytest.raises(SpecError) as refused:
+            MlflowRegistry("m", **kwargs)
+        assert refused.value.field == field, kwargs
+    with pytest.raises(SpecError, match="registry model_name"):
+        MlflowRegistry("it's")

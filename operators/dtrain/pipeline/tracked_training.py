@@ -95,7 +95,7 @@ class TrackedTrainingOperator(DistributedTrainingOperator):
                                  if name in outcome and not isinstance(outcome[name], (dict, list))})
 
     def execute(self, context) -> dict[str, Any]:
-        from airflow.exceptions import TaskDeferred
+        from airflow.sdk.exceptions import TaskDeferred
 
         try:
             result = super().execute(context)

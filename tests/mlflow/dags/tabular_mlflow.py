@@ -14,10 +14,24 @@ from dtrain.pipeline.registry_mlflow import MlflowRegistry
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(HERE)))
-_spec = importlib.util.spec_from_file_location(
-    "tabular_retraining_example", os.path.join(REPO, "examples", "tabular", "dags", "tabular_retraining.py"))
-_example = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(_example)
+
+def _example_module():
+    """The example's DAG file as a module, its own DAGs not registered as this file's: Airflow
+    registers every DAG built while a DAG file is imported (auto_register), so they would run here too."""
+    from airflow.sdk.definitions._internal.contextmanager import DagContext
+
+    spec = importlib.util.spec_from_file_location(
+        "tabular_retraining_example", os.path.join(REPO, "examples", "tabular", "dags", "tabular_retraining.py"))
+    module = importlib.util.module_from_spec(spec)
+    importing, DagContext.current_autoregister_module_name = DagContext.current_autoregister_module_name, None
+    try:
+        spec.loader.exec_module(module)
+    finally:
+        DagContext.current_autoregister_module_name = importing
+    return module
+
+
+_example = _example_module()
 
 PIPELINE = dict(_example.PIPELINE)
 PIPELINE["train_command"] = ["python", os.path.join(os.path.dirname(HERE), "flaky.py"), "{run_dir}",
