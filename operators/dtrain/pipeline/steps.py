@@ -62,7 +62,7 @@ def evaluate_model(evaluate: Callable[[str, str | None], Any], model_path: str, 
 
 def decide(gate: Gate, metrics: Mapping[str, Any], registry: ModelRegistry, version: str, partition: str) -> Decision:
     """The gate's decision against the registry's baseline for ``partition`` (dtrain.pipeline.registry)."""
-    found = registry.baseline(version, partition) if gate.min_improvement is not None else None
+    found = registry.baseline(version, partition) if gate.compares else None
     if found is None:
         return gate.decide(metrics, None)
     return gate.decide(metrics, found.metrics, published_model=found.model)
