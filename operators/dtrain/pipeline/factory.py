@@ -375,11 +375,11 @@ def retraining_pipeline(
         @task.branch(task_id="gate")
         def gate_model(evaluation: dict) -> str | None:
             """Compare the metric with the bar and the published model; publish (or ask) only if it passes."""
-            from dtrain.pipeline.steps import decide
+            from dtrain.pipeline.steps import decide_with
 
             context = get_current_context()
-            decision = decide(gate, evaluation["metrics"], registry, context["params"]["dataset_version"],
-                              partition_of(context["dag_run"]))
+            decision = decide_with(gate, evaluation["metrics"], registry, context["params"]["dataset_version"],
+                                   partition_of(context["dag_run"]))
             print(decision.summary)
             context["ti"].xcom_push(key="decision", value=decision.as_dict())
             return next_step if decision.publish else None
