@@ -51,6 +51,7 @@ from dtrain.pipeline.config import partition_of
 from dtrain.pipeline.gate import Gate
 from dtrain.pipeline.params import DATASET_VERSION_PATTERN, FINITE, MAX_RANKS_ENV, OVERSUBSCRIPTION
 from dtrain.pipeline.placeholders import LITERAL_MACRO, literal_text, to_jinja
+from dtrain.pipeline.registry import DirectoryRegistry, ModelRegistry, Pipeline, RunRef
 from dtrain.preflight.operator import PreflightOperator
 from dtrain.preprocess.operator import PreprocessFinalizeOperator, PreprocessOperator
 from dtrain.preprocess.packing import packing_option
@@ -169,6 +170,7 @@ def retraining_pipeline(
     epoch_seconds: float | None = None,
     env: Mapping[str, str] | None = None,
     pack: Mapping[str, Any] | None = None,
+    registry: ModelRegistry | None = None,
     **train_options: Any,
 ) -> DAG:
     """Build a retraining DAG for your model; everything model-specific is an argument.
@@ -192,7 +194,7 @@ def retraining_pipeline(
         heldout: held-out data location passed to ``evaluate`` (``{version}``, ``{partition}``
             and ``{params.NAME}`` are filled); None passes None.
         models: where models are published, as ``<models>/<dag_id>/<version>/<partition>/``
-            (default ``<shared_fs>/models``).
+            (default ``<shared_fs>/models``), with the default registry.
         model_name: the file or directory name ``{output}`` ends with and the published model has.
         params: your own run params (name -> Param or default), next to the built-in ones
             (:data:`BUILTIN_PARAMS`); use them in train_command as ``{params.NAME}``.
@@ -211,6 +213,10 @@ def retraining_pipeline(
         pack: pack the transform's variable-length token field into fixed-length blocks for causal-LM
             training: ``{"field": "input_ids", "block_size": 128, "separator": EOS_ID}``
             (:mod:`dtrain.preprocess.packing`); None keeps one sample per record.
+        registry: where models are published and what the gate compares with
+            (:mod:`dtrain.pipeline.registry`): :class:`~dtrain.pipeline.registry.DirectoryRegistry`
+            (default) or :class:`~dtrain.pipeline.registry_mlflow.MlflowRegistry` (an MLflow model
+            registry; every train task is then an MLflow run: docs/mlflow.md).
         **train_options: further :class:`~dtrain.launch.operator.DistributedTrainingOperator`
             arguments (hang_timeout, stop_grace, max_restarts, deferrable, retry_policy, ...).
 
@@ -225,6 +231,10 @@ def retraining_pipeline(
                 tolerance=tolerance, relative_tolerance=relative_tolerance)
     if not isinstance(model_name, str) or not MODEL_NAME.fullmatch(model_name):
         raise SpecError("model_name", model_name, "a file or directory name (letters, digits, _ . + -)")
+    if registry is not None and not isinstance(registry, ModelRegistry):
+        raise SpecError("registry", registry, "a dtrain.pipeline.registry.ModelRegistry (DirectoryRegistry, "
+                                              "MlflowRegistry), or None for the directory default")
+    registry = (registry or DirectoryRegistry()).for_pipeline(Pipeline(dag_id, shared_fs, model_name, models))
     clashing = sorted(SET_BY_FACTORY & set(train_options))
     if clashing:
         raise SpecError("train_options", clashing[0], "an operator argument the factory does not set itself "
@@ -237,7 +247,6 @@ def retraining_pipeline(
     ds_json = json.dumps(dict(deepspeed_config)) if deepspeed_config else ""
     extra_env = dict(env or {})
 
-    models_root = os.path.join(models or os.path.join(shared_fs, "models"), dag_id)
     run_dir = os.path.join(shared_fs, "runs", dag_id, VERSION, PART, "run-{{ dag_run.clear_number or 0 }}")
     output = os.path.join(run_dir, model_name)
     processed_url = f"{processed.rstrip('/')}/{dag_id}/{VERSION}/{PART}"
@@ -263,9 +272,12 @@ def retraining_pipeline(
     next_step = "approve" if approval else "publish"
 
     def previous(version: str, partition: str) -> str:
-        from dtrain.pipeline.publish import previous_model
+        return registry.warm_start(version, partition)
 
-        return previous_model(models_root, version, partition, model_name)
+    def run_ref(context) -> RunRef:
+        dag_run = context["dag_run"]
+        return RunRef(run_id=dag_run.run_id, clear_number=dag_run.clear_number or 0,
+                      version=context["params"]["dataset_version"], partition=partition_of(dag_run))
 
     def deepspeed(params: Mapping[str, Any]) -> str:
         return ds_json if params["distribution"] == "deepspeed" else ""
@@ -333,10 +345,14 @@ def retraining_pipeline(
             task_id="preflight", manifest_path="{{ ti.xcom_pull(task_ids='stage')['manifest_path'] }}",
             checkpoint_dir=run_dir, min_free_gb=min_free_gb, **common,
         )
-        train = DistributedTrainingOperator(
+        tracked = {"registry": registry} if registry.tracks_runs else {}
+        train_class = DistributedTrainingOperator
+        if tracked:
+            from dtrain.pipeline.tracked_training import TrackedTrainingOperator as train_class
+        train = train_class(
             task_id="train", command=argv, distribution="{{ params.distribution }}",
             deepspeed_config="{{ dtrain_deepspeed_config(params) }}", env="{{ dtrain_train_env(ti) }}",
-            run_dir=run_dir, **common, **train_options,
+            run_dir=run_dir, **common, **tracked, **train_options,
         )
 
         @task(task_id="evaluate")
@@ -350,27 +366,28 @@ def retraining_pipeline(
             with aws_credentials_env(aws_conn_id):
                 metrics = run(function, model_path, heldout_location or None, gate.metric)
             print(f"evaluate: {json.dumps(metrics, sort_keys=True)} (model {model_path})")
-            return {"metrics": metrics, "model_path": model_path, "heldout": heldout_location or None,
-                    "run_dir": result["run_dir"], "training": result.get("metrics") or {},
-                    "world_size": result.get("world_size"), "duration_s": result.get("duration_s")}
+            evaluation = {"metrics": metrics, "model_path": model_path, "heldout": heldout_location or None,
+                          "run_dir": result["run_dir"], "training": result.get("metrics") or {},
+                          "world_size": result.get("world_size"), "duration_s": result.get("duration_s")}
+            registry.record_evaluation(run_ref(get_current_context()), evaluation)
+            return evaluation
 
         @task.branch(task_id="gate")
         def gate_model(evaluation: dict) -> str | None:
             """Compare the metric with the bar and the published model; publish (or ask) only if it passes."""
-            from dtrain.pipeline.steps import decide
+            from dtrain.pipeline.steps import decide_with
 
             context = get_current_context()
-            decision = decide(gate, evaluation["metrics"], models_root, context["params"]["dataset_version"],
-                              partition_of(context["dag_run"]), model_name)
+            decision = decide_with(gate, evaluation["metrics"], registry, context["params"]["dataset_version"],
+                                   partition_of(context["dag_run"]))
             print(decision.summary)
             context["ti"].xcom_push(key="decision", value=decision.as_dict())
             return next_step if decision.publish else None
 
         @task(task_id="publish", outlets=[model])
         def publish_model(evaluation: dict) -> dict:
-            """Publish the model atomically under <models>/<dag_id>/<version>/<partition>/ and update the asset."""
-            from dtrain.pipeline.publish import publish_model as publish
-
+            """Publish the model with the registry (default: atomically under <models>/<dag_id>/<version>/<partition>/)
+            and update the asset."""
             context = get_current_context()
             ti = context["ti"]
             version, partition = context["params"]["dataset_version"], partition_of(context["dag_run"])
@@ -383,13 +400,11 @@ def retraining_pipeline(
                 answer = ti.xcom_pull(task_ids="approve") or {}
                 record["approval"] = {"chosen_options": answer.get("chosen_options"),
                                       "responded_by": answer.get("responded_by_user")}
-            published = publish(evaluation["model_path"], record, models_root, version, partition, model_name)
-            context["outlet_events"][model].extra = {
-                "model_path": published["model_path"], "metrics_path": published["metrics_path"],
-                "dataset_version": version, "partition": partition}
-            print(f"PUBLISHED model: {published['model_path']} metrics: {published['metrics_path']} "
-                  f"({gate.metric} {evaluation['metrics'][gate.metric]})")
-            return published
+            published = registry.publish(run_ref(context), evaluation["model_path"], record)
+            context["outlet_events"][model].extra = {**published.asset_extra, "dataset_version": version,
+                                                     "partition": partition}
+            print(f"PUBLISHED {published.summary} ({gate.metric} {evaluation['metrics'][gate.metric]})")
+            return published.record
 
         evaluation = evaluate_model(train.output, model_path=output,
                                     heldout_location=heldout_text or "")

@@ -10,7 +10,7 @@ from typing import Any, Callable, Mapping
 
 from dtrain.errors import DTrainError, SpecError
 from dtrain.pipeline.gate import Decision, Gate
-from dtrain.pipeline.publish import previous_published
+from dtrain.pipeline.registry import DirectoryRegistry, ModelRegistry, Pipeline
 
 
 class EvaluateError(DTrainError):
@@ -60,13 +60,19 @@ def evaluate_model(evaluate: Callable[[str, str | None], Any], model_path: str, 
     return clean
 
 
-def decide(gate: Gate, metrics: Mapping[str, Any], models_root: str, version: str, partition: str,
-           model_name: str) -> Decision:
-    """The gate's decision against the model published before ``partition`` (the warm start's source)."""
-    found = previous_published(models_root, version, partition, model_name) if gate.compares \
-        else None
+def decide_with(gate: Gate, metrics: Mapping[str, Any], registry: ModelRegistry, version: str,
+                partition: str) -> Decision:
+    """The gate's decision against the registry's baseline for ``partition`` (dtrain.pipeline.registry)."""
+    found = registry.baseline(version, partition) if gate.compares else None
     if found is None:
         return gate.decide(metrics, None)
-    path, record = found
-    return gate.decide(metrics, record.get("evaluation") or {}, published_model=path)
+    return gate.decide(metrics, found.metrics, published_model=found.model)
+
+
+def decide(gate: Gate, metrics: Mapping[str, Any], models_root: str, version: str, partition: str,
+           model_name: str = "model.pt") -> Decision:
+    """:func:`decide_with` the directory layout under ``models_root`` (``<models>/<dag_id>``)."""
+    registry = DirectoryRegistry(os.path.dirname(models_root)).for_pipeline(
+        Pipeline(dag_id=os.path.basename(models_root), shared_fs="", model_name=model_name))
+    return decide_with(gate, metrics, registry, version, partition)
 

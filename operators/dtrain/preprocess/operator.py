@@ -18,7 +18,6 @@ nothing heavy is imported at parse time and ``__init__`` does no I/O.
 from __future__ import annotations
 
 import contextlib
-import os
 from typing import Any, Iterator, Sequence
 
 from airflow.sdk import BaseOperator
@@ -72,16 +71,10 @@ def aws_credentials_env(conn_id: str | None) -> Iterator[None]:
     region = (options.get("client_kwargs") or {}).get("region_name")
     if region:
         wanted["AWS_DEFAULT_REGION"] = region
-    saved = {name: os.environ.get(name) for name in wanted}
-    os.environ.update(wanted)
-    try:
+    from dtrain.environ import temporarily
+
+    with temporarily(wanted):
         yield
-    finally:
-        for name, value in saved.items():
-            if value is None:
-                os.environ.pop(name, None)
-            else:
-                os.environ[name] = value
 
 
 class PreprocessOperator(BaseOperator):
