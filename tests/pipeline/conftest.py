@@ -9,11 +9,14 @@ import os
 import pytest
 
 from dtrain.pipeline.demo import airflow_env, moto_s3, s3_client, seed_raw
+from tests.pipeline import readme_package
 from tests.airflow_services import BIN, REPO, AirflowServices, bundle  # noqa: F401 (BIN re-exported to the tests)
 
 DATES = ["2026-01-01", "2026-01-02", "2026-01-03", "2026-01-04", "2026-02-01"]
 #: the example pipeline (examples/tabular): a user's own package, found through PYTHONPATH
 TABULAR = os.path.join(REPO, "examples", "tabular")
+#: the DAG bundle of the package test_readme_pipeline.py writes while Airflow runs, as a new user deploys theirs
+README_BUNDLE = "readme-user"
 #: the Training tab's test DAG (tests/pipeline/test_ui_browser.py)
 UI_DAGS = os.path.join(REPO, "tests", "ui", "dags")
 TABULAR_BUCKET = "tabular-demo"
@@ -67,6 +70,7 @@ def s3_endpoint():
         seed_raw(endpoint, DATES)
         seed_tabular(endpoint)
         seed_text(endpoint)
+        readme_package.seed_moons(s3_client(endpoint))
         yield endpoint
 
 
@@ -74,12 +78,16 @@ def s3_endpoint():
 def pipeline_env(s3_endpoint, tmp_path_factory) -> dict[str, str]:
     """Env for an `airflow` process: the AWS connection, a fresh shared filesystem and DTRAIN_HOME."""
     root = tmp_path_factory.mktemp("pipeline")
+    # Empty until test_readme_pipeline.py writes a new user's package there (readme_package.py).
+    readme_user = root / "readme_user"
+    (readme_user / "dags").mkdir(parents=True)
     env = airflow_env(s3_endpoint)
     env.update(DTRAIN_SHARED_FS=str(root / "shared"), DTRAIN_HOME=str(root / "dtrain"),
                PATH=BIN + os.pathsep + env.get("PATH", ""),
                TABULAR_BUCKET=f"s3://{TABULAR_BUCKET}", TABULAR_SHARED_FS=str(root / "shared"),
                TEXT_BUCKET=f"s3://{TEXT_BUCKET}", TEXT_SHARED_FS=str(root / "shared"),
-               PYTHONPATH=os.pathsep.join(p for p in (TABULAR, TEXT, env.get("PYTHONPATH")) if p))
+               README_USER=str(readme_user),
+               PYTHONPATH=os.pathsep.join(p for p in (TABULAR, TEXT, str(readme_user), env.get("PYTHONPATH")) if p))
     return env
 
 
@@ -89,7 +97,7 @@ class Standalone(AirflowServices):
     def __init__(self, home: str, env: dict[str, str]):
         dags = os.path.join(REPO, "dags")
         super().__init__(home, env, dags, [bundle("dags-folder", dags), bundle("tabular", os.path.join(TABULAR, "dags")),
-                                           bundle("ui-test-dags", UI_DAGS)])
+                                           bundle("ui-test-dags", UI_DAGS), bundle(README_BUNDLE, os.path.join(env["README_USER"], "dags"))])
 
     def start(self, timeout: float = 180) -> None:
         self.migrate()
