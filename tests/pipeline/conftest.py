@@ -87,6 +87,10 @@ def pipeline_env(s3_endpoint, tmp_path_factory) -> dict[str, str]:
                TABULAR_BUCKET=f"s3://{TABULAR_BUCKET}", TABULAR_SHARED_FS=str(root / "shared"),
                TEXT_BUCKET=f"s3://{TEXT_BUCKET}", TEXT_SHARED_FS=str(root / "shared"),
                README_USER=str(readme_user),
+               # A task's first call to the API server (5 s by default) timed out on these shared cores
+               # while the API server waited on SQLite, and failed the task before it ran (Airflow's own
+               # advice for high load: raise it).
+               AIRFLOW__WORKERS__EXECUTION_API_TIMEOUT="60",
                PYTHONPATH=os.pathsep.join(p for p in (TABULAR, TEXT, str(readme_user), env.get("PYTHONPATH")) if p))
     return env
 
