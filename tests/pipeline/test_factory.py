@@ -113,6 +113,8 @@ def test_user_number_params_refuse_nan_like_the_builtin_ones():
     ({"evaluate": "pkg/eval.py"}, "evaluate"),
     ({"goal": "lower"}, "goal"),
     ({"min_improvement": -1}, "min_improvement"),
+    ({"relative_tolerance": 5}, "relative_tolerance"),
+    ({"min_improvement": 0.1, "tolerance": 0.01}, "min_improvement"),
     ({"params": {"nodes": 3}}, "params"),
     ({"params": {"my-param": 3}}, "params"),
     ({"model_name": "../model.pt"}, "model_name"),
@@ -164,3 +166,18 @@ def test_publish_refuses_a_symbolic_link_and_a_missing_model(tmp_path):
     with pytest.raises(PublishError, match="did not write its model"):
         publish_model(str(tmp_path / "none.pt"), {}, str(tmp_path / "m"), "v1", "2026-01-01")
     assert os.listdir(tmp_path / "m" / "v1") == []  # the temporary directory was removed
+
+
+def test_a_gate_with_only_a_tolerance_is_decided_against_the_published_model(tmp_path):
+    from dtrain.pipeline.gate import Gate
+    from dtrain.pipeline.steps import decide
+
+    root = str(tmp_path / "models" / "p")
+    trained = tmp_path / "model.pt"
+    trained.write_bytes(b"w")
+    publish_model(str(trained), {"evaluation": {"f1": 0.988}}, root, "v1", "2026-01-01")
+    gate = Gate(metric="f1", goal="maximize", relative_tolerance=0.005)
+    noisy = decide(gate, {"f1": 0.9849}, root, "v1", "2026-01-02", "model.pt")
+    assert noisy.publish and noisy.baseline_model == os.path.join(root, "v1", "2026-01-01", "model.pt")
+    assert "vs published 0.988" in noisy.summary
+    assert not decide(gate, {"f1": 0.95}, root, "v1", "2026-01-02", "model.pt").publish

@@ -51,7 +51,8 @@ def test_the_decision_goes_to_xcom_as_primitives():
     decision = Gate(metric="rmse", goal="minimize", threshold=1.0).decide({"rmse": 0.5}, None)
     assert decision.as_dict() == {
         "publish": True, "metric": "rmse", "goal": "minimize", "value": 0.5, "threshold": 1.0, "baseline": None,
-        "baseline_model": None, "min_improvement": None, "reasons": ["rmse 0.5 <= threshold 1"],
+        "baseline_model": None, "min_improvement": None, "tolerance": None, "relative_tolerance": None,
+        "reasons": ["rmse 0.5 <= threshold 1"],
         "summary": "gate: publish: rmse 0.5 <= threshold 1"}
 
 
@@ -76,11 +77,60 @@ def test_a_metric_that_is_not_a_finite_number_never_passes(metrics, field, value
     ({"metric": "rmse", "goal": "minimize", "threshold": float("nan")}, "threshold"),
     ({"metric": "rmse", "goal": "minimize", "min_improvement": -0.1}, "min_improvement"),
     ({"metric": "rmse", "goal": "minimize", "min_improvement": "0.1"}, "min_improvement"),
+    ({"metric": "rmse", "goal": "minimize", "tolerance": -0.01}, "tolerance"),
+    ({"metric": "rmse", "goal": "minimize", "tolerance": float("inf")}, "tolerance"),
+    ({"metric": "rmse", "goal": "minimize", "relative_tolerance": 1.0}, "relative_tolerance"),
+    ({"metric": "rmse", "goal": "minimize", "relative_tolerance": -0.005}, "relative_tolerance"),
+    ({"metric": "rmse", "goal": "minimize", "relative_tolerance": True}, "relative_tolerance"),
+    ({"metric": "rmse", "goal": "minimize", "min_improvement": 0.1, "tolerance": 0.01}, "min_improvement"),
 ])
 def test_a_gate_is_checked_when_it_is_built(kwargs, field):
     with pytest.raises(SpecError) as info:
         Gate(**kwargs)
     assert info.value.field == field
+
+
+def test_a_relative_tolerance_accepts_evaluation_noise_and_refuses_a_regression():
+    # the newcomer's numbers: a clean model at f1 0.9849 vs the published 0.988, "no worse than 0.5%"
+    gate = Gate(metric="f1", goal="maximize", relative_tolerance=0.005)
+    noisy = gate.decide({"f1": 0.9849}, {"f1": 0.988}, published_model="/m/2026-01-01/model.pt")
+    assert noisy.publish and noisy.baseline == 0.988
+    assert noisy.summary == ("gate: publish: f1 0.9849 vs published 0.988: -0.0031 (higher is better), "
+                             "within tolerance 0.00494 (0.5% of 0.988)")
+    regression = gate.decide({"f1": 0.97}, {"f1": 0.988})
+    assert not regression.publish
+    assert regression.summary == ("gate: do not publish: f1 0.97 vs published 0.988: -0.018 (higher is better), "
+                                  "beyond tolerance 0.00494 (0.5% of 0.988)")
+    assert gate.decide({"f1": 0.99}, {"f1": 0.988}).publish  # better always passes
+
+
+def test_an_absolute_tolerance_and_the_larger_of_both():
+    absolute = Gate(metric="rmse", goal="minimize", tolerance=0.02)
+    assert absolute.decide({"rmse": 0.51}, {"rmse": 0.5}).summary == (
+        "gate: publish: rmse 0.51 vs published 0.5: -0.01 (lower is better), within tolerance 0.02")
+    assert absolute.decide({"rmse": 0.53}, {"rmse": 0.5}).summary == (
+        "gate: do not publish: rmse 0.53 vs published 0.5: -0.03 (lower is better), beyond tolerance 0.02")
+    both = Gate(metric="rmse", goal="minimize", threshold=1.0, tolerance=0.02, relative_tolerance=0.1)
+    # 10% of 0.5 = 0.05 is the larger: 0.54 passes although it is 0.04 worse
+    assert both.decide({"rmse": 0.54}, {"rmse": 0.5}).summary == (
+        "gate: publish: rmse 0.54 <= threshold 1; rmse 0.54 vs published 0.5: -0.04 (lower is better), "
+        "within tolerance 0.05 (the larger of 0.02 and 10% of 0.5)")
+    # the relative part follows the baseline's magnitude, also for a negative metric
+    assert Gate(metric="score", goal="maximize", relative_tolerance=0.1).decide(
+        {"score": -2.15}, {"score": -2.0}).publish
+    # a tolerance alone consults the published model (min_improvement left None); the first run has none
+    assert both.compares and absolute.decide({"rmse": 9}, None).summary == (
+        "gate: publish: no published model to compare with")
+    assert not Gate(metric="rmse", goal="minimize", threshold=1.0).compares
+
+
+def test_the_approval_request_shows_the_tolerance():
+    decision = Gate(metric="f1", goal="maximize", relative_tolerance=0.005).decide(
+        {"f1": 0.9849}, {"f1": 0.988}).as_dict()
+    assert (decision["tolerance"], decision["relative_tolerance"]) == (None, 0.005)
+    text = approval_markdown({"metrics": {"f1": 0.9849}}, decision)
+    assert "| relative_tolerance | 0.005 |" in text and "| tolerance |" not in text
+    assert "within tolerance 0.00494 (0.5% of 0.988)" in text.splitlines()[0]
 
 
 TEMPLATES = {"shards": "{{ S }}", "output": "/runs/{{ P }}/model.pt", "version": "{{ V }}"}

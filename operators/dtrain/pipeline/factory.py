@@ -151,6 +151,8 @@ def retraining_pipeline(
     goal: str,
     threshold: float | None = None,
     min_improvement: float | None = None,
+    tolerance: float | None = None,
+    relative_tolerance: float | None = None,
     heldout: str | None = None,
     models: str | None = None,
     model_name: str = "model.pt",
@@ -195,7 +197,8 @@ def retraining_pipeline(
             ``{params.NAME}``) filled per run. No shell: each element reaches the script as is.
         evaluate: ``module:function`` called as ``evaluate(model_path, heldout)`` on the worker;
             returns a dict of metrics (numbers).
-        metric, goal, threshold, min_improvement: the publish gate (:class:`~dtrain.pipeline.gate.Gate`).
+        metric, goal, threshold, min_improvement, tolerance, relative_tolerance: the publish gate
+            (:class:`~dtrain.pipeline.gate.Gate`; ``relative_tolerance=0.005``: no worse than 0.5%).
         heldout: held-out data location passed to ``evaluate`` (``{version}``, ``{partition}``
             and ``{params.NAME}`` are filled); None passes None.
         models: where models are published, as ``<models>/<dag_id>/<version>/<partition>/``
@@ -246,7 +249,8 @@ def retraining_pipeline(
     transform = _import_path("transform", transform)
     evaluate = _import_path("evaluate", evaluate)
     packing = packing_option(pack)  # checked here: a mapped task's arguments reach its operator only at run time
-    gate = Gate(metric=metric, goal=goal, threshold=threshold, min_improvement=min_improvement)
+    gate = Gate(metric=metric, goal=goal, threshold=threshold, min_improvement=min_improvement,
+                tolerance=tolerance, relative_tolerance=relative_tolerance)
     recheck_s = _check_seconds("earlier_dates_check_seconds", earlier_dates_check_seconds)
     if not isinstance(model_name, str) or not MODEL_NAME.fullmatch(model_name):
         raise SpecError("model_name", model_name, "a file or directory name (letters, digits, _ . + -)")

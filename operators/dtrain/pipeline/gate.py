@@ -15,6 +15,17 @@ Rules (both must hold when both are configured):
   better than the published model's by at least that much (maximize: value - baseline >=
   min_improvement; minimize: baseline - value >= min_improvement). 0 means "no worse".
   With no published model yet (the first run) there is nothing to beat.
+* ``tolerance`` / ``relative_tolerance`` (instead of a positive ``min_improvement``): the new value
+  may be worse than the published model's by at most the larger of ``tolerance`` (absolute) and
+  ``relative_tolerance`` times the published value's magnitude (``0.005``: "no worse than 0.5%"),
+  as :func:`math.isclose` combines its two tolerances. Evaluation is noisy: a model retrained on
+  the same data scores a little differently each time, so "no worse" alone refuses good models
+  about half the time. Choose the tolerance from that spread: evaluate a few retrainings of the
+  same date (or look at the published models' metric over quiet dates) and allow about two
+  standard deviations (docs/gate.md, "Choosing a tolerance").
+
+    gate = Gate(metric="f1", goal="maximize", relative_tolerance=0.005)
+    gate.decide({"f1": 0.9849}, {"f1": 0.988})  # publish: -0.0031, within tolerance 0.00494 (0.5% of 0.988)
 """
 
 from __future__ import annotations
@@ -53,6 +64,8 @@ class Decision:
     baseline: float | None  # the published model's value, when it was consulted and exists
     baseline_model: str | None
     min_improvement: float | None
+    tolerance: float | None
+    relative_tolerance: float | None
     reasons: tuple[str, ...]
 
     @property
@@ -76,27 +89,65 @@ class Gate:
         goal: ``"maximize"`` (accuracy) or ``"minimize"`` (a loss, an error).
         threshold: absolute bar the value must reach (None: no bar).
         min_improvement: how much better than the published model the value must be
-            (None: the published model is not consulted; 0: no worse than it).
+            (None: the published model is not consulted unless a tolerance is set; 0: no worse than it).
+        tolerance: how much worse than the published model the value may be, absolute (None: 0).
+        relative_tolerance: the same as a fraction of the published value's magnitude, in [0, 1)
+            (None: 0). Either tolerance makes the gate consult the published model.
     """
 
     metric: str
     goal: str
     threshold: float | None = None
     min_improvement: float | None = None
+    tolerance: float | None = None
+    relative_tolerance: float | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.metric, str) or not self.metric:
             raise SpecError("metric", self.metric, "the name of a metric that evaluate returns")
         if self.goal not in GOALS:
             raise SpecError("goal", self.goal, "maximize or minimize")
-        for name in ("threshold", "min_improvement"):
+        for name in ("threshold", "min_improvement", "tolerance", "relative_tolerance"):
             value = getattr(self, name)
             if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))
                                       or not math.isfinite(value)):
                 raise SpecError(name, value, "a finite number, or None")
         if self.min_improvement is not None and self.min_improvement < 0:
             raise SpecError("min_improvement", self.min_improvement,
-                            "a number >= 0 (how much better than the published model), or None")
+                            "a number >= 0 (how much better than the published model), or None; "
+                            "to accept a slightly worse model set tolerance or relative_tolerance")
+        if self.tolerance is not None and self.tolerance < 0:
+            raise SpecError("tolerance", self.tolerance,
+                            "a number >= 0 (how much worse than the published model is accepted), or None")
+        if self.relative_tolerance is not None and not 0 <= self.relative_tolerance < 1:
+            raise SpecError("relative_tolerance", self.relative_tolerance,
+                            "a fraction in [0, 1) of the published value (0.005: no worse than 0.5%), or None")
+        if self.tolerates and self.min_improvement:
+            raise SpecError("min_improvement", self.min_improvement,
+                            "0 or None when tolerance or relative_tolerance is set (a model cannot have to "
+                            "be better and be allowed to be worse)")
+
+    @property
+    def tolerates(self) -> bool:
+        """Whether a model somewhat worse than the published one may pass."""
+        return self.tolerance is not None or self.relative_tolerance is not None
+
+    @property
+    def compares(self) -> bool:
+        """Whether the published model is consulted at all."""
+        return self.min_improvement is not None or self.tolerates
+
+    def allowed_regression(self, baseline: float) -> float:
+        """How much worse than ``baseline`` passes: the larger of the two tolerances."""
+        return max(self.tolerance or 0.0, (self.relative_tolerance or 0.0) * abs(baseline))
+
+    def _tolerance_text(self, baseline: float) -> str:
+        allowed = f"tolerance {self.allowed_regression(baseline):.6g}"
+        relative = f"{self.relative_tolerance * 100:.6g}% of {abs(baseline):.6g}" \
+            if self.relative_tolerance is not None else None
+        if relative and self.tolerance is not None:
+            return f"{allowed} (the larger of {self.tolerance:.6g} and {relative})"
+        return f"{allowed} ({relative})" if relative else allowed
 
     def _better_by(self, value: float, baseline: float) -> float:
         return value - baseline if self.goal == "maximize" else baseline - value
@@ -113,20 +164,25 @@ class Gate:
             reasons.append(f"{self.metric} {value:.6g} {op} threshold {self.threshold:.6g}")
             ok = ok and passed
         baseline = None
-        if self.min_improvement is not None:
+        if self.compares:
             if published is None:
                 reasons.append("no published model to compare with")
             else:
                 baseline = metric_value(published, self.metric, "the published model's metrics")
                 better = self._better_by(value, baseline)
-                passed = better >= self.min_improvement
                 direction = "higher" if self.goal == "maximize" else "lower"
-                reasons.append(f"{self.metric} {value:.6g} vs published {baseline:.6g}: {better:+.6g} "
-                               f"({direction} is better), {'at least' if passed else 'less than'} "
-                               f"min_improvement {self.min_improvement:.6g}")
+                compared = f"{self.metric} {value:.6g} vs published {baseline:.6g}: {better:+.6g} ({direction} is better)"
+                if self.tolerates:
+                    passed = better >= -self.allowed_regression(baseline)
+                    rule = f"{'within' if passed else 'beyond'} {self._tolerance_text(baseline)}"
+                else:
+                    passed = better >= self.min_improvement
+                    rule = f"{'at least' if passed else 'less than'} min_improvement {self.min_improvement:.6g}"
+                reasons.append(f"{compared}, {rule}")
                 ok = ok and passed
         if not reasons:
             reasons.append(f"{self.metric} {value:.6g}, no bar set")
         return Decision(publish=ok, metric=self.metric, goal=self.goal, value=value, threshold=self.threshold,
                         baseline=baseline, baseline_model=published_model if baseline is not None else None,
-                        min_improvement=self.min_improvement, reasons=tuple(reasons))
+                        min_improvement=self.min_improvement, tolerance=self.tolerance,
+                        relative_tolerance=self.relative_tolerance, reasons=tuple(reasons))

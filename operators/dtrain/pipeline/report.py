@@ -56,7 +56,8 @@ def approval_markdown(evaluation: Mapping[str, Any] | None, decision: Mapping[st
     lines = [f"**{_cell(decision.get('summary', 'gate: no decision recorded'))}**", "",
              "| | value |", "|---|---|"]
     for label, key in (("metric", "metric"), ("goal", "goal"), ("new model", "value"), ("threshold", "threshold"),
-                       ("published model", "baseline"), ("min_improvement", "min_improvement")):
+                       ("published model", "baseline"), ("min_improvement", "min_improvement"),
+                       ("tolerance", "tolerance"), ("relative_tolerance", "relative_tolerance")):
         if decision.get(key) is not None:
             lines.append(f"| {label} | {_cell(decision[key])} |")
     metrics = evaluation.get("metrics") or {}

@@ -113,7 +113,7 @@ def evaluate_model(evaluate: Callable[[str, str | None], Any], model_path: str, 
 def decide(gate: Gate, metrics: Mapping[str, Any], models_root: str, version: str, partition: str,
            model_name: str) -> Decision:
     """The gate's decision against the model published before ``partition`` (the warm start's source)."""
-    found = previous_published(models_root, version, partition, model_name) if gate.min_improvement is not None \
+    found = previous_published(models_root, version, partition, model_name) if gate.compares \
         else None
     if found is None:
         return gate.decide(metrics, None)

@@ -1,13 +1,15 @@
 """What a training script imports: init from the env contract, checkpoint/resume, metrics, LR scaling,
 a checkpoint on preemption (SIGTERM), and the epoch loop that ties them together (TrainLoop).
 
-    from dtrain.training import init_distributed, CheckpointManager, MetricsWriter, PreemptionGuard, scaled_lr
+    from dtrain.training import init_distributed, CheckpointManager, MetricsWriter, PreemptionGuard, exit_now
+
+Every name, with its signature and a complete script: docs/training.md.
 
 Submodules import torch lazily, so importing this package stays cheap.
 """
 
 from dtrain.training.checkpoint import CheckpointManager
-from dtrain.training.dist import DistContext, init_distributed
+from dtrain.training.dist import DistContext, exit_now, init_distributed
 from dtrain.training.loop import TrainLoop
 from dtrain.training.metrics import MetricsWriter, write_result
 from dtrain.training.preemption import STOP_EXIT_CODE, PreemptionGuard, StopRequest, stop_requested
@@ -15,7 +17,7 @@ from dtrain.training.scaling import scaled_lr, warmup_factor
 from dtrain.training.watchdog import heartbeat
 
 __all__ = [
-    "CheckpointManager", "DistContext", "init_distributed", "MetricsWriter", "write_result", "TrainLoop",
+    "CheckpointManager", "DistContext", "init_distributed", "exit_now", "MetricsWriter", "write_result", "TrainLoop",
     "scaled_lr", "warmup_factor", "heartbeat",
     "PreemptionGuard", "StopRequest", "stop_requested", "STOP_EXIT_CODE",
 ]
