@@ -37,8 +37,7 @@ import os
 
 import torch
 
-from dtrain.training import init_distributed, write_result
-from dtrain.training.dist import exit_now
+from dtrain.training import exit_now, init_distributed, write_result
 from dtrain.training.shards import ShardDataset
 
 
