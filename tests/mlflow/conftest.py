@@ -110,10 +110,10 @@ def seed_e2e(endpoint: str) -> None:
 
 
 @pytest.fixture(scope="session")
-def mlflow_airflow(mlflow_server, tmp_path_factory):
-    """`airflow standalone` with tests/mlflow/dags, moto's S3 seeded for it, and the connection
-    mlflow_default pointing at the session's tracking server."""
-    from dtrain.pipeline.demo import airflow_env, moto_s3
+def mlflow_airflow(mlflow_server, moto_endpoint, tmp_path_factory):
+    """`airflow standalone` with tests/mlflow/dags, the suite's moto S3 (tests/services.py) seeded for
+    it, and the connection mlflow_default pointing at the session's tracking server."""
+    from dtrain.pipeline.demo import airflow_env
     from tests.airflow_services import AirflowServices, bundle
     from tests.pipeline.conftest import TABULAR
 
@@ -124,16 +124,15 @@ def mlflow_airflow(mlflow_server, tmp_path_factory):
             self.wait_ready("tabular_mlflow", timeout)
 
     root = tmp_path_factory.mktemp("mlflow-airflow")
-    with moto_s3() as endpoint:
-        seed_e2e(endpoint)
-        env = airflow_env(endpoint)
-        env.update(DTRAIN_SHARED_FS=str(root / "shared"), DTRAIN_HOME=str(root / "dtrain"),
-                   PATH=BIN + os.pathsep + env.get("PATH", ""), TABULAR_BUCKET=f"s3://{E2E_BUCKET}",
-                   TABULAR_SHARED_FS=str(root / "shared"), AIRFLOW_CONN_MLFLOW_DEFAULT=mlflow_server.uri,
-                   PYTHONPATH=os.pathsep.join(p for p in (TABULAR, env.get("PYTHONPATH")) if p))
-        server = Standalone(str(root / "home"), env, E2E_DAGS, [bundle("mlflow-dags", E2E_DAGS)])
-        try:
-            server.start()
-            yield server
-        finally:
-            server.stop()
+    seed_e2e(moto_endpoint)
+    env = airflow_env(moto_endpoint)
+    env.update(DTRAIN_SHARED_FS=str(root / "shared"), DTRAIN_HOME=str(root / "dtrain"),
+               PATH=BIN + os.pathsep + env.get("PATH", ""), TABULAR_BUCKET=f"s3://{E2E_BUCKET}",
+               TABULAR_SHARED_FS=str(root / "shared"), AIRFLOW_CONN_MLFLOW_DEFAULT=mlflow_server.uri,
+               PYTHONPATH=os.pathsep.join(p for p in (TABULAR, env.get("PYTHONPATH")) if p))
+    server = Standalone(str(root / "home"), env, E2E_DAGS, [bundle("mlflow-dags", E2E_DAGS)])
+    try:
+        server.start()
+        yield server
+    finally:
+        server.stop()

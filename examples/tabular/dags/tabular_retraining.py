@@ -30,7 +30,8 @@ PIPELINE = dict(
 )
 
 dag = retraining_pipeline("tabular_retraining", schedule="@daily", **PIPELINE)
-# A run waiting for its reviewer does not hold up the next one.
+# Two runs at once: while one waits for its reviewer, the next one preprocesses and stages its date
+# (its train waits for the answer, so that it warm-starts from the model that was or was not published).
 reviewed_dag = retraining_pipeline("tabular_retraining_reviewed", schedule=None, approval=True, max_active_runs=2,
                                    **PIPELINE)
 # Consumers load what serves with mlflow.pytorch.load_model("models:/tabular-rmse@champion").
