@@ -18,7 +18,7 @@ case "$workers" in
   ''|*[!0-9]*) echo "test.sh: DTRAIN_TEST_WORKERS='$workers' is invalid: a number of pytest-xdist workers (0: none)" >&2; exit 2 ;;
 esac
 # Tests that share a daemon run on one worker, each module on one worker (tests/conftest.py).
-[ "$workers" = 0 ] || args+=(-n "$workers" --dist loadgroup)
+[ "$workers" = 0 ] || args+=(-n "$workers" --dist loadgroup --no-loadscope-reorder)
 bash "$ROOT/scripts/bootstrap.sh"
 cd "$ROOT"
 export PATH="$ROOT/.venv/bin:$PATH"

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import sys
 import tempfile
 
@@ -83,26 +84,65 @@ def xdist_group(item) -> str:
     return item.nodeid.split("::", 1)[0]
 
 
+#: where the workers leave {nodeid: group} for the controller's scheduler (set by the controller)
+GROUPS_ENV = "DTRAIN_XDIST_GROUPS"
+
+
+def pytest_configure(config):
+    if not hasattr(config, "workerinput") and getattr(config.option, "dist", "no") == "loadgroup":
+        os.environ[GROUPS_ENV] = os.path.join(_home, "xdist-groups.json")  # workers start after this
+
+
 def pytest_collection_modifyitems(config, items):
-    """Group every test for xdist (:func:`xdist_group`) and put the cluster group first: it is the
-    longest, and under ``loadgroup`` a group starts when a worker is free, so it must not start last.
-    Within a group, collection order is kept (some modules' tests build on the ones before)."""
+    """Group every test for xdist (:func:`xdist_group`; the scheduler below reads the groups) and put the
+    cluster group first: it is the longest, and a group starts when a worker is free, so it must not
+    start last. Within a group, collection order is kept (some modules' tests build on the ones before)."""
     rank = {group: i for i, (group, _) in enumerate(SHARED_DAEMONS)}
     groups = {item.nodeid: xdist_group(item) for item in items}
     items.sort(key=lambda item: rank.get(groups[item.nodeid], len(rank)))  # stable: file order within a rank
     durations = _recorded_durations()
     for item in items:
-        item.add_marker(pytest.mark.xdist_group(groups[item.nodeid]))
         if is_slow(item, durations):
             item.add_marker(pytest.mark.slow)
+    worker = getattr(config, "workerinput", {}).get("workerid")
+    if worker and os.environ.get(GROUPS_ENV):
+        # Every worker collects the same tests (xdist checks), so each writes the same mapping.
+        mine = f"{os.environ[GROUPS_ENV]}.{worker}"
+        with open(mine, "w", encoding="utf-8") as fh:
+            json.dump(groups, fh)
+        os.replace(mine, os.environ[GROUPS_ENV])
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config, log):
+    """``--dist loadgroup`` with the groups of :func:`xdist_group`. Not xdist's own LoadGroupScheduling:
+    it reads ``xdist_group`` markers by renaming ``item._nodeid``, which pytest 9 no longer has (node
+    ids live in ``item._id``), so every test was scheduled on its own and two Slurm clusters started.
+    The controller cannot see fixtures; the workers' mapping (GROUPS_ENV) names each test's group."""
+    if getattr(config.option, "dist", "no") != "loadgroup":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class DaemonGroupScheduling(LoadScopeScheduling):
+        _groups: dict[str, str] | None = None
+
+        def _split_scope(self, nodeid: str) -> str:
+            if self._groups is None:
+                with open(os.environ[GROUPS_ENV], encoding="utf-8") as fh:
+                    self._groups = json.load(fh)
+            return self._groups.get(nodeid) or nodeid.split("::", 1)[0]
+
+    return DaemonGroupScheduling(config, log)
 
 
 _measured: dict[str, float] = {}
+XDIST_GROUP_SUFFIX = re.compile(r"@[^\[\]@]*$")
 
 
 def pytest_runtest_logreport(report):
     """Sum each test's phases for --store-durations (under xdist the controller gets every worker's reports)."""
-    _measured[report.nodeid] = _measured.get(report.nodeid, 0.0) + report.duration
+    nodeid = XDIST_GROUP_SUFFIX.sub("", report.nodeid)  # under loadgroup xdist appends "@<group>"
+    _measured[nodeid] = _measured.get(nodeid, 0.0) + report.duration
 
 
 def pytest_sessionfinish(session):
