@@ -336,7 +336,7 @@ def retraining_pipeline(
         train = DistributedTrainingOperator(
             task_id="train", command=argv, distribution="{{ params.distribution }}",
             deepspeed_config="{{ dtrain_deepspeed_config(params) }}", env="{{ dtrain_train_env(ti) }}",
-            run_dir=run_dir, **common, **train_options,
+            run_dir=run_dir, aws_conn_id=aws_conn_id, **common, **train_options,
         )
 
         @task(task_id="evaluate")

@@ -164,6 +164,11 @@ class SlurmBackend(Backend):
     option_names = tuple(SlurmOptions.__dataclass_fields__)
     supports_detached = True
     cli_module = "dtrain.launch.backends.slurm.cli"
+    # The job's environment is exported by the sbatch script, which is the dry-run output, a file in
+    # the run directory and a copy in slurmctld's state directory.
+    secret_env_refused = ("its job environment is written into the sbatch script (the dry-run output, "
+                          "the run directory, Slurm's state); give the nodes credentials of their own "
+                          "(an instance role, ~/.aws on the nodes) and leave aws_conn_id unset")
 
     def __init__(self, sink=None, cancel_timeout: float = 60.0, grace_seconds: float | None = None):
         super().__init__(**({"sink": sink} if sink else {}))
