@@ -17,6 +17,7 @@ import uuid
 import pytest
 
 from tests.conftest import load_test_dag
+from tests.remote.conftest import needs_sshd
 from tests.services import remove_bucket
 from tests.training.dcp_checks import assert_same_state
 
@@ -28,7 +29,8 @@ AMBIENT_AWS = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN"
 
 
 class ArgvWatch:
-    """Reads the argv of every descendant of this process until stopped (a finalizer stops it)."""
+    """Reads the argv of every process on this machine until stopped (a finalizer stops it): the ranks
+    of an ssh job are below the hosts' sshd, not below this process."""
 
     def __init__(self):
         self.argvs: set[tuple[str, ...]] = set()
@@ -39,13 +41,12 @@ class ArgvWatch:
     def _watch(self) -> None:
         import psutil
 
-        me = psutil.Process()
-        while not self._stop.wait(0.05):
-            for proc in me.children(recursive=True):
+        while not self._stop.wait(0.1):
+            for proc in psutil.process_iter():
                 try:
                     self.argvs.add(tuple(proc.cmdline()))
                 except psutil.Error:
-                    pass  # ended between the listing and the read
+                    pass  # ended between the listing and the read, or not ours to read
 
     def stop(self) -> None:
         self._stop.set()
@@ -81,14 +82,15 @@ def files_holding(root, secret: str) -> list[str]:
     return [p for p in paths if not os.path.islink(p) and secret.encode() in open(p, "rb").read()]
 
 
-def test_local_job_checkpoints_to_s3_with_the_connection_only(airflow_db, connection_only, tmp_path, capfd, request):
-    client, bucket, secret = connection_only
+def run_and_check(client, bucket: str, secret: str, tmp_path, capfd, request, **params) -> None:
+    """Two runs of the test DAG: checkpoints to s3:// through the connection, then a resume from them;
+    the secret nowhere it must not be."""
     location, out = f"s3://{bucket}/runs/conn/ckpt", tmp_path / "out"
     out.mkdir()
     dag = load_test_dag("ckpt_conn_dags.py", "ckpt_s3_connection")
     watch = ArgvWatch()
     request.addfinalizer(watch.stop)
-    conf = {"dir": location, "out": str(out), "steps": 4, "run_dir": str(tmp_path / "run1")}
+    conf = {"dir": location, "out": str(out), "steps": 4, "run_dir": str(tmp_path / "run1"), **params}
     first = dag.test(run_conf=conf)
     watch.stop()
     log = capfd.readouterr()
@@ -97,7 +99,7 @@ def test_local_job_checkpoints_to_s3_with_the_connection_only(airflow_db, connec
 
     keys = {o["Key"] for o in client.list_objects_v2(Bucket=bucket, Prefix="runs/conn/ckpt/").get("Contents", [])}
     assert "runs/conn/ckpt/dcp/step-00000004/dtrain-commit.json" in keys
-    ranks = [a for a in watch.argvs if any(arg.endswith("dcp_job.py") for arg in a)]
+    ranks = [a for a in watch.argvs if str(out) in a and any(arg.endswith("dcp_job.py") for arg in a)]
     assert len(ranks) >= 2, sorted(watch.argvs)  # the watch saw the ranks themselves
     assert not [a for a in watch.argvs if any(secret in arg for arg in a)]
     assert files_holding(tmp_path / "run1", secret) == []
@@ -107,6 +109,21 @@ def test_local_job_checkpoints_to_s3_with_the_connection_only(airflow_db, connec
 
     # A second run resumes from step 4: the ranks load the checkpoint through the connection too.
     second = dag.test(run_conf=conf | {"steps": 6, "run_dir": str(tmp_path / "run2")})
-    assert next(t for t in second.get_task_instances() if t.task_id == "train").state == "success"
+    log = capfd.readouterr()
+    assert next(t for t in second.get_task_instances() if t.task_id == "train").state == "success", log.err[-3000:]
     assert_same_state(out / "ref-4.pt", out / "loaded-4.pt")
-    assert secret not in "".join(capfd.readouterr())
+    assert secret not in log.out + log.err
+
+
+def test_local_job_checkpoints_to_s3_with_the_connection_only(airflow_db, connection_only, tmp_path, capfd, request):
+    run_and_check(*connection_only, tmp_path, capfd, request, backend="local")
+
+
+@needs_sshd
+def test_ssh_job_checkpoints_to_s3_with_the_connection_only(airflow_db, ssh_cluster, connection_only, tmp_path,
+                                                            capfd, request):
+    """Over ssh (durable mode: the detached node daemons) the env travels on each session's stdin."""
+    hosts = [f"root@{h.line} slots=1" for h in ssh_cluster.hosts]
+    run_and_check(*connection_only, tmp_path, capfd, request, backend="ssh",
+                  ssh={"hosts": hosts, **ssh_cluster.ssh_settings()})
+    assert (tmp_path / "run1" / "detached").is_dir()  # the detached daemons' path, whose files were read too
