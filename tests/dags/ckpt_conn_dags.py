@@ -15,11 +15,12 @@ DCP_JOB = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 with DAG(dag_id="ckpt_s3_connection", schedule=None, catchup=False,
          params={"dir": Param("s3://none/ckpt", type="string"), "out": Param("/nonexistent", type="string"),
                  "steps": Param(4, type="integer"), "run_dir": Param("/nonexistent", type="string"),
-                 "backend": Param("local", type="string"), "ssh": Param({}, type="object")}) as dag:
+                 "backend": Param("local", type="string"), "ssh": Param({}, type="object"),
+                 "slurm": Param({}, type="object")}) as dag:
     DistributedTrainingOperator(
         task_id="train", command=[sys.executable, DCP_JOB, "--dir", "{{ params.dir }}", "--out", "{{ params.out }}",
                                   "--steps", "{{ params.steps }}", "--every", "2"],
         nodes=2, procs_per_node=1, device="cpu", backend="{{ params.backend }}",
-        backend_options={"ssh": "{{ params.ssh | tojson }}"}, run_dir="{{ params.run_dir }}",
-        env={"OMP_NUM_THREADS": "1"}, aws_conn_id="dtrain_ckpt_s3", hang_timeout=None,
+        backend_options={"ssh": "{{ params.ssh | tojson }}", "slurm": "{{ params.slurm | tojson }}"},
+        run_dir="{{ params.run_dir }}", env={"OMP_NUM_THREADS": "1", "GLOO_SOCKET_IFNAME": "lo"}, aws_conn_id="dtrain_ckpt_s3", hang_timeout=None,
     )

@@ -1,6 +1,7 @@
 """A job's secret environment (an Airflow AWS connection's credentials, ``LaunchSpec.secret_env``):
-each backend carries it where it carries the rest of the rank environment, but only where that
-channel is no argv and no rendered text; Slurm, whose channel is the sbatch script, refuses it
+each backend carries it where it carries the rest of the rank environment when that channel is no
+argv and no rendered text, Slurm through sbatch's environment instead of its script (the real
+job: tests/training/test_dcp_s3_connection.py); a backend not declared to carry it refuses it
 before anything is created. The Airflow connection -> AWS variables mapping is one function."""
 
 from __future__ import annotations
@@ -11,7 +12,8 @@ import os
 import pytest
 
 from dtrain.errors import SpecError
-from dtrain.launch.backends import backend_for
+from dtrain.launch.backends import _registered, backend_for, register_backend
+from dtrain.launch.backends.local import LocalBackend
 from dtrain.launch.job import prepare_job
 from dtrain.launch.spec import LaunchSpec
 
@@ -26,12 +28,34 @@ def dryrun(spec: LaunchSpec):
     return backend_for(spec)().dryrun(prepare_job(spec, create=False))
 
 
-def test_slurm_refuses_credentials_before_anything_is_created(tmp_path):
+class UncheckedBackend(LocalBackend):
+    """A backend whose author did not say where its environment travels (a third-party one)."""
+
+    name = "unchecked"
+    carries_secret_env = False
+
+
+@pytest.fixture
+def unchecked_backend(request):
+    register_backend(UncheckedBackend.name, UncheckedBackend)
+    request.addfinalizer(lambda: _registered.pop(UncheckedBackend.name, None))
+
+
+def test_a_backend_not_declared_to_carry_credentials_refuses_them_before_anything_is_created(unchecked_backend,
+                                                                                            tmp_path):
     run_dir = tmp_path / "run"
     with pytest.raises(SpecError) as err:
-        LaunchSpec(command=OK, backend="slurm", nodes=2, secret_env=CREDENTIALS, run_dir=str(run_dir))
-    assert err.value.field == "backend" and err.value.value == "slurm" and "sbatch script" in str(err.value)
+        LaunchSpec(command=OK, backend="unchecked", secret_env=CREDENTIALS, run_dir=str(run_dir))
+    assert err.value.field == "backend" and err.value.value == "unchecked" and "carries_secret_env" in str(err.value)
     assert SECRET not in str(err.value) and not run_dir.exists()
+    LaunchSpec(command=OK, backend="unchecked", run_dir=str(run_dir))  # without a secret it runs as before
+
+
+def test_slurm_keeps_it_out_of_the_sbatch_script():
+    spec = LaunchSpec(command=["train.py"], nodes=2, backend="slurm", device="cpu", secret_env=CREDENTIALS,
+                      env={"VISIBLE": "1"})
+    script = dryrun(spec).render()  # the script written to the run directory and submitted
+    assert "export VISIBLE=1" in script and SECRET not in script and "AWS_SECRET_ACCESS_KEY" not in script
 
 
 def test_a_variable_set_by_both_env_and_the_connection_is_refused_by_name():

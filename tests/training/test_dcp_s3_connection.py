@@ -82,9 +82,9 @@ def files_holding(root, secret: str) -> list[str]:
     return [p for p in paths if not os.path.islink(p) and secret.encode() in open(p, "rb").read()]
 
 
-def run_and_check(client, bucket: str, secret: str, tmp_path, capfd, request, **params) -> None:
-    """Two runs of the test DAG: checkpoints to s3:// through the connection, then a resume from them;
-    the secret nowhere it must not be."""
+def run_and_check(client, bucket: str, secret: str, tmp_path, capfd, request, resume: bool = False, **params) -> None:
+    """A run of the test DAG checkpoints to s3:// through the connection (and with ``resume``, a second
+    run resumes from it); the secret nowhere it must not be."""
     location, out = f"s3://{bucket}/runs/conn/ckpt", tmp_path / "out"
     out.mkdir()
     dag = load_test_dag("ckpt_conn_dags.py", "ckpt_s3_connection")
@@ -106,6 +106,8 @@ def run_and_check(client, bucket: str, secret: str, tmp_path, capfd, request, **
     xcoms = [ti.xcom_pull(task_ids="train"), ti.xcom_pull(task_ids="train", key="dtrain_run")]
     assert xcoms[0]["world_size"] == 2 and secret not in json.dumps(xcoms)
     assert secret not in log.out + log.err
+    if not resume:
+        return
 
     # A second run resumes from step 4: the ranks load the checkpoint through the connection too.
     second = dag.test(run_conf=conf | {"steps": 6, "run_dir": str(tmp_path / "run2")})
@@ -116,7 +118,7 @@ def run_and_check(client, bucket: str, secret: str, tmp_path, capfd, request, **
 
 
 def test_local_job_checkpoints_to_s3_with_the_connection_only(airflow_db, connection_only, tmp_path, capfd, request):
-    run_and_check(*connection_only, tmp_path, capfd, request, backend="local")
+    run_and_check(*connection_only, tmp_path, capfd, request, resume=True, backend="local")
 
 
 @needs_sshd
@@ -127,3 +129,10 @@ def test_ssh_job_checkpoints_to_s3_with_the_connection_only(airflow_db, ssh_clus
     run_and_check(*connection_only, tmp_path, capfd, request, backend="ssh",
                   ssh={"hosts": hosts, **ssh_cluster.ssh_settings()})
     assert (tmp_path / "run1" / "detached").is_dir()  # the detached daemons' path, whose files were read too
+
+
+def test_slurm_job_checkpoints_to_s3_with_the_connection_only(airflow_db, slurm, connection_only, tmp_path, capfd,
+                                                              request):
+    """Through Slurm the credentials ride in sbatch's environment: not in the script in the run directory."""
+    run_and_check(*connection_only, tmp_path, capfd, request, backend="slurm", slurm={"poll_interval": 0.3})
+    assert (tmp_path / "run1" / "slurm-job.sh").is_file()  # the script was there to be read, without the secret

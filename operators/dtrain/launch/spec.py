@@ -199,9 +199,9 @@ class LaunchSpec:
 
     def _check_secret_env_carried(self, backends) -> None:
         for cls in backends:
-            if self.secret_env and cls.secret_env_refused:
-                raise SpecError("backend", cls.name, f"a backend that can carry credentials to the ranks safely "
-                                                     f"(not {cls.name!r}: {cls.secret_env_refused})")
+            if self.secret_env and not cls.carries_secret_env:
+                raise SpecError("backend", cls.name, "a backend that carries credentials (aws_conn_id) to the ranks "
+                                                     "outside every argv, script and file (its carries_secret_env)")
 
     def _check_distribution_options(self) -> None:
         if self.mpi_options is not None and self.distribution != "mpi":

@@ -194,10 +194,10 @@ class Backend(abc.ABC):
     supports_detached: ClassVar[bool] = False
     #: nodes are simulated on this host (preflight then checks one host)
     single_host: ClassVar[bool] = False
-    #: why this backend cannot give the ranks ``spec.secret_env`` without it landing in an argv, the
-    #: dry-run output or a file (e.g. a rendered script); None: it carries it like the rest of the env
-    #: but on no such channel (a process's environment, an ssh session's stdin)
-    secret_env_refused: ClassVar[str | None] = None
+    #: the backend gives the ranks ``spec.secret_env`` (credentials) on a channel that is no argv, no
+    #: dry-run output, no log and no file (a process's environment, an ssh session's stdin). Off unless
+    #: a backend's author checked where its env travels: a secret is refused by the others.
+    carries_secret_env: ClassVar[bool] = False
     #: module with ``add_arguments(parser)`` and ``options_from_args(args)``: this backend's CLI options
     cli_module: ClassVar[str | None] = None
     poll_interval: float = 0.02

@@ -64,6 +64,7 @@ class MPIBackend(Backend):
     """mpirun starts every rank (per-process launch); the rank wrapper maps OMPI_* to the contract."""
 
     name = "mpi"
+    carries_secret_env = True  # mpirun's environment, forwarded by name (-x NAME)
     description = "one mpirun starts every rank (OpenMPI), on this host or the ssh hosts"
     install_hint = "apt-get install openmpi-bin"
     single_host = True  # when named itself: mpirun on this host
