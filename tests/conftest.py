@@ -49,8 +49,9 @@ SHARED_DAEMONS = (
 #: the quick tier (``scripts/test.sh --quick``, ``-m "not slow"``) leaves out every test that starts a
 #: daemon, Airflow or a training job: those folders and fixtures, and the tests that took longer than
 #: QUICK_SECONDS in the run that wrote tests/durations.json (``pytest --store-durations``)
-SLOW_FOLDERS = ("faults", "packaging", "pipeline", "remote", "slurm", "deepspeed", "backends")
-SLOW_FIXTURES = frozenset({"airflow_db", "api", "moto_endpoint", "s3_bucket", "s3", "s3_endpoint", "pipeline_env"})
+SLOW_FOLDERS = ("faults", "packaging", "pipeline", "remote", "slurm", "deepspeed", "backends", "mlflow")
+SLOW_FIXTURES = frozenset({"airflow_db", "api", "moto_endpoint", "s3_bucket", "s3", "s3_endpoint", "pipeline_env",
+                           "mlflow_server", "jobs"})
 QUICK_SECONDS = 1.0
 DURATIONS = os.path.join(REPO, "tests", "durations.json")
 

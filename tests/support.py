@@ -63,7 +63,7 @@ def rank_records(out_dir) -> dict[int, dict]:
     return records
 
 
-HEAVY_LIBRARIES = frozenset({"torch", "deepspeed", "s3fs", "boto3", "botocore", "numpy", "matplotlib"})
+HEAVY_LIBRARIES = frozenset({"torch", "deepspeed", "s3fs", "boto3", "botocore", "numpy", "matplotlib", "mlflow"})
 
 
 def heavy_libraries_imported_by(*modules: str) -> list[str]:

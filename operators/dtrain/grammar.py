@@ -67,6 +67,19 @@ CONTRACT_VARIABLES = frozenset({
 CONTRACT_PREFIXES = ("DTRAIN_", "OMPI_COMM_WORLD_", "PET_", "SLURM_")
 
 
+#: MLflow names we create or look up: a registered model, an experiment (dtrain.tracking). Quoted
+#: in MLflow's search filters as '<name>', so no quote, backslash or control character may occur
+MLFLOW_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.+ -]{0,255}")
+#: a model-version alias: MLflow's own rule (letters, digits, _ and -), and not ``latest`` or ``v<N>``,
+#: which MLflow reserves for version references
+MLFLOW_ALIAS = re.compile(r"(?!latest$)(?![vV][0-9]+$)[A-Za-z0-9_-]{1,255}")
+#: an MLflow run id (32 hex digits) and a model version number, as read back from XCom or a server
+MLFLOW_RUN_ID = re.compile(r"[0-9a-f]{32}")
+MLFLOW_VERSION = re.compile(r"[1-9][0-9]{0,9}")
+#: where an MLflow tracking server is reached: http(s), a host, optionally a port and a path
+MLFLOW_URI = re.compile(r"https?://[A-Za-z0-9._\[\]:-]+(?:/[A-Za-z0-9._~/-]*)?")
+
+
 _USER = r"[A-Za-z_][A-Za-z0-9._-]{0,63}"
 # A name or IPv4 address (never starting with '-': it would read as an ssh option), or [IPv6].
 _HOST = r"\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9](?:[A-Za-z0-9._-]{0,252}[A-Za-z0-9])?"

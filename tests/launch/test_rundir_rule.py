@@ -80,6 +80,9 @@ ALLOWED = {
     "pipeline/publish.py:_copy_model": "copies the model into publish's own temp directory",
     "pipeline/publish.py:publish_model": "publishes into the models root (own temp directory, renamed)",
     "autotune/cli.py:run": "the user's --output file",
+    "pipeline/registry_mlflow.py:_no_links": "the model path the pipeline computed ({output}): refuses links in it",
+    "pipeline/registry_mlflow.py:MlflowRegistry.warm_start": "the registry's download folder on the shared filesystem",
+    "pipeline/registry_mlflow.py:MlflowRegistry._download": "downloads into its own temp folder there, renamed",
 }
 
 

@@ -10,11 +10,14 @@ import shutil
 import pytest
 
 from dtrain.pipeline.demo import airflow_env, s3_client, seed_raw
+from tests.pipeline import readme_package
 from tests.airflow_services import BIN, REPO, AirflowServices, bundle  # noqa: F401 (BIN re-exported to the tests)
 
 DATES = ["2026-01-01", "2026-01-02", "2026-01-03", "2026-01-04", "2026-02-01"]
 #: the example pipeline (examples/tabular): a user's own package, found through PYTHONPATH
 TABULAR = os.path.join(REPO, "examples", "tabular")
+#: the DAG bundle of the package test_readme_pipeline.py writes while Airflow runs, as a new user deploys theirs
+README_BUNDLE = "readme-user"
 #: the Training tab's test DAG (tests/pipeline/test_ui_browser.py)
 UI_DAGS = os.path.join(REPO, "tests", "ui", "dags")
 #: the approval step between two trivial tasks, and the plugin that makes its worker slow
@@ -72,6 +75,7 @@ def s3_endpoint(moto_endpoint):
     seed_raw(moto_endpoint, DATES)
     seed_tabular(moto_endpoint)
     seed_text(moto_endpoint)
+    readme_package.seed_moons(s3_client(moto_endpoint))
     return moto_endpoint
 
 
@@ -79,12 +83,20 @@ def s3_endpoint(moto_endpoint):
 def pipeline_env(s3_endpoint, tmp_path_factory) -> dict[str, str]:
     """Env for an `airflow` process: the AWS connection, a fresh shared filesystem and DTRAIN_HOME."""
     root = tmp_path_factory.mktemp("pipeline")
+    # Empty until test_readme_pipeline.py writes a new user's package there (readme_package.py).
+    readme_user = root / "readme_user"
+    (readme_user / "dags").mkdir(parents=True)
     env = airflow_env(s3_endpoint)
     env.update(DTRAIN_SHARED_FS=str(root / "shared"), DTRAIN_HOME=str(root / "dtrain"),
                PATH=BIN + os.pathsep + env.get("PATH", ""),
                TABULAR_BUCKET=f"s3://{TABULAR_BUCKET}", TABULAR_SHARED_FS=str(root / "shared"),
                TEXT_BUCKET=f"s3://{TEXT_BUCKET}", TEXT_SHARED_FS=str(root / "shared"),
-               PYTHONPATH=os.pathsep.join(p for p in (TABULAR, TEXT, env.get("PYTHONPATH")) if p))
+               README_USER=str(readme_user),
+               # A task's first call to the API server (5 s by default) timed out on these shared cores
+               # while the API server waited on SQLite, and failed the task before it ran (Airflow's own
+               # advice for high load: raise it).
+               AIRFLOW__WORKERS__EXECUTION_API_TIMEOUT="60",
+               PYTHONPATH=os.pathsep.join(p for p in (TABULAR, TEXT, str(readme_user), env.get("PYTHONPATH")) if p))
     return env
 
 
@@ -96,7 +108,8 @@ class Standalone(AirflowServices):
     def __init__(self, home: str, env: dict[str, str]):
         dags = os.path.join(REPO, "dags")
         super().__init__(home, env, dags, [bundle("dags-folder", dags), bundle("tabular", os.path.join(TABULAR, "dags")),
-                                           bundle("ui-test-dags", UI_DAGS), bundle("approval", APPROVAL_DAGS)])
+                                           bundle("ui-test-dags", UI_DAGS), bundle("approval", APPROVAL_DAGS),
+                                           bundle(README_BUNDLE, os.path.join(env["README_USER"], "dags"))])
         plugins = os.path.join(home, "plugins")
         os.makedirs(plugins, exist_ok=True)
         for folder in (os.path.join(REPO, "plugins"), SLOW_WORKER_PLUGIN):

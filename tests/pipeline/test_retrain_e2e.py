@@ -53,7 +53,7 @@ def test_a_dags_test_runs_the_whole_pipeline(airflow_db, pipeline_env, capsys):
 
 
 def test_b_rest_trigger_with_params_and_asset_scheduled_evaluation(standalone, capsys):
-    # The runs the scheduler starts by itself once Airflow is up (today's, which fail: no raw data)
+    # The runs the scheduler starts by itself once Airflow is up (today's, skipped: no raw data)
     # end first: a REST write while a task runs can stall the API server for 60 s
     # (AirflowServices.wait_idle). It costs nothing here: with max_active_runs=1 the REST-triggered
     # run would wait for retrain_pipeline's own scheduled run anyway.

@@ -115,15 +115,15 @@ def test_c_backfill_of_two_dates_publishes_only_the_better_model(standalone, cap
               f"rmse 03-02 {better['evaluation']['rmse']:.4f} published, 03-03 {worse['value']:.4f} gated out")
 
 
-def wait_for_approval(standalone, run_id: str, timeout: float = 600) -> dict:
+def wait_for_approval(standalone, run_id: str, timeout: float = 600, dag_id: str = REVIEWED) -> dict:
     deadline = time.monotonic() + timeout
-    path = f"/dags/{REVIEWED}/dagRuns/{quote(run_id, safe='')}/taskInstances/approve/-1/hitlDetails"
+    path = f"/dags/{dag_id}/dagRuns/{quote(run_id, safe='')}/taskInstances/approve/-1/hitlDetails"
     while time.monotonic() < deadline:
-        status, run = standalone.request("GET", f"/dags/{REVIEWED}/dagRuns/{quote(run_id, safe='')}")
-        assert status == 200 and run["state"] != "failed", standalone.failure_report(REVIEWED, run_id)
-        ti = standalone.task_instance(REVIEWED, run_id, "approve")
+        status, run = standalone.request("GET", f"/dags/{dag_id}/dagRuns/{quote(run_id, safe='')}")
+        assert status == 200 and run["state"] != "failed", standalone.failure_report(dag_id, run_id)
+        ti = standalone.task_instance(dag_id, run_id, "approve")
         if ti["state"] == "awaiting_input":
-            wait_until_parked(standalone, run_id, deadline)
+            wait_until_parked(standalone, run_id, deadline, dag_id)
             status, detail = standalone.request("GET", path)
             assert status == 200, detail
             return detail
@@ -131,20 +131,20 @@ def wait_for_approval(standalone, run_id: str, timeout: float = 600) -> dict:
     raise AssertionError(f"{run_id}: approve never waited for input")
 
 
-def wait_until_parked(standalone, run_id: str, deadline: float) -> None:
+def wait_until_parked(standalone, run_id: str, deadline: float, dag_id: str = REVIEWED) -> None:
     """Until the scheduler has seen the parked task's process exit. Airflow 3.3.1 races there: an
     answer that lands in between (here 0.25 s after parking; no person is that quick) re-queues
     the task, then the exit's "success" event finds it queued and fails it. The scheduler logs
     the event it processed, so the test answers after that line, as a person always would."""
     event = (f"Received executor event with state success for task instance TaskInstanceKey("
-             f"dag_id='{REVIEWED}', task_id='approve', run_id='{run_id}'")
+             f"dag_id='{dag_id}', task_id='approve', run_id='{run_id}'")
     while event not in standalone.log("standalone"):
         assert time.monotonic() < deadline, f"{run_id}: the scheduler never saw approve park"
         time.sleep(1)
 
 
-def answer(standalone, run_id: str, option: str) -> None:
-    path = f"/dags/{REVIEWED}/dagRuns/{quote(run_id, safe='')}/taskInstances/approve/-1/hitlDetails"
+def answer(standalone, run_id: str, option: str, dag_id: str = REVIEWED) -> None:
+    path = f"/dags/{dag_id}/dagRuns/{quote(run_id, safe='')}/taskInstances/approve/-1/hitlDetails"
     status, body = standalone.request("PATCH", path, {"chosen_options": [option], "params_input": {}})
     assert status == 200, body
 

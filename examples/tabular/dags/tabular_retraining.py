@@ -2,7 +2,8 @@
 
 tabular_retraining: daily; publishes a model only when its held-out RMSE is no worse than the
 published one's. tabular_retraining_reviewed: the same, triggered by hand, and a person approves
-each model the gate passes before it is published.
+each model the gate passes before it is published. tabular_retraining_mlflow: the reviewed pipeline
+with MLflow as the model registry and tracker (the `mlflow_default` connection; docs/mlflow.md).
 """
 
 import datetime as dt
@@ -11,6 +12,7 @@ import os
 from airflow.sdk import Param
 
 from dtrain.pipeline import retraining_pipeline
+from dtrain.pipeline.registry_mlflow import MlflowRegistry
 
 BUCKET = os.environ.get("TABULAR_BUCKET", "s3://tabular-demo")
 SHARED_FS = os.environ.get("TABULAR_SHARED_FS", "/fsx")
@@ -28,6 +30,12 @@ PIPELINE = dict(
 )
 
 dag = retraining_pipeline("tabular_retraining", schedule="@daily", **PIPELINE)
-# A run waiting for its reviewer does not hold up the next one.
+# Two runs at once: while one waits for its reviewer, the next one preprocesses and stages its date
+# (its train waits for the answer, so that it warm-starts from the model that was or was not published).
 reviewed_dag = retraining_pipeline("tabular_retraining_reviewed", schedule=None, approval=True, max_active_runs=2,
                                    **PIPELINE)
+# Consumers load what serves with mlflow.pytorch.load_model("models:/tabular-rmse@champion").
+mlflow_dag = retraining_pipeline("tabular_retraining_mlflow", schedule=None, approval=True, max_active_runs=2,
+                                 registry=MlflowRegistry("tabular-rmse", conn_id="mlflow_default",
+                                                         load_model="tabular_pipeline.evaluate:load_model"),
+                                 **PIPELINE)

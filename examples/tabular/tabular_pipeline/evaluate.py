@@ -32,14 +32,22 @@ def read_heldout(heldout: str, max_bytes: int = MAX_BYTES) -> tuple[np.ndarray, 
     return x, y
 
 
-def predict(model_path: str, x: np.ndarray) -> np.ndarray:
+def load_model(model_path: str):
+    """The trained regressor as a torch module (MlflowRegistry's ``load_model``: what consumers of
+    ``models:/<name>@champion`` get back from ``mlflow.pytorch.load_model``)."""
     import torch
 
     from tabular_pipeline.train import build_model
 
     model = build_model()
     model.load_state_dict(torch.load(model_path, map_location="cpu", weights_only=True))
-    model.eval()
+    return model.eval()
+
+
+def predict(model_path: str, x: np.ndarray) -> np.ndarray:
+    import torch
+
+    model = load_model(model_path)
     with torch.no_grad():
         return model(torch.from_numpy(x)).squeeze(1).numpy()
 

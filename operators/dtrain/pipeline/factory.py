@@ -24,7 +24,9 @@ Guarantees, whatever the model:
 * a retry of the train task resumes from its own checkpoints (same run directory); clearing
   the run (a rerun) trains afresh in ``run-<clear_number>``;
 * ``{init_from}`` is the last model published before the run's partition (warm start), and the
-  gate compares with the same model;
+  gate compares with the same model, whatever the backfill's concurrency: ``train`` starts only
+  once no run of an earlier date is still running (:func:`retraining_pipeline`, *Ordering*);
+* a partition with no raw data skips its run with a message saying so (nothing trained or published);
 * run params are validated by JSON schema when a run is triggered (UI, REST, backfill), then by
   ``check_params`` (types converted, unknown keys and too many local ranks refused) before any
   data is read;
@@ -51,6 +53,7 @@ from dtrain.pipeline.config import partition_of
 from dtrain.pipeline.gate import Gate
 from dtrain.pipeline.params import DATASET_VERSION_PATTERN, FINITE, MAX_RANKS_ENV, OVERSUBSCRIPTION
 from dtrain.pipeline.placeholders import LITERAL_MACRO, literal_text, to_jinja
+from dtrain.pipeline.registry import DirectoryRegistry, ModelRegistry, Pipeline, RunRef
 from dtrain.preflight.operator import PreflightOperator
 from dtrain.preprocess.operator import PreprocessFinalizeOperator, PreprocessOperator
 from dtrain.preprocess.packing import packing_option
@@ -61,7 +64,8 @@ from dtrain.staging.operator import StageToSharedFSOperator
 BUILTIN_PARAMS = ("nodes", "procs_per_node", "distribution", "backend", "dataset_version")
 #: train operator arguments the factory sets itself (so they cannot be given as operator defaults)
 SET_BY_FACTORY = frozenset({"task_id", "command", "nodes", "procs_per_node", "distribution", "backend",
-                            "backend_options", "deepspeed_config", "run_dir", "env", "dag", "outlets"})
+                            "backend_options", "deepspeed_config", "run_dir", "env", "dag", "outlets",
+                            "pre_execute"})
 MODEL_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.+-]{0,127}")
 PARAM_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,63}")
 
@@ -122,6 +126,12 @@ def _user_params(params: Mapping[str, Any] | None) -> dict[str, Param]:
     return out
 
 
+def _check_seconds(field: str, value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 1 <= value <= 3600:
+        raise SpecError(field, value, "a number of seconds from 1 to 3600")
+    return float(value)
+
+
 def _check_command(train_command: Any) -> list[str]:
     if isinstance(train_command, str) or not isinstance(train_command, Sequence) or not train_command \
             or not all(isinstance(a, str) for a in train_command):
@@ -169,6 +179,8 @@ def retraining_pipeline(
     epoch_seconds: float | None = None,
     env: Mapping[str, str] | None = None,
     pack: Mapping[str, Any] | None = None,
+    registry: ModelRegistry | None = None,
+    earlier_dates_check_seconds: float = 30.0,
     **train_options: Any,
 ) -> DAG:
     """Build a retraining DAG for your model; everything model-specific is an argument.
@@ -192,7 +204,7 @@ def retraining_pipeline(
         heldout: held-out data location passed to ``evaluate`` (``{version}``, ``{partition}``
             and ``{params.NAME}`` are filled); None passes None.
         models: where models are published, as ``<models>/<dag_id>/<version>/<partition>/``
-            (default ``<shared_fs>/models``).
+            (default ``<shared_fs>/models``), with the default registry.
         model_name: the file or directory name ``{output}`` ends with and the published model has.
         params: your own run params (name -> Param or default), next to the built-in ones
             (:data:`BUILTIN_PARAMS`); use them in train_command as ``{params.NAME}``.
@@ -204,18 +216,40 @@ def retraining_pipeline(
         approval: ask a person (Airflow's ApprovalOperator) before publishing a model the gate passed.
         approval_timeout: how long to wait for that answer (None: no limit); no answer, no publish.
         schedule, start_date, catchup, max_active_runs, default_args, tags, doc_md: as for a DAG
-            (default_args default to one retry after 10 s).
+            (default_args default to one retry after 10 s). A run's partition is its logical date:
+            Airflow 3 reads ``"@daily"`` as a trigger timetable (the run at 00:00 of D is D's);
+            ``CronDataIntervalTimetable("@daily", timezone="UTC")`` runs D once D has ended (the
+            README's *Schedule and backfill*).
         min_free_gb: free space preflight requires on every node's run directory.
         epoch_seconds: staging sizes the shared filesystem for one epoch in this many seconds.
         env: extra environment for the ranks (added to what preflight recommends).
         pack: pack the transform's variable-length token field into fixed-length blocks for causal-LM
             training: ``{"field": "input_ids", "block_size": 128, "separator": EOS_ID}``
             (:mod:`dtrain.preprocess.packing`); None keeps one sample per record.
+        registry: where models are published and what the gate compares with
+            (:mod:`dtrain.pipeline.registry`): :class:`~dtrain.pipeline.registry.DirectoryRegistry`
+            (default) or :class:`~dtrain.pipeline.registry_mlflow.MlflowRegistry` (an MLflow model
+            registry; every train task is then an MLflow run: docs/mlflow.md).
+        earlier_dates_check_seconds: how often a ``train`` task that waits for an earlier date's run
+            looks again (it frees its worker slot in between: Airflow's reschedule).
         **train_options: further :class:`~dtrain.launch.operator.DistributedTrainingOperator`
             arguments (hang_timeout, stop_grace, max_restarts, deferrable, retry_policy, ...).
 
     Returns:
         The DAG (registered by being a module-level name of a DAG file).
+
+    Ordering: a run's warm start (``{init_from}``, rendered when ``train`` starts) and its gate
+    baseline must be the newest model published before its date, even when a backfill runs its
+    dates at once (Airflow's backfills ignore the DAG's ``max_active_runs``: they have their own,
+    10 by default). So ``train`` checks first (its ``pre_execute``) that no run of an earlier date
+    is still running; if one is, it is rescheduled (Airflow's ``up_for_reschedule``: no worker slot
+    held) and checks again every ``earlier_dates_check_seconds``, logging which run it waits for.
+    Everything before ``train`` (listing, preprocessing, staging, preflight) runs ahead. Why not
+    ``depends_on_past``: Airflow then refuses every backfill created without
+    ``--reprocess-behavior`` (the recipe users copy), and ``wait_for_downstream`` looks one task
+    downstream only, not at the previous date's ``publish``. An earlier run that failed, or one
+    still queued (which a waiting run could starve of its run slot), fails ``train`` at once with
+    a message saying how to go on (:func:`dtrain.pipeline.steps.check_earlier_dates`).
     """
     command = _check_command(train_command)
     transform = _import_path("transform", transform)
@@ -223,8 +257,13 @@ def retraining_pipeline(
     packing = packing_option(pack)  # checked here: a mapped task's arguments reach its operator only at run time
     gate = Gate(metric=metric, goal=goal, threshold=threshold, min_improvement=min_improvement,
                 tolerance=tolerance, relative_tolerance=relative_tolerance)
+    recheck_s = _check_seconds("earlier_dates_check_seconds", earlier_dates_check_seconds)
     if not isinstance(model_name, str) or not MODEL_NAME.fullmatch(model_name):
         raise SpecError("model_name", model_name, "a file or directory name (letters, digits, _ . + -)")
+    if registry is not None and not isinstance(registry, ModelRegistry):
+        raise SpecError("registry", registry, "a dtrain.pipeline.registry.ModelRegistry (DirectoryRegistry, "
+                                              "MlflowRegistry), or None for the directory default")
+    registry = (registry or DirectoryRegistry()).for_pipeline(Pipeline(dag_id, shared_fs, model_name, models))
     clashing = sorted(SET_BY_FACTORY & set(train_options))
     if clashing:
         raise SpecError("train_options", clashing[0], "an operator argument the factory does not set itself "
@@ -237,7 +276,6 @@ def retraining_pipeline(
     ds_json = json.dumps(dict(deepspeed_config)) if deepspeed_config else ""
     extra_env = dict(env or {})
 
-    models_root = os.path.join(models or os.path.join(shared_fs, "models"), dag_id)
     run_dir = os.path.join(shared_fs, "runs", dag_id, VERSION, PART, "run-{{ dag_run.clear_number or 0 }}")
     output = os.path.join(run_dir, model_name)
     processed_url = f"{processed.rstrip('/')}/{dag_id}/{VERSION}/{PART}"
@@ -262,10 +300,42 @@ def retraining_pipeline(
     staged = dataset_asset(dag_id)
     next_step = "approve" if approval else "publish"
 
-    def previous(version: str, partition: str) -> str:
-        from dtrain.pipeline.publish import previous_model
+    rendered_init_from: dict[tuple[str, str], str] = {}  # what this process rendered as {init_from}
 
-        return previous_model(models_root, version, partition, model_name)
+    def newest_before(version: str, partition: str) -> str:
+        return registry.warm_start(version, partition)
+
+    def run_ref(context) -> RunRef:
+        dag_run = context["dag_run"]
+        return RunRef(run_id=dag_run.run_id, clear_number=dag_run.clear_number or 0,
+                      version=context["params"]["dataset_version"], partition=partition_of(dag_run))
+
+    def previous(version: str, partition: str) -> str:
+        rendered_init_from[(version, partition)] = found = newest_before(version, partition)
+        return found
+
+    def wait_for_earlier_dates(context) -> None:
+        """train's pre_execute (after its templates are rendered): see *Ordering* above."""
+        from airflow.sdk.exceptions import AirflowFailException, AirflowRescheduleException
+
+        from dtrain.pipeline.steps import EarlierDateBlocking, EarlierDateRunning, check_earlier_dates
+
+        ti = context["ti"]
+        key = (context["params"]["dataset_version"], partition_of(context["dag_run"]))
+        try:
+            check_earlier_dates(ti.get_previous_dagrun(state="running"), ti.get_previous_dagrun(state="queued"),
+                                ti.get_previous_dagrun())
+            # The argv was rendered just before this check: an earlier date that published in between
+            # makes it stale, and the next try renders it again.
+            if key in rendered_init_from and newest_before(*key) != rendered_init_from[key]:
+                raise EarlierDateRunning("a model of an earlier date was published while train was being rendered")
+        except EarlierDateRunning as e:
+            print(f"{e}; checking again in {recheck_s:g} s")
+            raise AirflowRescheduleException(dt.datetime.now(dt.timezone.utc) + dt.timedelta(seconds=recheck_s)) \
+                from None
+        except EarlierDateBlocking as e:
+            raise AirflowFailException(str(e)) from None
+        print(f"train: no run of an earlier date is running; warm start from {rendered_init_from.get(key) or 'nothing'}")
 
     def deepspeed(params: Mapping[str, Any]) -> str:
         return ds_json if params["distribution"] == "deepspeed" else ""
@@ -306,13 +376,21 @@ def retraining_pipeline(
             print(f"check_params: {json.dumps(values)}; world size {spec.world_size} on backend={spec.backend}")
             return values
 
-        # No retry: a partition with no data fails at once and frees the run slot.
+        # No retry: a partition with no data skips its run at once (a run on unpause, a date
+        # without data in a backfill: not a failure) and frees the run slot.
         @task(retries=0)
         def list_raw_inputs(raw_url: str) -> list[str]:
             """The raw files of this run's partition: one mapped preprocessing task each."""
+            from airflow.sdk.exceptions import AirflowSkipException
+
+            from dtrain.pipeline.steps import NoRawData
             from dtrain.pipeline.steps import list_raw_inputs as find
 
-            return find(raw_url, aws_conn_id)
+            try:
+                return find(raw_url, aws_conn_id)
+            except NoRawData as e:
+                raise AirflowSkipException(f"{e}: this run is skipped (nothing trained or published). Upload "
+                                           "the partition's files there and clear this run to train it") from None
 
         checked = check_params()
         raw_inputs = list_raw_inputs(f"{raw.rstrip('/')}/{VERSION}/{PART}/")
@@ -333,10 +411,15 @@ def retraining_pipeline(
             task_id="preflight", manifest_path="{{ ti.xcom_pull(task_ids='stage')['manifest_path'] }}",
             checkpoint_dir=run_dir, min_free_gb=min_free_gb, **common,
         )
-        train = DistributedTrainingOperator(
+        tracked = {"registry": registry} if registry.tracks_runs else {}
+        train_class = DistributedTrainingOperator
+        if tracked:
+            from dtrain.pipeline.tracked_training import TrackedTrainingOperator as train_class
+        train = train_class(
             task_id="train", command=argv, distribution="{{ params.distribution }}",
             deepspeed_config="{{ dtrain_deepspeed_config(params) }}", env="{{ dtrain_train_env(ti) }}",
-            run_dir=run_dir, aws_conn_id=aws_conn_id, **common, **train_options,
+            run_dir=run_dir, aws_conn_id=aws_conn_id, pre_execute=wait_for_earlier_dates, **common, **tracked,
+            **train_options,
         )
 
         @task(task_id="evaluate")
@@ -350,27 +433,28 @@ def retraining_pipeline(
             with aws_credentials_env(aws_conn_id):
                 metrics = run(function, model_path, heldout_location or None, gate.metric)
             print(f"evaluate: {json.dumps(metrics, sort_keys=True)} (model {model_path})")
-            return {"metrics": metrics, "model_path": model_path, "heldout": heldout_location or None,
-                    "run_dir": result["run_dir"], "training": result.get("metrics") or {},
-                    "world_size": result.get("world_size"), "duration_s": result.get("duration_s")}
+            evaluation = {"metrics": metrics, "model_path": model_path, "heldout": heldout_location or None,
+                          "run_dir": result["run_dir"], "training": result.get("metrics") or {},
+                          "world_size": result.get("world_size"), "duration_s": result.get("duration_s")}
+            registry.record_evaluation(run_ref(get_current_context()), evaluation)
+            return evaluation
 
         @task.branch(task_id="gate")
         def gate_model(evaluation: dict) -> str | None:
             """Compare the metric with the bar and the published model; publish (or ask) only if it passes."""
-            from dtrain.pipeline.steps import decide
+            from dtrain.pipeline.steps import decide_with
 
             context = get_current_context()
-            decision = decide(gate, evaluation["metrics"], models_root, context["params"]["dataset_version"],
-                              partition_of(context["dag_run"]), model_name)
+            decision = decide_with(gate, evaluation["metrics"], registry, context["params"]["dataset_version"],
+                                   partition_of(context["dag_run"]))
             print(decision.summary)
             context["ti"].xcom_push(key="decision", value=decision.as_dict())
             return next_step if decision.publish else None
 
         @task(task_id="publish", outlets=[model])
         def publish_model(evaluation: dict) -> dict:
-            """Publish the model atomically under <models>/<dag_id>/<version>/<partition>/ and update the asset."""
-            from dtrain.pipeline.publish import publish_model as publish
-
+            """Publish the model with the registry (default: atomically under <models>/<dag_id>/<version>/<partition>/)
+            and update the asset."""
             context = get_current_context()
             ti = context["ti"]
             version, partition = context["params"]["dataset_version"], partition_of(context["dag_run"])
@@ -383,13 +467,11 @@ def retraining_pipeline(
                 answer = ti.xcom_pull(task_ids="approve") or {}
                 record["approval"] = {"chosen_options": answer.get("chosen_options"),
                                       "responded_by": answer.get("responded_by_user")}
-            published = publish(evaluation["model_path"], record, models_root, version, partition, model_name)
-            context["outlet_events"][model].extra = {
-                "model_path": published["model_path"], "metrics_path": published["metrics_path"],
-                "dataset_version": version, "partition": partition}
-            print(f"PUBLISHED model: {published['model_path']} metrics: {published['metrics_path']} "
-                  f"({gate.metric} {evaluation['metrics'][gate.metric]})")
-            return published
+            published = registry.publish(run_ref(context), evaluation["model_path"], record)
+            context["outlet_events"][model].extra = {**published.asset_extra, "dataset_version": version,
+                                                     "partition": partition}
+            print(f"PUBLISHED {published.summary} ({gate.metric} {evaluation['metrics'][gate.metric]})")
+            return published.record
 
         evaluation = evaluate_model(train.output, model_path=output,
                                     heldout_location=heldout_text or "")

@@ -10,11 +10,23 @@ from typing import Any, Callable, Mapping
 
 from dtrain.errors import DTrainError, SpecError
 from dtrain.pipeline.gate import Decision, Gate
-from dtrain.pipeline.publish import previous_published
+from dtrain.pipeline.registry import DirectoryRegistry, ModelRegistry, Pipeline
 
 
 class EvaluateError(DTrainError):
     """The user's evaluate function failed or returned something the gate cannot use."""
+
+
+class NoRawData(DTrainError, FileNotFoundError):
+    """A partition has no raw files: nothing to preprocess, train or publish for it."""
+
+
+class EarlierDateRunning(DTrainError):
+    """A run of an earlier date is still running: this date trains once it has ended."""
+
+
+class EarlierDateBlocking(DTrainError):
+    """A run of an earlier date failed or has not started: this date must not train before it."""
 
 
 def list_raw_inputs(raw_url: str, aws_conn_id: str | None) -> list[str]:
@@ -28,8 +40,46 @@ def list_raw_inputs(raw_url: str, aws_conn_id: str | None) -> list[str]:
     protocol = raw_url.split("://", 1)[0] + "://" if "://" in raw_url else ""
     files = sorted(p for p in fs.find(root) if not os.path.basename(p).startswith("."))
     if not files:
-        raise FileNotFoundError(f"no raw data at {raw_url}: nothing to train on for this partition")
+        raise NoRawData(f"no raw data at {raw_url}: nothing to train on for this partition")
     return [protocol + p if protocol and not p.startswith(protocol) else p for p in files]
+
+
+def _date(run: Any) -> str:
+    return run.logical_date.strftime("%Y-%m-%d") if run.logical_date else "?"
+
+
+def check_earlier_dates(running: Any, queued: Any, previous: Any) -> None:
+    """May this date train now? Raise if not, with what the user sees and can do.
+
+    The arguments are the newest earlier-dated run (by logical date) of the DAG that is running, that
+    is queued, and of any state (objects with ``run_id``, ``logical_date``, ``state``; None if there
+    is none). Once no earlier run is running, every earlier date has published its model or been
+    gated out, so ``{init_from}`` and the gate's baseline are the newest model published before this
+    date, whatever the backfill's concurrency.
+
+    Raises:
+        EarlierDateRunning: an earlier run is still running (wait for it: it will end by itself).
+        EarlierDateBlocking: the previous run failed, or an earlier one has not started: waiting for
+            it could hold the run slot it needs (``max_active_runs``), so this run fails instead and
+            the message says how to go on.
+    """
+    if running is not None:
+        raise EarlierDateRunning(
+            f"train waits for the run of {_date(running)} ({running.run_id}), still running: each date trains "
+            "after every earlier date has published its model or been gated out, so that it warm-starts from "
+            "and is gated against the newest model before it (this date's data is already staged)")
+    if queued is not None:
+        raise EarlierDateBlocking(
+            f"the run of {_date(queued)} ({queued.run_id}) has not started (queued), and a date trains only after "
+            "every earlier date: this run fails rather than hold a run slot the earlier one may need. Once "
+            f"{_date(queued)} has finished, clear this run's train task (backfills run forward: no --run-backwards)")
+    if previous is not None and str(getattr(previous.state, "value", previous.state)) == "failed":
+        date = _date(previous)
+        raise EarlierDateBlocking(
+            f"the run of {date} ({previous.run_id}) failed, so its model was neither published nor gated out, "
+            f"and this date would warm-start from and be gated against a model older than {date}. To go on: "
+            f"rerun {date} (clear its failed tasks), then clear this run's train task; or, to train without "
+            f"{date}'s model, mark the run of {date} as success and clear this run's train task")
 
 
 def _json_scalar(name: str, value: Any) -> Any:
@@ -60,13 +110,19 @@ def evaluate_model(evaluate: Callable[[str, str | None], Any], model_path: str, 
     return clean
 
 
-def decide(gate: Gate, metrics: Mapping[str, Any], models_root: str, version: str, partition: str,
-           model_name: str) -> Decision:
-    """The gate's decision against the model published before ``partition`` (the warm start's source)."""
-    found = previous_published(models_root, version, partition, model_name) if gate.compares \
-        else None
+def decide_with(gate: Gate, metrics: Mapping[str, Any], registry: ModelRegistry, version: str,
+                partition: str) -> Decision:
+    """The gate's decision against the registry's baseline for ``partition`` (dtrain.pipeline.registry)."""
+    found = registry.baseline(version, partition) if gate.compares else None
     if found is None:
         return gate.decide(metrics, None)
-    path, record = found
-    return gate.decide(metrics, record.get("evaluation") or {}, published_model=path)
+    return gate.decide(metrics, found.metrics, published_model=found.model)
+
+
+def decide(gate: Gate, metrics: Mapping[str, Any], models_root: str, version: str, partition: str,
+           model_name: str = "model.pt") -> Decision:
+    """:func:`decide_with` the directory layout under ``models_root`` (``<models>/<dag_id>``)."""
+    registry = DirectoryRegistry(os.path.dirname(models_root)).for_pipeline(
+        Pipeline(dag_id=os.path.basename(models_root), shared_fs="", model_name=model_name))
+    return decide_with(gate, metrics, registry, version, partition)
 

@@ -18,7 +18,6 @@ nothing heavy is imported at parse time and ``__init__`` does no I/O.
 from __future__ import annotations
 
 import contextlib
-import os
 from typing import Any, Iterator, Sequence
 
 from airflow.sdk import BaseOperator
@@ -63,19 +62,11 @@ def aws_credentials_env(conn_id: str | None) -> Iterator[None]:
     if not conn_id:
         yield
         return
+    from dtrain.environ import temporarily
     from dtrain.staging.operator import aws_environment
 
-    wanted = aws_environment(conn_id)
-    saved = {name: os.environ.get(name) for name in wanted}
-    os.environ.update(wanted)
-    try:
+    with temporarily(aws_environment(conn_id)):
         yield
-    finally:
-        for name, value in saved.items():
-            if value is None:
-                os.environ.pop(name, None)
-            else:
-                os.environ[name] = value
 
 
 class PreprocessOperator(BaseOperator):

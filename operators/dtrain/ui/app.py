@@ -43,9 +43,10 @@ from airflow.api_fastapi.core_api.security import GetUserDep, requires_access_da
 
 from dtrain.errors import SpecError
 from dtrain.launch.job import RUN_RECORD_KEY
+from dtrain.tracking import RUN_XCOM_KEY as MLFLOW_RUN_KEY
 from dtrain.provenance import Untrusted, models_roots, runs_roots, trusted_published, trusted_run_dir
 from dtrain.rundir import RunDir, UnsafeRunDir
-from dtrain.ui import metrics_cache, plots, retraining, store, training, ui_base
+from dtrain.ui import metrics_cache, mlflow_links, plots, retraining, store, training, ui_base
 
 #: what a page may load: its own scripts and styles (matplotlib's SVG uses style attributes), framed
 #: only by the Airflow UI of the same origin
@@ -111,7 +112,7 @@ def _records(session, ref: TaskInstanceRef) -> tuple[dict[str, Any], dict[str, A
     if ti is None:
         raise HTTPException(404, f"no task instance {ref.dag_id}/{ref.run_id}/{ref.task_id}[{ref.map_index}]")
     return ti, store.xcoms(session, ref.dag_id, ref.run_id, ref.task_id, ref.map_index,
-                           (RUN_RECORD_KEY, "return_value", "hang"))
+                           (RUN_RECORD_KEY, "return_value", "hang", MLFLOW_RUN_KEY))
 
 
 def _roots(which) -> list[str]:
@@ -152,7 +153,8 @@ def read_published(dag_id: str, metrics_path: Any, partition: Any) -> dict[str, 
 
 def _pipeline_view(session, dag_id: str) -> dict[str, Any]:
     return retraining.pipeline_view(dag_id, store.pipeline_runs(session, dag_id),
-                                    lambda path, partition: read_published(dag_id, path, partition))
+                                    lambda path, partition: read_published(dag_id, path, partition),
+                                    mlflow_links.server_url())
 
 
 def _page(request: Request, name: str, title: str, data: dict[str, str]) -> Response:
@@ -198,8 +200,11 @@ def create_app() -> FastAPI:
         hang = records.get("hang") if isinstance(records.get("hang"), dict) else None
         run = _run_dir(ti, records)
         metrics = metrics_cache.follow(run).records if run else None
-        return _json(training.job_view(ti=ti, record=records.get(RUN_RECORD_KEY) if run else None,
-                                       result=result, hang=hang, run=run, metrics=metrics))
+        view = training.job_view(ti=ti, record=records.get(RUN_RECORD_KEY) if run else None,
+                                 result=result, hang=hang, run=run, metrics=metrics)
+        if MLFLOW_RUN_KEY in records:
+            view["mlflow_run"] = mlflow_links.run_link(mlflow_links.server_url(), records[MLFLOW_RUN_KEY])
+        return _json(view)
 
     @app.get("/api/ti/curves", dependencies=[read_ti])
     def ti_curves(session: SessionDep, ref: TIRef, since_step: Annotated[int, Query(ge=-1)] = -1) -> Response:

@@ -78,7 +78,10 @@ def partition_metric(dag_id: str, metric: str, points: Sequence[Mapping]) -> str
             if chosen:
                 ax.plot([dt.date.fromisoformat(p["partition"]) for p in chosen], [p["value"] for p in chosen],
                         gid=series_id(dag_id, "published" if published else "gated-out"), **style)
-        _date_ticks(ax, sorted({p["partition"] for p in points}))
+        if points:
+            _date_ticks(ax, sorted({p["partition"] for p in points}))
+        else:  # no dates: an empty date axis would label 1970-01-01 (day 0 of matplotlib's epoch)
+            ax.set_xticks([])
         # The metric's name comes from a recorded decision (an XCom anyone who may edit the run can
         # change): plain text, never mathtext ("$\\foo$" would fail to parse and fail the page).
         ax.set_title(f"{dag_id}: {metric} per partition", fontsize=10, parse_math=False)

@@ -11,6 +11,8 @@ from __future__ import annotations
 import math
 from typing import Any, Callable, Mapping, Sequence
 
+from dtrain.ui.mlflow_links import registered
+
 ACTIVE_RUN_STATES = ("queued", "running")
 
 
@@ -31,10 +33,13 @@ def _outcome(run: Mapping[str, Any], decision: Mapping[str, Any], published: Any
 
 
 def pipeline_view(dag_id: str, runs: Sequence[Mapping[str, Any]],
-                  read_published: Callable[[str], Mapping[str, Any] | None]) -> dict[str, Any]:
+                  read_published: Callable[[str], Mapping[str, Any] | None],
+                  mlflow_url: str | None = None) -> dict[str, Any]:
     """``runs``: dtrain.ui.store.pipeline_runs(); ``read_published(metrics_path, partition)``: the
     published record, if it is this pipeline's for the run's partition (None otherwise: the
-    recorded path is an XCom anyone who may edit the run can change; see dtrain.provenance)."""
+    recorded path is an XCom anyone who may edit the run can change; see dtrain.provenance).
+    ``mlflow_url``: the tracking server's UI (dtrain.ui.mlflow_links), for links to what an MLflow
+    registry registered."""
     rows, points, metric, goal = [], [], None, None
     for run in runs:
         decision = run.get("decision") if isinstance(run.get("decision"), Mapping) else {}
@@ -54,6 +59,7 @@ def pipeline_view(dag_id: str, runs: Sequence[Mapping[str, Any]],
             "model_path": published.get("model_path") if published else None,
             "approval": (record or {}).get("approval"),
             "training_tasks": run.get("training_tasks") or [],
+            "registered": registered(mlflow_url, published),
         })
         if value is not None and run.get("partition") and outcome in ("published", "gated out"):
             points.append({"partition": run["partition"], "value": value, "published": outcome == "published",

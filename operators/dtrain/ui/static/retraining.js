@@ -39,6 +39,21 @@
     return link;
   }
 
+  // A link to the MLflow UI: the server built the address from the deployment's connection, never from
+  // a recorded value; opened in a new tab (it is another application).
+  function mlflowLink(text, href, cls) {
+    return href ? el("a", text, {href, target: "_blank", rel: "noopener noreferrer", class: cls}) : el("span", text);
+  }
+
+  function registryCell(registered) {
+    const cell = el("td");
+    if (!registered) { cell.textContent = "-"; return cell; }
+    cell.append(mlflowLink(`${registered.model_name} v${registered.version}`, registered.version_url, "mlflow-version"),
+                " ", el("span", `@${registered.alias}`, {class: "alias"}));
+    if (registered.run) cell.append(" ", mlflowLink("run", registered.run.url, "mlflow-run"));
+    return cell;
+  }
+
   function fmt(x) { return x === null || x === undefined ? "-" : Number(x).toPrecision(6).replace(/\.?0+$/, ""); }
 
   async function renderPipeline(p) {
@@ -51,7 +66,8 @@
     box.append(plot);
     const table = el("table", null, {class: "runs"});
     const head = el("tr");
-    for (const h of ["partition", "run", "outcome", p.metric || "metric", "published before", "why", "training"]) {
+    for (const h of ["partition", "run", "outcome", p.metric || "metric", "published before", "why", "registered",
+                     "training"]) {
       head.append(el("th", h));
     }
     table.append(el("thead"), el("tbody"));
@@ -67,7 +83,7 @@
                                  {class: "training-link"}), " ");
       }
       row.append(el("td", r.partition), el("td", r.run_id), el("td", r.outcome, {class: cls}), el("td", fmt(r.value)),
-                 el("td", fmt(r.baseline)), el("td", r.reasons.join("; ")), links);
+                 el("td", fmt(r.baseline)), el("td", r.reasons.join("; ")), registryCell(r.registered), links);
       table.tBodies[0].append(row);
     }
     box.append(table);

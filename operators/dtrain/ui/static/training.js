@@ -70,6 +70,12 @@
     for (const [label, value] of rows) {
       list.append(el("dt", label), el("dd", value, {"data-field": label.replace(/ /g, "-")}));
     }
+    if (view.mlflow_run) {  // the server built the address from the deployment's MLflow connection
+      const run = view.mlflow_run, dd = el("dd", null, {"data-field": "mlflow-run"});
+      dd.append(run.url ? el("a", run.run_id, {href: run.url, target: "_blank", rel: "noopener noreferrer"})
+                        : el("span", run.run_id));
+      list.append(el("dt", "MLflow run"), dd);
+    }
     list.dataset.steps = view.steps === null || view.steps === undefined ? "-1" : String(view.steps);
     show("summary", true);
   }

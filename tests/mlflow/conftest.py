@@ -1,0 +1,138 @@
+"""A real MLflow tracking server for the registry and tracking tests: `mlflow server` on loopback,
+SQLite backend store and a local artifact root in a temp dir, as the MLflow docs set one up offline.
+
+The server runs from this venv (the full `mlflow` package of the `test` extra resolves beside
+Airflow here; the product itself needs only the client, `mlflow-skinny`: docs/mlflow.md)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import time
+import urllib.request
+
+import psutil
+import pytest
+
+from tests.airflow_services import BIN, free_port
+from tests.support import kill_survivors
+
+#: the server's first start migrates its SQLite store: about 40 s on 2 busy cores
+START_TIMEOUT = 240
+
+
+class MlflowServer:
+    """``mlflow server`` in its own session; :meth:`stop` ends it and every worker it started."""
+
+    def __init__(self, root: str):
+        self.root = root
+        self.port = free_port()
+        self.uri = f"http://127.0.0.1:{self.port}"
+        self.log_path = os.path.join(root, "mlflow-server.log")
+        self.proc: subprocess.Popen | None = None
+
+    def start(self) -> None:
+        argv = [os.path.join(BIN, "mlflow"), "server", "--host", "127.0.0.1", "--port", str(self.port),
+                "--workers", "1", "--backend-store-uri", f"sqlite:///{os.path.join(self.root, 'mlflow.db')}",
+                "--artifacts-destination", os.path.join(self.root, "artifacts")]
+        with open(self.log_path, "ab") as log:
+            self.proc = subprocess.Popen(argv, cwd=self.root, stdout=log, stderr=subprocess.STDOUT,
+                                         start_new_session=True)
+        deadline = time.monotonic() + START_TIMEOUT
+        while time.monotonic() < deadline:
+            assert self.proc.poll() is None, f"mlflow server exited {self.proc.returncode}: {self.log()[-3000:]}"
+            try:
+                with urllib.request.urlopen(f"{self.uri}/health", timeout=2) as response:
+                    if response.status == 200:
+                        return
+            except OSError:
+                time.sleep(1)
+        raise AssertionError(f"mlflow server not ready after {START_TIMEOUT} s: {self.log()[-3000:]}")
+
+    def log(self) -> str:
+        with open(self.log_path, encoding="utf-8", errors="replace") as fh:
+            return fh.read()
+
+    def stop(self) -> None:
+        if self.proc is None:
+            return
+        try:
+            procs = [psutil.Process(self.proc.pid), *psutil.Process(self.proc.pid).children(recursive=True)]
+        except psutil.NoSuchProcess:
+            procs = []
+        try:
+            os.killpg(self.proc.pid, signal.SIGTERM)
+        except ProcessLookupError:
+            pass
+        kill_survivors(procs, timeout=10)
+        self.proc.wait(timeout=10)
+
+
+@pytest.fixture(scope="session")
+def mlflow_server(tmp_path_factory):
+    server = MlflowServer(str(tmp_path_factory.mktemp("mlflow")))
+    try:
+        server.start()
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture
+def client(mlflow_server):
+    from mlflow import MlflowClient
+
+    return MlflowClient(tracking_uri=mlflow_server.uri, registry_uri=mlflow_server.uri)
+
+
+#: the e2e test's own bucket: the example's CSV data, dates chosen so that each outcome is the data's
+#: doing: date -> (rows, label noise). More clean data, warm-started from the champion, beats it;
+#: noisy labels do not.
+E2E_BUCKET = "mlflow-demo"
+E2E_DATES = {"2026-04-01": (2000, 0.1), "2026-04-02": (4000, 0.1), "2026-04-03": (3000, 3.0),
+             "2026-04-04": (6000, 0.1)}
+E2E_DAGS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "dags")
+
+
+def seed_e2e(endpoint: str) -> None:
+    from dtrain.pipeline.demo import s3_client
+    from tests.pipeline.conftest import TABULAR, example_module
+
+    data = example_module(TABULAR, "tabular_pipeline.data")
+    client = s3_client(endpoint)
+    client.create_bucket(Bucket=E2E_BUCKET)
+    for seed, (date, (rows, noise)) in enumerate(sorted(E2E_DATES.items()), start=11):
+        client.put_object(Bucket=E2E_BUCKET, Key=f"raw/v1/{date}/part-0.csv",
+                          Body=data.csv_bytes(data.generate_rows(rows, seed, label_noise=noise)))
+    client.put_object(Bucket=E2E_BUCKET, Key="heldout/v1/heldout.csv",
+                      Body=data.csv_bytes(data.generate_rows(1000, 99)))
+
+
+@pytest.fixture(scope="session")
+def mlflow_airflow(mlflow_server, moto_endpoint, tmp_path_factory):
+    """`airflow standalone` with tests/mlflow/dags, the suite's moto S3 (tests/services.py) seeded for
+    it, and the connection mlflow_default pointing at the session's tracking server."""
+    from dtrain.pipeline.demo import airflow_env
+    from tests.airflow_services import AirflowServices, bundle
+    from tests.pipeline.conftest import TABULAR
+
+    class Standalone(AirflowServices):
+        def start(self, timeout: float = 240) -> None:
+            self.migrate()
+            self.spawn("standalone", "standalone")
+            self.wait_ready("tabular_mlflow", timeout)
+
+    root = tmp_path_factory.mktemp("mlflow-airflow")
+    seed_e2e(moto_endpoint)
+    env = airflow_env(moto_endpoint)
+    env.update(DTRAIN_SHARED_FS=str(root / "shared"), DTRAIN_HOME=str(root / "dtrain"),
+               PATH=BIN + os.pathsep + env.get("PATH", ""), TABULAR_BUCKET=f"s3://{E2E_BUCKET}",
+               TABULAR_SHARED_FS=str(root / "shared"), AIRFLOW_CONN_MLFLOW_DEFAULT=mlflow_server.uri,
+               PYTHONPATH=os.pathsep.join(p for p in (TABULAR, env.get("PYTHONPATH")) if p))
+    server = Standalone(str(root / "home"), env, E2E_DAGS, [bundle("mlflow-dags", E2E_DAGS)])
+    try:
+        server.start()
+        yield server
+    finally:
+        server.stop()

@@ -1,0 +1,177 @@
+"""MlflowRegistry and dtrain.tracking against a real `mlflow server` (tests/mlflow/conftest.py), without
+Airflow: the run a train task creates and resumes, the metrics it logs from the ranks' records, and the
+registry's rules (champion moves forward only, a failure between register and alias changes nothing,
+the gate's baseline and the warm start are the champion's), asserted through MLflow's client API."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import uuid
+
+import pytest
+
+from dtrain.pipeline.registry import Pipeline, RunRef
+from dtrain.pipeline.registry_mlflow import MlflowRegistry
+from dtrain.tracking import find_run, run_key, start_or_resume
+from tests.mlflow.model import save
+
+
+def unique(prefix: str) -> str:
+    return f"{prefix}-{uuid.uuid4().hex[:8]}"
+
+
+def registry_for(mlflow_server, tmp_path, **kwargs) -> MlflowRegistry:
+    dag_id = unique("dag")
+    registry = MlflowRegistry(unique("model"), conn_id=None, tracking_uri=mlflow_server.uri, **kwargs)
+    return registry.for_pipeline(Pipeline(dag_id, shared_fs=str(tmp_path / "fsx"), model_name="model.pt"))
+
+
+def trained(registry, client, tmp_path, partition: str, seed: int, rmse: float) -> RunRef:
+    """What the pipeline does before publish: the train task's run, then evaluate's record_evaluation."""
+    run = RunRef(run_id=f"scheduled__{partition}", clear_number=0, version="v1", partition=partition)
+    key = run_key(registry.pipeline.dag_id, run.run_id, 0)
+    start_or_resume(client, registry.experiment_name, key, {"dtrain.partition": partition})
+    model = tmp_path / partition / "model.pt"  # {output}: <run_dir>/<model_name>
+    model.parent.mkdir()
+    save(str(model), seed)
+    registry.record_evaluation(run, {"metrics": {"rmse": rmse, "samples": 10}, "model_path": str(model)})
+    return run
+
+
+def aliases(client, registry) -> dict[str, str]:
+    return {alias: str(version) for alias, version in client.get_registered_model(registry.model_name).aliases.items()}
+
+
+def test_a_train_task_run_is_found_again_on_retry_and_a_cleared_run_gets_its_own(client):
+    experiment = unique("exp")
+    key = run_key("dag", "manual__1", 0)
+    first, resumed = start_or_resume(client, experiment, key, {"dtrain.task_try": "1"})
+    assert not resumed
+    client.set_terminated(first.info.run_id, "FAILED")
+    again, resumed = start_or_resume(client, experiment, key, {"dtrain.task_try": "2"})
+    assert resumed and again.info.run_id == first.info.run_id
+    stored = client.get_run(first.info.run_id)
+    assert stored.info.status == "RUNNING" and stored.data.tags["dtrain.task_try"] == "2"
+    cleared, resumed = start_or_resume(client, experiment, run_key("dag", "manual__1", 1), {})
+    assert not resumed and cleared.info.run_id != first.info.run_id
+    # A run id with quotes and spaces still finds its run: the key is hex, whatever the id holds.
+    odd = run_key("dag", "manual__it's a 'run'", 0)
+    made, _ = start_or_resume(client, experiment, odd, {})
+    assert find_run(client, made.info.experiment_id, odd).info.run_id == made.info.run_id
+
+
+def test_params_are_logged_once_and_a_retry_does_not_fail_on_them(client):
+    from dtrain.tracking import log_params
+
+    run, _ = start_or_resume(client, unique("exp"), run_key("dag", "r", 0), {})
+    assert log_params(client, run, {"nodes": 2, "epochs": 4, "nothing": None}) == {"nodes": "2", "epochs": "4"}
+    again = client.get_run(run.info.run_id)
+    assert log_params(client, again, {"nodes": 2, "epochs": 4}) == {}
+    assert client.get_run(run.info.run_id).data.params == {"nodes": "2", "epochs": "4"}
+
+
+def test_the_ranks_records_become_rank_0s_step_metrics_and_the_stall_verdicts(client, tmp_path):
+    from dtrain.pipeline.tracked_training import TrackedTrainingOperator
+    from dtrain.training.metrics import MetricsWriter
+
+    run_dir = tmp_path / "run"
+    for rank, loss0 in ((0, 2.0), (1, 9.0)):
+        writer = MetricsWriter(rank, str(run_dir / "metrics"))
+        for step in range(1, 4):
+            writer.log(step=step, loss=loss0 / step, samples=32, step_time_s=0.5, data_wait_s=0.1)
+        if rank == 0:  # a resumed job logs step 3 again: the newest record wins
+            writer.log(step=3, loss=0.25, samples=32, step_time_s=0.5, data_wait_s=0.2)
+        writer.close()
+    run, _ = start_or_resume(client, unique("exp"), run_key("dag", "r", 0), {})
+    stall = {"rules": {"CPUBottleneck": {"triggered": True, "max_data_wait_fraction": 0.4},
+                       "LoadBalancing": {"triggered": False, "slowest_to_median": 1.05}}}
+    TrackedTrainingOperator._log_job(client, run.info.run_id, {
+        "run_dir": str(run_dir), "stall": stall, "metrics": {"train_rmse": 0.3, "global_batch": 64, "lr": 0.02}})
+    loss = sorted((m.step, m.value) for m in client.get_metric_history(run.info.run_id, "loss"))
+    assert loss == [(1, 2.0), (2, 1.0), (3, 0.25)]
+    wait = sorted((m.step, m.value) for m in client.get_metric_history(run.info.run_id, "data_wait_fraction"))
+    assert wait == [(1, 0.2), (2, 0.2), (3, 0.4)]
+    data = client.get_run(run.info.run_id).data
+    assert data.metrics["samples_per_s"] == 64.0 and data.metrics["train.train_rmse"] == 0.3
+    assert data.metrics["stall.CPUBottleneck"] == 1.0 and data.metrics["stall.LoadBalancing"] == 0.0
+    assert data.metrics["stall.max_data_wait_fraction"] == 0.4
+    assert data.params["global_batch"] == "64" and data.params["scaled_lr"] == "0.02"
+
+
+def test_champion_moves_forward_only_and_the_gate_and_warm_start_read_it(mlflow_server, client, tmp_path):
+    registry = registry_for(mlflow_server, tmp_path)
+    assert registry.baseline("v1", "2026-03-01") is None and registry.warm_start("v1", "2026-03-01") == ""
+    first = trained(registry, client, tmp_path, "2026-03-01", seed=1, rmse=0.5)
+    out = registry.publish(first, "", {"evaluation": {"rmse": 0.5}}).record
+    assert (out["version"], out["alias"], out["champion"]) == ("1", "champion", True)
+    second = trained(registry, client, tmp_path, "2026-03-02", seed=2, rmse=0.4)
+    assert registry.publish(second, "", {}).record["version"] == "2"
+    assert aliases(client, registry) == {"champion": "2"}
+    baseline = registry.baseline("v1", "2026-03-03")
+    assert baseline.model == f"models:/{registry.model_name}/2" and baseline.metrics == {"rmse": 0.4, "samples": 10}
+
+    # A backfill of an older date: registered, as challenger; champion keeps the newer date's version.
+    backfill = trained(registry, client, tmp_path, "2026-02-15", seed=3, rmse=0.1)
+    out = registry.publish(backfill, "", {})
+    assert (out.record["version"], out.record["alias"], out.record["champion"]) == ("3", "challenger", False)
+    assert aliases(client, registry) == {"champion": "2", "challenger": "3"}
+    assert "champion stays at version 2 (2026-03-02)" in out.summary
+
+    # The warm start is the champion's file as trained, downloaded once onto the shared filesystem.
+    path = registry.warm_start("v1", "2026-03-04")
+    assert path == str(tmp_path / "fsx" / "registry" / registry.pipeline.dag_id / registry.model_name / "2" / "model.pt")
+    assert open(path, "rb").read() == (tmp_path / "2026-03-02" / "model.pt").read_bytes()
+    assert registry.warm_start("v1", "2026-03-05") == path
+    version = client.get_model_version(registry.model_name, "2")
+    assert version.source == f"runs:/{version.run_id}/trained/model.pt"
+    assert version.tags["dtrain.partition"] == "2026-03-02"
+    recorded = json.loads(open(client.download_artifacts(version.run_id, "metrics.json", str(tmp_path)), "rb").read())
+    assert recorded == {}  # publish's record replaced evaluate's metrics.json: the published version's verdicts
+
+
+def test_a_failure_between_register_and_alias_leaves_champion_and_a_retry_registers_nothing_twice(
+        mlflow_server, client, tmp_path, monkeypatch):
+    registry = registry_for(mlflow_server, tmp_path)
+    registry.publish(trained(registry, client, tmp_path, "2026-03-01", seed=1, rmse=0.5), "", {})
+    run = trained(registry, client, tmp_path, "2026-03-02", seed=2, rmse=0.4)
+    from mlflow import MlflowClient
+
+    original = MlflowClient.set_registered_model_alias
+
+    def server_gone(self, *args, **kwargs):  # fault injection: the call after registering fails
+        raise ConnectionError("tracking server went away")
+
+    monkeypatch.setattr(MlflowClient, "set_registered_model_alias", server_gone)
+    with pytest.raises(ConnectionError):
+        registry.publish(run, "", {})
+    assert aliases(client, registry) == {"champion": "1"}
+    assert len(client.search_model_versions(f"name='{registry.model_name}'")) == 2  # registered, not champion
+    monkeypatch.setattr(MlflowClient, "set_registered_model_alias", original)
+    out = registry.publish(run, "", {}).record  # the task's retry
+    assert out["version"] == "2" and aliases(client, registry) == {"champion": "2"}
+    assert len(client.search_model_versions(f"name='{registry.model_name}'")) == 2
+
+
+def test_a_consumer_loads_the_champion_in_a_fresh_process_and_predicts(mlflow_server, client, tmp_path):
+    import torch
+
+    from tests.mlflow.model import load
+
+    registry = registry_for(mlflow_server, tmp_path, load_model="tests.mlflow.model:load")
+    run = trained(registry, client, tmp_path, "2026-03-01", seed=7, rmse=0.5)
+    assert registry.publish(run, "", {}).record["model_uri"] == f"models:/{registry.model_name}/1"
+    x = [[0.5, -1.0, 2.0, 0.25], [1.0, 1.0, 1.0, 1.0]]
+    with torch.no_grad():
+        expected = load(str(tmp_path / "2026-03-01" / "model.pt"))(torch.tensor(x)).squeeze(1).tolist()
+    consumer = ("import json, sys, torch, mlflow.pytorch\n"
+                f"model = mlflow.pytorch.load_model('models:/{registry.model_name}@champion')\n"
+                "with torch.no_grad():\n"
+                "    print(json.dumps(model(torch.tensor(json.loads(sys.argv[1]))).squeeze(1).tolist()))\n")
+    env = {**os.environ, "MLFLOW_TRACKING_URI": mlflow_server.uri, "PYTHONPATH": ""}  # no dtrain, no tests package
+    proc = subprocess.run([sys.executable, "-c", consumer, json.dumps(x)], env=env, capture_output=True, text=True,
+                          timeout=300, cwd=str(tmp_path))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert json.loads(proc.stdout.strip().splitlines()[-1]) == pytest.approx(expected, abs=1e-6)
