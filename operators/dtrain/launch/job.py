@@ -91,5 +91,6 @@ def prepare_job(spec: LaunchSpec, *, create: bool = True) -> Job:
         if not spec.uses_gpu():
             env["DS_ACCELERATOR"] = "cpu"
     env.update(spec.env)
+    env.update(spec.secret_env)  # every backend's channel for rank_env keeps it out of argv and files
     job.rank_env = env
     return job

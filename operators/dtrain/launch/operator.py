@@ -87,6 +87,14 @@ class DistributedTrainingOperator(ResumableJobMixin, BaseOperator):
             running it twice. False: the job is tied to the worker process, as with ``local``.
         retry_policy: Airflow's retry policy; default :class:`TrainingRetryPolicy` (bad input fails
             at once, transient faults retry; ``retries`` still bounds the tries). None: no policy.
+        aws_conn_id: an Airflow AWS connection whose credentials every rank gets as the standard
+            AWS variables (``AWS_ACCESS_KEY_ID``, ``AWS_SECRET_ACCESS_KEY``, ``AWS_SESSION_TOKEN``,
+            ``AWS_ENDPOINT_URL``, ``AWS_DEFAULT_REGION``), e.g. for ``CheckpointManager(directory="s3://...")``.
+            Read on the worker when the task runs (not templated: params cannot choose it), and
+            carried as the rest of the job's environment is on backends that keep it out of every
+            argv, log line, XCom and file: ``local`` and ``mpi`` (the processes' environment), ``ssh``
+            (the ssh session's stdin). ``slurm`` refuses it (its sbatch script would hold it). None
+            (default): the ranks use their own environment.
     """
 
     template_fields: Sequence[str] = (
@@ -127,6 +135,7 @@ class DistributedTrainingOperator(ResumableJobMixin, BaseOperator):
         pass_local_rank: bool = False,
         deferrable: bool = conf.getboolean("operators", "default_deferrable", fallback=False),
         retry_policy: Any = _DEFAULT_POLICY,
+        aws_conn_id: str | None = None,
         **kwargs: Any,
     ) -> None:
         if retry_policy is _DEFAULT_POLICY:
@@ -154,6 +163,7 @@ class DistributedTrainingOperator(ResumableJobMixin, BaseOperator):
         self.pipeline_parallel_size = pipeline_parallel_size
         self.pass_local_rank = pass_local_rank
         self.deferrable = deferrable
+        self.aws_conn_id = aws_conn_id
         self._launcher = None
         self._result: dict[str, Any] | None = None  # durable mode: the followed job's XCom result
         self.last_result: dict[str, Any] | None = None  # read by the extra links after success
@@ -178,7 +188,16 @@ class DistributedTrainingOperator(ResumableJobMixin, BaseOperator):
             hang_timeout=None if self.hang_timeout in (None, "", "None") else self.hang_timeout,
             stop_grace=self.stop_grace, model_parallel_size=self.model_parallel_size,
             pipeline_parallel_size=self.pipeline_parallel_size, pass_local_rank=self.pass_local_rank,
+            secret_env=self._connection_env(),
         )
+
+    def _connection_env(self) -> dict[str, str]:
+        """The AWS connection's credentials for the ranks, read here on the worker at execute time."""
+        if not self.aws_conn_id:
+            return {}
+        from dtrain.staging.operator import aws_environment
+
+        return aws_environment(self.aws_conn_id, self.log)
 
     def execute(self, context) -> dict[str, Any]:
         from dtrain.launch.launcher import Launcher

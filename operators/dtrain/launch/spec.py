@@ -93,6 +93,9 @@ class LaunchSpec:
             size (world size / both) is what DeepSpeed's batch arithmetic uses.
         pass_local_rank: append ``--local_rank=N`` to every rank's command, as the ``deepspeed``
             launcher does (for scripts that read ``args.local_rank``).
+        secret_env: environment for every rank that is a secret (an Airflow connection's AWS
+            credentials): given to the ranks as ``env`` is, never shown in the spec's repr; a backend
+            that would write it into an argv, a script or the dry-run output refuses it.
     """
 
     command: Sequence[str]
@@ -118,6 +121,7 @@ class LaunchSpec:
     model_parallel_size: int = 1
     pipeline_parallel_size: int = 1
     pass_local_rank: bool = False
+    secret_env: Mapping[str, str] = field(default_factory=dict, repr=False)
     resolved_deepspeed_config: dict[str, Any] | None = field(default=None, init=False, repr=False)
     #: what the backend's validate() parsed from its options (e.g. the ssh host entries)
     resolved: Any = field(default=None, init=False, repr=False, compare=False)
@@ -135,6 +139,10 @@ class LaunchSpec:
                                                 not_json="a mapping (or a JSON object string)",
                                                 not_mapping="a mapping of the backend's options"))
         self.env = coerce_env("env", self.env)
+        self.secret_env = coerce_env("secret_env", self.secret_env)  # messages name keys, never values
+        both = sorted(set(self.env) & set(self.secret_env))
+        if both:
+            raise SpecError("env", both, "no variable the connection's credentials set (aws_conn_id)")
         if self.job_id is not None:  # the rendezvous id, a Slurm job name, part of file names
             self.job_id = grammar.check("job_id", self.job_id, grammar.NAME, "letters, digits and _ . + - (1-128)")
         self.rdzv_port = coerce_int("rdzv_port", self.rdzv_port, minimum=0, maximum=65535)
@@ -155,6 +163,7 @@ class LaunchSpec:
         self._check_gpus(backend_cls.single_host)
         self._check_distribution_options()
         runner = backend_for(self)
+        self._check_secret_env_carried({backend_cls, runner})
         backend_cls.validate(self)
         if runner is not backend_cls:  # e.g. distribution='mpi' on the ssh hosts: mpirun's checks too
             runner.validate(self)
@@ -187,6 +196,12 @@ class LaunchSpec:
 
     def gpu_capacity(self) -> int:
         return visible_gpu_count() if self.gpus_per_node is None else self.gpus_per_node
+
+    def _check_secret_env_carried(self, backends) -> None:
+        for cls in backends:
+            if self.secret_env and not cls.carries_secret_env:
+                raise SpecError("backend", cls.name, "a backend that carries credentials (aws_conn_id) to the ranks "
+                                                     "outside every argv, script and file (its carries_secret_env)")
 
     def _check_distribution_options(self) -> None:
         if self.mpi_options is not None and self.distribution != "mpi":

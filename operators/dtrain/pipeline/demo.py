@@ -80,7 +80,8 @@ def airflow_env(endpoint: str) -> dict[str, str]:
     env["AIRFLOW_CONN_AWS_DEFAULT"] = json.dumps(conn)
     env.setdefault("DTRAIN_RAW_URL", f"s3://{BUCKET}/raw")
     env.setdefault("DTRAIN_PROCESSED_URL", f"s3://{BUCKET}/processed")
-    # torchrun's ranks inherit this env: keep the demo's S3 credentials out of the training job.
+    # The S3 credentials are in the connection only, never ambient variables: each task that needs them
+    # (the training ranks too, through the train task's aws_conn_id) gets them from it.
     return env
 
 

@@ -418,7 +418,8 @@ def retraining_pipeline(
         train = train_class(
             task_id="train", command=argv, distribution="{{ params.distribution }}",
             deepspeed_config="{{ dtrain_deepspeed_config(params) }}", env="{{ dtrain_train_env(ti) }}",
-            run_dir=run_dir, pre_execute=wait_for_earlier_dates, **common, **tracked, **train_options,
+            run_dir=run_dir, aws_conn_id=aws_conn_id, pre_execute=wait_for_earlier_dates, **common, **tracked,
+            **train_options,
         )
 
         @task(task_id="evaluate")

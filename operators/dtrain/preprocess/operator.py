@@ -62,18 +62,10 @@ def aws_credentials_env(conn_id: str | None) -> Iterator[None]:
     if not conn_id:
         yield
         return
-    from dtrain.staging.operator import aws_storage_options
-
-    options = aws_storage_options(conn_id)
-    names = {"key": "AWS_ACCESS_KEY_ID", "secret": "AWS_SECRET_ACCESS_KEY", "token": "AWS_SESSION_TOKEN",
-             "endpoint_url": "AWS_ENDPOINT_URL", "profile": "AWS_PROFILE"}
-    wanted = {names[k]: str(v) for k, v in options.items() if k in names}
-    region = (options.get("client_kwargs") or {}).get("region_name")
-    if region:
-        wanted["AWS_DEFAULT_REGION"] = region
     from dtrain.environ import temporarily
+    from dtrain.staging.operator import aws_environment
 
-    with temporarily(wanted):
+    with temporarily(aws_environment(conn_id)):
         yield
 
 

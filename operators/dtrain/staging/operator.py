@@ -150,3 +150,19 @@ def aws_storage_options(conn_id: str, log: Any = None) -> dict[str, Any]:
     if extra.get("profile_name"):
         options["profile"] = extra["profile_name"]
     return options
+
+
+#: aws_storage_options' keys -> the standard variables botocore and s3fs read
+AWS_ENV_NAMES = {"key": "AWS_ACCESS_KEY_ID", "secret": "AWS_SECRET_ACCESS_KEY", "token": "AWS_SESSION_TOKEN",
+                 "endpoint_url": "AWS_ENDPOINT_URL", "profile": "AWS_PROFILE"}
+
+
+def aws_environment(conn_id: str, log: Any = None) -> dict[str, str]:
+    """An Airflow AWS connection as the standard AWS variables (for a process started elsewhere: a
+    worker pool, a training rank). Secrets included: never log or template the result."""
+    options = aws_storage_options(conn_id, log)
+    env = {AWS_ENV_NAMES[k]: str(v) for k, v in options.items() if k in AWS_ENV_NAMES}
+    region = (options.get("client_kwargs") or {}).get("region_name")
+    if region:
+        env["AWS_DEFAULT_REGION"] = region
+    return env

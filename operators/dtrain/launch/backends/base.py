@@ -194,6 +194,10 @@ class Backend(abc.ABC):
     supports_detached: ClassVar[bool] = False
     #: nodes are simulated on this host (preflight then checks one host)
     single_host: ClassVar[bool] = False
+    #: the backend gives the ranks ``spec.secret_env`` (credentials) on a channel that is no argv, no
+    #: dry-run output, no log and no file (a process's environment, an ssh session's stdin). Off unless
+    #: a backend's author checked where its env travels: a secret is refused by the others.
+    carries_secret_env: ClassVar[bool] = False
     #: module with ``add_arguments(parser)`` and ``options_from_args(args)``: this backend's CLI options
     cli_module: ClassVar[str | None] = None
     poll_interval: float = 0.02

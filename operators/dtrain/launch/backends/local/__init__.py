@@ -35,6 +35,7 @@ class LocalBackend(Backend):
     description = "every node simulated on this host (one torchrun agent each)"
     install_hint = "pip install 'airflow-dtrain[torch]'"
     single_host = True
+    carries_secret_env = True  # the agents' process environment
 
     def __init__(self, sink=None, python: str | None = None, grace_seconds: float | None = None):
         super().__init__(**({"sink": sink} if sink else {}))

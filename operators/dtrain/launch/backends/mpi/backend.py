@@ -64,6 +64,7 @@ class MPIBackend(Backend):
     """mpirun starts every rank (per-process launch); the rank wrapper maps OMPI_* to the contract."""
 
     name = "mpi"
+    carries_secret_env = True  # mpirun's environment, forwarded by name (-x NAME)
     description = "one mpirun starts every rank (OpenMPI), on this host or the ssh hosts"
     install_hint = "apt-get install openmpi-bin"
     single_host = True  # when named itself: mpirun on this host
@@ -83,7 +84,7 @@ class MPIBackend(Backend):
         if spec.backend == cls.name:
             cls.check_option_names(spec.backend_options)
         spec.mpi_options = coerce_mpi_options(spec.mpi_options)
-        check_export_names(spec.env)  # they also sit in mpirun's own environment
+        check_export_names([*spec.env, *spec.secret_env])  # they also sit in mpirun's own environment
         if get_backend_class(spec.backend).single_host and spec.nodes != 1:
             raise SpecError("nodes", spec.nodes, f"1 for mpirun on this host (backend={spec.backend!r}); "
                                                  "use backend='ssh' with a hostfile for several")

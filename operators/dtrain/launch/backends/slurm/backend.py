@@ -44,10 +44,13 @@ def _run(argv: list[str], timeout: float = 60.0) -> subprocess.CompletedProcess:
         raise DTrainError(f"{' '.join(argv[:3])} did not answer within {timeout:.0f}s") from e
 
 
-def sbatch(script_path: str, cwd: str | None = None) -> str:
-    """``sbatch --parsable SCRIPT`` -> the Slurm job id."""
+def sbatch(script_path: str, cwd: str | None = None, secret_env: Mapping[str, str] | None = None) -> str:
+    """``sbatch --parsable SCRIPT`` -> the Slurm job id. ``secret_env`` goes into sbatch's own
+    environment, which sbatch hands to the job (its default ``--export=ALL``; the option is not among
+    the allowed extra_sbatch), never into the script: that is the dry-run output and a file."""
+    env = {**os.environ, **secret_env} if secret_env else None
     proc = subprocess.run(R.sbatch_argv(script_path), capture_output=True, text=True, timeout=120, cwd=cwd,
-                          stdin=subprocess.DEVNULL)
+                          stdin=subprocess.DEVNULL, env=env)
     if proc.returncode != 0:
         raise LaunchError(f"sbatch refused the job: {proc.stderr.strip() or proc.stdout.strip()}", proc.returncode)
     return R.parse_job_id(proc.stdout)
@@ -164,6 +167,7 @@ class SlurmBackend(Backend):
     option_names = tuple(SlurmOptions.__dataclass_fields__)
     supports_detached = True
     cli_module = "dtrain.launch.backends.slurm.cli"
+    carries_secret_env = True  # sbatch's environment, not the script (see sbatch())
 
     def __init__(self, sink=None, cancel_timeout: float = 60.0, grace_seconds: float | None = None):
         super().__init__(**({"sink": sink} if sink else {}))
@@ -193,7 +197,7 @@ class SlurmBackend(Backend):
     def submit(self, job: Job, *, detached: bool = False) -> JobHandle:
         options = self._options(job.spec)
         script = R.write_script(job, options)
-        job_id = sbatch(script, cwd=job.spec.workdir)
+        job_id = sbatch(script, cwd=job.spec.workdir, secret_env=job.spec.secret_env)
         self.poll_interval = options.poll_interval
         self.sink(f"[dtrain] submitted slurm job {job_id} ({job.spec.nodes} node(s)); "
                   f"output: {R.log_path(job.run_dir, job_id)}")

@@ -317,8 +317,9 @@ def render_sbatch(job: Job, options: SlurmOptions, *, workdir: str | None = None
                       "--option or --option=value (letters, digits, _ . , : = @ / + % -) on an #SBATCH line")
     q = shlex.quote
     # The agents' SIGTERM-to-SIGKILL wait and the ranks' grace (the spec's stop_grace); the job's
-    # own env may override them.
-    env = {**stop_grace_env(spec.stop_grace), **job.rank_env}
+    # own env may override them. Secrets stay out of the script: sbatch's environment carries them.
+    env = {**stop_grace_env(spec.stop_grace),
+           **{name: value for name, value in job.rank_env.items() if name not in spec.secret_env}}
     exports = [export_line(name, value) for name, value in sorted(env.items())]
     port = str(options.master_port) if options.master_port else "$((20000 + SLURM_JOB_ID % 20000))"
     srun = ["srun", f"--nodes={spec.nodes}", f"--ntasks={spec.nodes}", "--ntasks-per-node=1",

@@ -188,6 +188,7 @@ class SSHBackend(Backend):
     option_names = (*HOST_OPTIONS, *SETTINGS_OPTIONS, "conn_id")
     supports_detached = True
     cli_module = "dtrain.launch.backends.ssh.cli"
+    carries_secret_env = True  # each session's stdin (node_env), never the remote command line
 
     def __init__(self, sink=None, grace_seconds: float | None = None):
         super().__init__(**({"sink": sink} if sink else {}))
