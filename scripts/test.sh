@@ -2,10 +2,11 @@
 # Set everything up (idempotent), then run the test suite against real components.
 # Services (moto's S3, sshd, Slurm, munge, Airflow) are started and stopped by the tests' fixtures.
 #
-#   bash scripts/test.sh                 # the whole suite, on 2 workers (pytest-xdist, --dist loadgroup)
+#   bash scripts/test.sh                 # the whole suite, serially (what CI runs)
 #   bash scripts/test.sh --quick         # the quick tier: no daemon, no Airflow, no training job (-m "not slow")
 #   bash scripts/test.sh tests/launch -x # further arguments go to pytest
-#   DTRAIN_TEST_WORKERS=0 bash scripts/test.sh ...   # serially, in this process (e.g. to use pdb)
+#   DTRAIN_TEST_WORKERS=2 bash scripts/test.sh ...   # on 2 pytest-xdist workers (--dist loadgroup, tests/conftest.py):
+#                                        # not yet the default: on 2 cores some timing-bound tests fail under it
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 args=()
@@ -13,7 +14,7 @@ if [ "${1:-}" = "--quick" ]; then
   shift
   args+=(-m "not slow")
 fi
-workers=${DTRAIN_TEST_WORKERS:-2}
+workers=${DTRAIN_TEST_WORKERS:-0}
 case "$workers" in
   ''|*[!0-9]*) echo "test.sh: DTRAIN_TEST_WORKERS='$workers' is invalid: a number of pytest-xdist workers (0: none)" >&2; exit 2 ;;
 esac

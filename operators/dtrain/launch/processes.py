@@ -70,9 +70,10 @@ class NodeSupervisor:
         # stop_grace at submit (a rank's time to save a checkpoint); spent only while one still runs.
         self.grace_seconds = grace_seconds
         self.nodes: list[NodeProcess] = []
-        #: where a node's lines go once the job is being stopped (node index, line); None: the sink.
-        #: A stop makes every torchrun agent and rank print its shutdown (warnings, tracebacks); the
-        #: launcher reports the verdict once, so a backend sends those lines to the run directory.
+        #: where a node's agent lines go once the job is being stopped (node index, line); None: the sink.
+        #: A stop makes every torchrun agent print its shutdown (warnings, tracebacks); the launcher
+        #: reports the verdict once, so a backend sends those lines to the run directory. The ranks'
+        #: own lines (a checkpoint saved on SIGTERM) still reach the sink.
         self.stopping_sink: Callable[[int, str], None] | None = None
         self._stop = threading.Event()
         self._lock = threading.Lock()
@@ -102,10 +103,11 @@ class NodeSupervisor:
         for raw in iter(node.proc.stdout.readline, b""):
             line = raw.decode(errors="replace").rstrip("\n")
             node.tail.append(line)
-            if self._stop.is_set() and self.stopping_sink is not None:
-                self.stopping_sink(node.index, line)
+            ranks_own = line.startswith("[node")  # a rank's line (rank_entry prefixes them): always the user's
+            if self._stop.is_set() and self.stopping_sink is not None and not ranks_own:
+                self.stopping_sink(node.index, line)  # the agent's shutdown chatter
             else:
-                self.sink(line if line.startswith("[node") else f"[node{node.index}] {line}")
+                self.sink(line if ranks_own else f"[node{node.index}] {line}")
 
     def check(self, expected: int) -> tuple[bool, int, NodeProcess | None]:
         """Without blocking: (done, exit code, failed node). Done when one node failed (its code and
