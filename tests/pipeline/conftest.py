@@ -5,7 +5,6 @@ environment a real Airflow process needs to run retrain_pipeline against it, and
 from __future__ import annotations
 
 import os
-import shutil
 
 import pytest
 
@@ -20,10 +19,6 @@ TABULAR = os.path.join(REPO, "examples", "tabular")
 README_BUNDLE = "readme-user"
 #: the Training tab's test DAG (tests/pipeline/test_ui_browser.py)
 UI_DAGS = os.path.join(REPO, "tests", "ui", "dags")
-#: the approval step between two trivial tasks, and the plugin that makes its worker slow
-#: (tests/pipeline/test_early_approval.py)
-APPROVAL_DAGS = os.path.join(REPO, "tests", "pipeline", "approval_dags")
-SLOW_WORKER_PLUGIN = os.path.join(REPO, "tests", "pipeline", "slow_worker_plugin")
 TABULAR_BUCKET = "tabular-demo"
 #: the text example (examples/text): a causal language model on JSON-lines documents
 TEXT = os.path.join(REPO, "examples", "text")
@@ -102,29 +97,18 @@ def pipeline_env(s3_endpoint, tmp_path_factory) -> dict[str, str]:
 
 class Standalone(AirflowServices):
     """Every component at once, as users first run Airflow: ``airflow standalone``. One per suite:
-    the pipelines, the Training tab's test DAG and the early-approval DAG (with its slow-worker test
-    plugin beside the product's plugins folder) are all bundles of it."""
+    the pipelines, the Training tab's test DAG and the README user's package are bundles of it."""
 
     def __init__(self, home: str, env: dict[str, str]):
         dags = os.path.join(REPO, "dags")
         super().__init__(home, env, dags, [bundle("dags-folder", dags), bundle("tabular", os.path.join(TABULAR, "dags")),
-                                           bundle("ui-test-dags", UI_DAGS), bundle("approval", APPROVAL_DAGS),
+                                           bundle("ui-test-dags", UI_DAGS),
                                            bundle(README_BUNDLE, os.path.join(env["README_USER"], "dags"))])
-        plugins = os.path.join(home, "plugins")
-        os.makedirs(plugins, exist_ok=True)
-        for folder in (os.path.join(REPO, "plugins"), SLOW_WORKER_PLUGIN):
-            for name in os.listdir(folder):
-                if name.endswith(".py"):
-                    shutil.copy(os.path.join(folder, name), plugins)
-        self.env["AIRFLOW__CORE__PLUGINS_FOLDER"] = plugins
-        # The sweep that hands an approval's retry the stored answer (dtrain.pipeline.approval) runs
-        # every 15 s by default; sooner here.
-        self.env["AIRFLOW__SCHEDULER__TRIGGER_TIMEOUT_CHECK_INTERVAL"] = "2"
 
     def start(self, timeout: float = 180) -> None:
         self.migrate()
         self.spawn("standalone", "standalone")
-        for dag_id in ("retrain_pipeline", "tabular_retraining_reviewed", "ui_training", "early_approval"):
+        for dag_id in ("retrain_pipeline", "tabular_retraining_reviewed", "ui_training"):
             self.wait_ready(dag_id, timeout)
 
 

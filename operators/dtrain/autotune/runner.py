@@ -226,7 +226,27 @@ def autotune_env(spec: AutotuneSpec, environ: Mapping[str, str] | None = None) -
     if spec.device == "cpu":
         env["DS_ACCELERATOR"] = "cpu"
         env["LOCAL_SIZE"] = str(spec.procs_per_node)  # the CPU accelerator's slots per node
+    env.update(mlflow_parent_run(spec.work_dir, env))
     return env
+
+
+def mlflow_parent_run(work_dir: str, env: Mapping[str, str]) -> dict[str, str]:
+    """DeepSpeed's autotuner (0.19) logs to MLflow whenever ``mlflow`` is importable, and then reads
+    ``MLFLOW_RUN_ID`` unconditionally (a KeyError, zero experiments, when it is not set). When mlflow
+    is installed and no run is given, make one: in the user's tracking server when
+    ``MLFLOW_TRACKING_URI`` is set, else in a SQLite store in the work dir."""
+    import importlib.util
+
+    if "MLFLOW_RUN_ID" in env or importlib.util.find_spec("mlflow") is None:
+        return {}
+    extra = {} if env.get("MLFLOW_TRACKING_URI") else {"MLFLOW_TRACKING_URI": "sqlite:///" + os.path.join(
+        os.path.abspath(work_dir), "mlflow.db")}  # MLflow 3 refuses a new file store
+    made = subprocess.run([sys.executable, "-c", "import mlflow; print(mlflow.start_run().info.run_id)"],
+                          env={**env, **extra}, capture_output=True, text=True, timeout=300)
+    run_id = made.stdout.strip().splitlines()[-1] if made.returncode == 0 and made.stdout.strip() else ""
+    if not run_id:
+        raise RuntimeError(f"could not create the MLflow run DeepSpeed's autotuner needs: {made.stderr[-1000:]}")
+    return {**extra, "MLFLOW_RUN_ID": run_id}
 
 
 def release_experiment_buffers(results_dir: str) -> None:
