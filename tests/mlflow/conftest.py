@@ -7,6 +7,7 @@ Airflow here; the product itself needs only the client, `mlflow-skinny`: docs/ml
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import time
@@ -31,8 +32,10 @@ class MlflowServer:
         self.uri = f"http://127.0.0.1:{self.port}"
         self.log_path = os.path.join(root, "mlflow-server.log")
         self.proc: subprocess.Popen | None = None
+        self.shm_before: set[str] = set()
 
     def start(self) -> None:
+        self.shm_before = set(os.listdir("/dev/shm")) if os.path.isdir("/dev/shm") else set()
         argv = [os.path.join(BIN, "mlflow"), "server", "--host", "127.0.0.1", "--port", str(self.port),
                 "--workers", "1", "--backend-store-uri", f"sqlite:///{os.path.join(self.root, 'mlflow.db')}",
                 "--artifacts-destination", os.path.join(self.root, "artifacts")]
@@ -61,12 +64,43 @@ class MlflowServer:
             procs = [psutil.Process(self.proc.pid), *psutil.Process(self.proc.pid).children(recursive=True)]
         except psutil.NoSuchProcess:
             procs = []
+        scratch = self.shm_dirs(procs)
         try:
             os.killpg(self.proc.pid, signal.SIGTERM)
         except ProcessLookupError:
             pass
         kill_survivors(procs, timeout=10)
         self.proc.wait(timeout=10)
+        for directory in scratch | self.new_shm_dirs():
+            shutil.rmtree(directory, ignore_errors=True)
+
+    def new_shm_dirs(self) -> set[str]:
+        """/dev/shm temp dirs made since the server started that hold nothing or only its job stores."""
+        found: set[str] = set()
+        if not os.path.isdir("/dev/shm"):
+            return found
+        for name in set(os.listdir("/dev/shm")) - self.shm_before:
+            path = os.path.join("/dev/shm", name)
+            if name.startswith("tmp") and os.path.isdir(path) and not os.path.islink(path) and all(
+                    ".mlflow-huey-store" in entry for entry in os.listdir(path)):
+                found.add(path)
+        return found
+
+    @staticmethod
+    def shm_dirs(procs) -> set[str]:
+        """The server's job store: ``mlflow server`` makes a temp dir in /dev/shm (mlflow/server/__init__.py)
+        and leaves it when stopped; found by the files its processes hold open there."""
+        found = set()
+        for proc in procs:
+            try:
+                files = proc.open_files()
+            except psutil.Error:
+                continue
+            for f in files:
+                parts = f.path.split(os.sep)
+                if f.path.startswith("/dev/shm/tmp") and len(parts) > 3:
+                    found.add(os.sep.join(parts[:4]))
+        return found
 
 
 @pytest.fixture(scope="session")
