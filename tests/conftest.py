@@ -98,8 +98,18 @@ def pytest_collection_modifyitems(config, items):
     cluster group first: it is the longest, and a group starts when a worker is free, so it must not
     start last. Within a group, collection order is kept (some modules' tests build on the ones before)."""
     rank = {group: i for i, (group, _) in enumerate(SHARED_DAEMONS)}
-    groups = {item.nodeid: xdist_group(item) for item in items}
-    items.sort(key=lambda item: rank.get(groups[item.nodeid], len(rank)))  # stable: file order within a rank
+    # A module goes whole into the group of the highest-ranked daemon any of its tests uses: the tests
+    # of a module keep their order (test_tabular_e2e's test_a must publish first) and one worker.
+    by_module: dict[str, str] = {}
+    for item in items:
+        module, group = item.nodeid.split("::", 1)[0], xdist_group(item)
+        current = by_module.get(module, module)
+        if rank.get(group, len(rank)) < rank.get(current, len(rank)):
+            current = group
+        by_module[module] = current
+    groups = {item.nodeid: by_module[item.nodeid.split("::", 1)[0]] for item in items}
+    if os.environ.get(GROUPS_ENV):  # parallel run only: a serial run keeps pytest's order exactly
+        items.sort(key=lambda item: rank.get(groups[item.nodeid], len(rank)))  # stable: file order within a rank
     durations = _recorded_durations()
     for item in items:
         if is_slow(item, durations):
