@@ -173,7 +173,14 @@ def test_publish_refuses_a_symbolic_link_and_a_missing_model(tmp_path):
 
 def test_a_gate_with_only_a_tolerance_is_decided_against_the_published_model(tmp_path):
     from dtrain.pipeline.gate import Gate
-    from dtrain.pipeline.steps import decide
+    from dtrain.pipeline.registry import DirectoryRegistry, Pipeline
+    from dtrain.pipeline.steps import decide_with
+
+    registry = DirectoryRegistry(str(tmp_path / "models")).for_pipeline(Pipeline(dag_id="p", shared_fs="",
+                                                                                  model_name="model.pt"))
+
+    def decide(gate, metrics, _root, version, partition, _name):
+        return decide_with(gate, metrics, registry, version, partition)
 
     root = str(tmp_path / "models" / "p")
     trained = tmp_path / "model.pt"

@@ -10,7 +10,7 @@ from typing import Any, Callable, Mapping
 
 from dtrain.errors import DTrainError, SpecError
 from dtrain.pipeline.gate import Decision, Gate
-from dtrain.pipeline.registry import DirectoryRegistry, ModelRegistry, Pipeline
+from dtrain.pipeline.registry import ModelRegistry
 
 
 class EvaluateError(DTrainError):
@@ -117,12 +117,3 @@ def decide_with(gate: Gate, metrics: Mapping[str, Any], registry: ModelRegistry,
     if found is None:
         return gate.decide(metrics, None)
     return gate.decide(metrics, found.metrics, published_model=found.model)
-
-
-def decide(gate: Gate, metrics: Mapping[str, Any], models_root: str, version: str, partition: str,
-           model_name: str = "model.pt") -> Decision:
-    """:func:`decide_with` the directory layout under ``models_root`` (``<models>/<dag_id>``)."""
-    registry = DirectoryRegistry(os.path.dirname(models_root)).for_pipeline(
-        Pipeline(dag_id=os.path.basename(models_root), shared_fs="", model_name=model_name))
-    return decide_with(gate, metrics, registry, version, partition)
-
