@@ -56,11 +56,13 @@ def remove_bucket(client, bucket: str) -> None:
     reset: the server is the suite's, and other tests' buckets live there."""
     for upload in client.list_multipart_uploads(Bucket=bucket).get("Uploads", []):
         client.abort_multipart_upload(Bucket=bucket, Key=upload["Key"], UploadId=upload["UploadId"])
-    for page in client.get_paginator("list_object_versions").paginate(Bucket=bucket):
-        doomed = [{"Key": o["Key"], "VersionId": o["VersionId"]}
-                  for o in page.get("Versions", []) + page.get("DeleteMarkers", [])]
-        if doomed:
-            client.delete_objects(Bucket=bucket, Delete={"Objects": doomed})
+    # Listed whole before anything is deleted: moto resumes a listing after its marker key, and
+    # finds nothing after a marker that was deleted meanwhile (a bucket of 1,005 objects kept 5).
+    doomed = [{"Key": o["Key"], "VersionId": o["VersionId"]}
+              for page in client.get_paginator("list_object_versions").paginate(Bucket=bucket)
+              for o in page.get("Versions", []) + page.get("DeleteMarkers", [])]
+    for start in range(0, len(doomed), 1000):  # S3 deletes at most 1,000 keys per request
+        client.delete_objects(Bucket=bucket, Delete={"Objects": doomed[start:start + 1000]})
     client.delete_bucket(Bucket=bucket)
 
 

@@ -212,7 +212,7 @@ def test_rank_files_are_never_followed_through_symlinks(tmp_path):
 
 def test_rank_env_keeps_what_the_user_set():
     env = hang.rank_env("/runs/a", {"TORCH_FR_BUFFER_SIZE": "50"})
-    assert env == {"DTRAIN_HANG_DIR": "/runs/a/hang", "TORCH_NCCL_TRACE_BUFFER_SIZE": "2000",
+    assert env == {"DTRAIN_HANG_DIR": "/runs/a/hang",
                    "TORCH_NCCL_DUMP_ON_TIMEOUT": "1", "TORCH_FR_DUMP_TEMP_FILE": "/runs/a/hang/nccl_trace_rank_"}
 
 

@@ -91,8 +91,10 @@ def test_terminate_scancels_and_frees_every_process(slurm, tmp_path):
     assert not thread.is_alive()
     assert results[0].stopped and results[0].exit_code == 143
     assert queue(slurm) == []
-    assert alive(job_pids) == []
-    assert slurm.job_pids() == set()
+    # Slurm lists the job as ended once slurmd has signalled its steps; on a loaded machine the
+    # last of them (and the node wrapper that stops a rank's setsid children) exit moments later.
+    wait_for(lambda: alive(job_pids) == [] and slurm.job_pids() == set(), timeout=30,
+             what="every process of the job gone")
     state = slurm.run(["scontrol", "show", "job", "-o", slurm_job_id]).stdout
     assert "JobState=CANCELLED" in state
 

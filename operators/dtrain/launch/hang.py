@@ -81,12 +81,16 @@ def flight_recorder_path(directory: str, rank: int | str) -> str:
 def rank_env(run_dir: str, environ: dict[str, str]) -> dict[str, str]:
     """What every rank gets when hang detection is on: where to answer a dump request, where
     to record progress, and a flight recorder (gloo and NCCL; NCCL also dumps on its own
-    watchdog timeout). A value the user set is kept."""
+    watchdog timeout). A value the user set is kept.
+
+    ``TORCH_FR_BUFFER_SIZE`` sizes the recorder of both backends; its old name
+    ``TORCH_NCCL_TRACE_BUFFER_SIZE`` is not set: torch 2.13 prints a deprecation warning for it on
+    every rank, even on CPU (older torch releases read only the old name for NCCL: set it with ``--env``
+    there, docs/hangs.md)."""
     directory = hang_dir(run_dir)
     env = {
         HANG_DIR_ENV: directory,
         "TORCH_FR_BUFFER_SIZE": FLIGHT_RECORDER_ENTRIES,
-        "TORCH_NCCL_TRACE_BUFFER_SIZE": FLIGHT_RECORDER_ENTRIES,
         "TORCH_NCCL_DUMP_ON_TIMEOUT": "1",
         "TORCH_FR_DUMP_TEMP_FILE": os.path.join(directory, "nccl_trace_rank_"),
     }
