@@ -103,7 +103,7 @@ class MlflowServer:
         return found
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")  # stopped when tests/mlflow ends: no idle daemon under later tests
 def mlflow_server(tmp_path_factory):
     server = MlflowServer(str(tmp_path_factory.mktemp("mlflow")))
     try:
@@ -143,7 +143,7 @@ def seed_e2e(endpoint: str) -> None:
                       Body=data.csv_bytes(data.generate_rows(1000, 99)))
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")  # stopped when tests/mlflow ends: no idle Airflow under later tests
 def mlflow_airflow(mlflow_server, moto_endpoint, tmp_path_factory):
     """`airflow standalone` with tests/mlflow/dags, the suite's moto S3 (tests/services.py) seeded for
     it, and the connection mlflow_default pointing at the session's tracking server."""

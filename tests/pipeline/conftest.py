@@ -96,7 +96,7 @@ def pipeline_env(s3_endpoint, tmp_path_factory) -> dict[str, str]:
 
 
 class Standalone(AirflowServices):
-    """Every component at once, as users first run Airflow: ``airflow standalone``. One per suite:
+    """Every component at once, as users first run Airflow: ``airflow standalone``. One for tests/pipeline:
     the pipelines, the Training tab's test DAG and the README user's package are bundles of it."""
 
     def __init__(self, home: str, env: dict[str, str]):
@@ -112,7 +112,7 @@ class Standalone(AirflowServices):
             self.wait_ready(dag_id, timeout)
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")  # stopped when tests/pipeline ends: no idle Airflow under later tests
 def standalone(pipeline_env, tmp_path_factory):
     server = Standalone(str(tmp_path_factory.mktemp("standalone") / "home"), dict(pipeline_env))
     try:

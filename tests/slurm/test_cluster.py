@@ -10,7 +10,25 @@ import threading
 
 from dtrain.launch.launcher import Launcher
 
+from tests.support import poll_until
+
 from .conftest import DDP_REPORT, REPO, alive, cpu_spec, queue, wait_for
+
+
+
+def describe(pids) -> list[str]:
+    """Each process as "pid ppid status: command line", for a failure message."""
+    import psutil
+
+    out = []
+    for pid in sorted(pids):
+        try:
+            proc = psutil.Process(pid)
+            out.append(f"{pid} {proc.ppid()} {proc.status()}: {' '.join(proc.cmdline())[:200]}")
+        except psutil.NoSuchProcess:
+            continue
+    return out
+
 
 HOSTILE_ARGS = ["$(touch {p})", "'; touch {p}; echo '", "`touch {p}`", "a b\n c"]
 
@@ -93,8 +111,8 @@ def test_terminate_scancels_and_frees_every_process(slurm, tmp_path):
     assert queue(slurm) == []
     # Slurm lists the job as ended once slurmd has signalled its steps; on a loaded machine the
     # last of them (and the node wrapper that stops a rank's setsid children) exit moments later.
-    wait_for(lambda: alive(job_pids) == [] and slurm.job_pids() == set(), timeout=30,
-             what="every process of the job gone")
+    if not poll_until(lambda: alive(job_pids) == [] and slurm.job_pids() == set(), 30, 0.1):
+        raise AssertionError(f"alive 30 s after the job ended: {describe(set(alive(job_pids)) | slurm.job_pids())}")
     state = slurm.run(["scontrol", "show", "job", "-o", slurm_job_id]).stdout
     assert "JobState=CANCELLED" in state
 
