@@ -59,6 +59,7 @@ class AirflowServices:
         self.url = f"http://127.0.0.1:{self.port}/api/v2"
         self.procs: dict[str, subprocess.Popen] = {}
         self.started: list[psutil.Process] = []  # every process started, for stop()
+        self.revived: list[float] = []  # when revive_scheduler() replaced a dead scheduler
 
     def airflow(self, *args: str, timeout: float = 300) -> subprocess.CompletedProcess:
         return subprocess.run([os.path.join(BIN, "airflow"), *args], env=self.env, capture_output=True, text=True,
@@ -173,9 +174,31 @@ class AirflowServices:
         assert status == 200, ti
         return ti
 
+    def revive_scheduler(self) -> bool:
+        """Start ``airflow scheduler`` again when the one ``airflow standalone`` started has died, as a
+        deployment's process supervisor would (``standalone`` never restarts a component). Airflow 3.3 on
+        SQLite: ``backfill create`` that hits "database is locked" deletes the runs it had already
+        committed, and a scheduler holding one of them crashes (StaleDataError on dag_run). Returns
+        whether it started one; each revival is in <home>/scheduler.log and ``self.revived``."""
+        standalone = self.procs.get("standalone")
+        if standalone is None or standalone.poll() is not None:
+            return False
+        if "scheduler" in self.procs and self.procs["scheduler"].poll() is None:
+            return False
+        try:
+            children = psutil.Process(standalone.pid).children()
+        except psutil.NoSuchProcess:
+            return False
+        if any(_is_live_scheduler(child) for child in children):
+            return False
+        self.revived.append(time.time())
+        self.spawn("scheduler", "scheduler")
+        return True
+
     def wait_run(self, dag_id: str, run_id: str, timeout: float = 600) -> dict:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
+            self.revive_scheduler()
             status, run = self.request("GET", f"/dags/{dag_id}/dagRuns/{quote(run_id, safe='')}")
             if status == 200 and run["state"] in ("success", "failed"):
                 return run
@@ -225,6 +248,13 @@ class AirflowServices:
             except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
                 continue
         self.procs.clear()
+
+
+def _is_live_scheduler(proc: psutil.Process) -> bool:
+    try:
+        return proc.status() != psutil.STATUS_ZOMBIE and "scheduler" in " ".join(proc.cmdline())
+    except (psutil.NoSuchProcess, psutil.ZombieProcess, psutil.AccessDenied):
+        return False  # gone, or a zombie the standalone has not reaped
 
 
 def _log_line(item) -> str:
