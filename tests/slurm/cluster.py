@@ -223,7 +223,12 @@ def _environ(proc: psutil.Process) -> dict[str, str]:
 
 
 def processes_with_marker(root: str, conf: str) -> set[int]:
-    skip = {os.getpid(), *(p.pid for p in psutil.Process().parents())}
+    # Not this test process, its parents, or its own children: the environment it hands down carries
+    # SLURM_CONF, so a helper it started (multiprocessing's resource tracker, which lives as long as the
+    # test process) would otherwise count as a job's process. Slurm starts a job's processes under
+    # slurmstepd, never under the test process.
+    me = psutil.Process()
+    skip = {me.pid, *(p.pid for p in me.parents()), *(p.pid for p in me.children())}
     found = set()
     for proc in psutil.process_iter():
         if proc.pid in skip:
