@@ -59,7 +59,6 @@ class AirflowServices:
         self.url = f"http://127.0.0.1:{self.port}/api/v2"
         self.procs: dict[str, subprocess.Popen] = {}
         self.started: list[psutil.Process] = []  # every process started, for stop()
-        self.revived: list[float] = []  # when revive_scheduler() replaced a dead scheduler
 
     def airflow(self, *args: str, timeout: float = 300) -> subprocess.CompletedProcess:
         return subprocess.run([os.path.join(BIN, "airflow"), *args], env=self.env, capture_output=True, text=True,
@@ -179,7 +178,7 @@ class AirflowServices:
         deployment's process supervisor would (``standalone`` never restarts a component). Airflow 3.3 on
         SQLite: ``backfill create`` that hits "database is locked" deletes the runs it had already
         committed, and a scheduler holding one of them crashes (StaleDataError on dag_run). Returns
-        whether it started one; each revival is in <home>/scheduler.log and ``self.revived``."""
+        whether it started one (its output goes to <home>/scheduler.log)."""
         standalone = self.procs.get("standalone")
         if standalone is None or standalone.poll() is not None:
             return False
@@ -191,7 +190,6 @@ class AirflowServices:
             return False
         if any(_is_live_scheduler(child) for child in children):
             return False
-        self.revived.append(time.time())
         self.spawn("scheduler", "scheduler")
         return True
 

@@ -15,7 +15,6 @@ from tests.support import poll_until
 from .conftest import DDP_REPORT, REPO, alive, cpu_spec, queue, wait_for
 
 
-
 def describe(pids) -> list[str]:
     """Each process as "pid ppid status: command line", for a failure message."""
     import psutil
