@@ -6,6 +6,8 @@ provides the ``infra`` fixture (the real daemons it needs) and ``options(infra)`
 * every rank sees the env contract, and a hostile argv arrives verbatim and inert;
 * a failing rank gives its exit code, and no process of the job survives on any host;
 * stop (``Launcher.terminate``, what ``on_kill`` and SIGTERM call) leaves no process;
+* every rank gets the same node environment (``Backend.node_env``: stop grace, node index, socket
+  interface, the TF cluster where the backend serves distribution=tensorflow);
 * a dry run is deterministic and starts and writes nothing;
 * where the backend supports detached jobs: submit, serialize the handle, rebuild it in a
   fresh backend (and in the deferrable trigger), poll to the end, cancel -> nothing left;
@@ -91,6 +93,39 @@ class BackendContract:
             assert record["argv"] == hostile  # verbatim
         assert len(masters) == 1 and all(masters.pop())  # one rendezvous, set
         assert not pwned.exists()  # and inert
+        self.assert_nothing_left(infra, result.job_id)
+
+    def test_every_rank_gets_the_node_env_of_the_contract(self, infra, tmp_path):
+        """The same node environment on every backend: what a stop gives the ranks, which node each
+        runs on, the job's own variables, and TF_CONFIG wherever the backend serves tensorflow."""
+        spec = self.spec(infra, tmp_path, stop_grace=4.5)
+        tensorflow = spec.distribution == "pytorch" and "tensorflow" in backend_for(spec).distributions
+        if tensorflow:
+            spec = self.spec(infra, tmp_path, stop_grace=4.5, distribution="tensorflow")
+        lines: list[str] = []
+        result = Launcher(spec, sink=lines.append).run()
+        assert result.exit_code == 0, "\n".join(lines[-40:])
+        got = ranks(tmp_path / "out")
+        world = self.nodes * self.procs_per_node
+        assert sorted(got) == list(range(world))
+        by_node: dict[str, set[str]] = {}
+        for rank, record in got.items():
+            env = record["env"]
+            assert (env["DTRAIN_STOP_GRACE"], env["TORCH_ELASTIC_SHUTDOWN_TIMEOUT"]) == ("4.5", "5"), (rank, env)
+            assert env["GLOO_SOCKET_IFNAME"] == "lo"  # the spec's env: the user's value wins
+            assert (env["DTRAIN_DISTRIBUTION"], env["DTRAIN_DEVICE"], env["PYTHONUNBUFFERED"]) == (
+                spec.distribution, "cpu", "1")
+            by_node.setdefault(env["DTRAIN_NODE_INDEX"], set()).add(env["NODE_RANK"])
+            if tensorflow:
+                config = json.loads(env["TF_CONFIG"])
+                assert config["task"] == {"type": "worker", "index": rank}
+                assert len(config["cluster"]["worker"]) == world and "ps" not in config["cluster"]
+            else:
+                assert env["TF_CONFIG"] is None
+        # every node index once per node, each node's ranks on one node of the rendezvous
+        assert sorted(by_node) == [str(i) for i in range(self.nodes)]
+        assert all(len(node_ranks) == 1 for node_ranks in by_node.values()), by_node
+        assert len(set().union(*by_node.values())) == self.nodes
         self.assert_nothing_left(infra, result.job_id)
 
     def test_failing_rank_gives_its_exit_code_and_leaves_no_process(self, infra, tmp_path):

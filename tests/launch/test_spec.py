@@ -44,6 +44,18 @@ def test_bad_spec_names_field_value_and_allowed(kwargs, field, fragment):
     assert repr(err.value.value) in str(err.value) or str(err.value.value) in str(err.value)
 
 
+@pytest.mark.parametrize("distribution", ["tensorflow", "mpi"])
+def test_a_distribution_the_backend_cannot_serve_is_refused_at_validate(tmp_path, distribution):
+    """Slurm starts torchrun agents only, and a TF cluster needs node addresses that exist only once its job
+    runs: it used to accept both and start torchrun without TF_CONFIG (or without mpirun)."""
+    with pytest.raises(SpecError) as err:
+        LaunchSpec(command=["train.py"], nodes=2, backend="slurm", device="cpu", distribution=distribution,
+                   run_dir=str(tmp_path / "run"))
+    assert (err.value.field, err.value.value) == ("distribution", distribution)
+    assert "one of pytorch, deepspeed on backend 'slurm'" in str(err.value)
+    assert not (tmp_path / "run").exists()
+
+
 def test_ui_strings_are_converted():
     spec = LaunchSpec(command=json.dumps(OK), nodes="2", procs_per_node=" 3 ", max_restarts="1",
                       env='{"A": 1}', distribution="PyTorch", gpus_per_node=0)

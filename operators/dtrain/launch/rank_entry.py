@@ -198,7 +198,9 @@ def main(argv: list[str] | None = None) -> int:
         print("usage: python -m dtrain.launch.rank_entry CMD [ARGS...]", file=sys.stderr)
         return 2
     environ = dict(os.environ)
-    environ.update(contract_from_env(environ, mpi_per_node_launch=environ.get("DTRAIN_MPI_PER_NODE") == "1"))
+    environ.update(contract_from_env(environ))
+    if "NODE_RANK" in environ:  # mpirun's ranks share one environment: their node index is their NODE_RANK
+        environ.setdefault("DTRAIN_NODE_INDEX", environ["NODE_RANK"])
     environ.setdefault("PYTHONUNBUFFERED", "1")
     # A rank that dies in native code (an abort in a collective library, a segfault) prints
     # every thread's Python stack first, so its tail says where; a user's own setting wins.

@@ -163,6 +163,9 @@ class LaunchSpec:
         self._check_gpus(backend_cls.single_host)
         self._check_distribution_options()
         runner = backend_for(self)
+        if self.distribution not in runner.distributions:
+            raise SpecError("distribution", self.distribution,
+                            f"one of {', '.join(runner.distributions)} on backend {self.backend!r}")
         self._check_secret_env_carried({backend_cls, runner})
         backend_cls.validate(self)
         if runner is not backend_cls:  # e.g. distribution='mpi' on the ssh hosts: mpirun's checks too

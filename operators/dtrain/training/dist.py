@@ -44,7 +44,7 @@ def init_distributed(backend: str | None = None, timeout_s: float = 300.0) -> Di
     from dtrain.training.watchdog import start_dump_responder
 
     start_dump_responder()  # answers the launcher's stack dump request if it watches for hangs
-    os.environ.update(contract_from_env(os.environ, mpi_per_node_launch=os.environ.get("DTRAIN_MPI_PER_NODE") == "1"))
+    os.environ.update(contract_from_env(os.environ))
     world_size = int(os.environ.get("WORLD_SIZE", "1"))
     rank = int(os.environ.get("RANK", "0"))
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))

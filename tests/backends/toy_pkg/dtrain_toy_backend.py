@@ -55,7 +55,8 @@ class ToyBackend(Backend):
             envs.append({"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "WORLD_SIZE": str(spec.world_size),
                          "RANK": str(rank), "LOCAL_RANK": str(rank % spec.procs_per_node),
                          "LOCAL_WORLD_SIZE": str(spec.procs_per_node), "NODE_RANK": str(rank // spec.procs_per_node)})
-        return DryRunRequest(backend=self.name, argvs=tuple(argvs), env=dict(job.rank_env),
+        # the contract's node environment; each rank's node index comes from its NODE_RANK
+        return DryRunRequest(backend=self.name, argvs=tuple(argvs), env=self.node_env(job, port=port),
                              stdin=tuple(json.dumps(env, sort_keys=True) for env in envs))
 
     def submit(self, job, *, detached=False):

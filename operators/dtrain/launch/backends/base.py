@@ -6,6 +6,9 @@ subclass. Nothing outside that folder knows the backend's name or options:
 
 * validation: :meth:`Backend.validate` checks the spec and normalises ``spec.backend_options``
   (the backend's own options, as primitives) before anything starts;
+* the node environment: :meth:`Backend.node_env` is what every node's processes get, the same
+  on every backend (a backend adds only its extras); a distribution not in ``distributions`` is
+  refused before anything starts;
 * :meth:`Backend.dryrun` -> a :class:`DryRunRequest` whose rendered argv/script is exactly what
   :meth:`Backend.submit` would run (no side effects: tests compare it exactly);
 * :meth:`Backend.submit` -> a :class:`JobHandle` of primitives (``to_dict``/``from_dict``), so a
@@ -28,13 +31,14 @@ import asyncio
 import dataclasses
 import hashlib
 import importlib
+import os
 import threading
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar, Mapping, Sequence
 
 from dtrain.errors import DTrainError, SpecError
 from dtrain.launch.net import free_port
-from dtrain.launch.processes import LineSink, print_sink
+from dtrain.launch.processes import LineSink, print_sink, stop_grace_env
 
 if TYPE_CHECKING:  # imported for annotations only: the spec imports the registry
     from dtrain.launch.job import Job
@@ -200,7 +204,12 @@ class Backend(abc.ABC):
     carries_secret_env: ClassVar[bool] = False
     #: module with ``add_arguments(parser)`` and ``options_from_args(args)``: this backend's CLI options
     cli_module: ClassVar[str | None] = None
+    #: the distributions this backend starts itself (checked before anything starts); one it hands to
+    #: another backend (:meth:`runner`) is that backend's to serve
+    distributions: ClassVar[tuple[str, ...]] = ("pytorch", "deepspeed", "tensorflow")
     poll_interval: float = 0.02
+    #: seconds between SIGTERM and SIGKILL on a stop; None: the spec's ``stop_grace``
+    grace_seconds: float | None = None
 
     def __init__(self, sink: LineSink = print_sink):
         self.sink = sink
@@ -260,9 +269,37 @@ class Backend(abc.ABC):
 
         return NodeAccess(addresses=("127.0.0.1",) * spec.nodes, python=sys.executable)
 
+    @classmethod
+    def on_this_host(cls, spec: "LaunchSpec") -> bool:
+        """Every node of ``spec`` is this machine (its collectives then talk over loopback)."""
+        return cls.node_access(spec).loopback
+
     def free_port(self, spec: "LaunchSpec") -> int:
         """A rendezvous port free on node 0 right now (default: on this host)."""
         return spec.rdzv_port or free_port("127.0.0.1")
+
+    def stop_grace(self, spec: "LaunchSpec") -> float:
+        """Seconds a stop gives the ranks between SIGTERM and SIGKILL."""
+        return spec.stop_grace if self.grace_seconds is None else self.grace_seconds
+
+    def node_env(self, job: "Job", node_index: int | None = None, *, port: int | None = None) -> dict[str, str]:
+        """What the processes of node ``node_index`` get on top of the node's own environment: the same
+        on every backend (tests/backends/contract.py); a backend adds only its extras to this.
+
+        * the stop grace: torchrun's SIGTERM-to-SIGKILL wait and the ranks' ``DTRAIN_STOP_GRACE``;
+        * ``GLOO_SOCKET_IFNAME``: when every node is this machine, this machine's setting, else ``lo``
+          (simulated nodes talk over loopback whatever the host's interfaces are);
+        * distribution ``tensorflow``: the TF cluster (node addresses, ports from ``port`` + 1), from
+          which each rank's wrapper writes its ``TF_CONFIG``;
+        * the job's rank environment (the spec's ``env`` last: the user's value wins);
+        * ``DTRAIN_NODE_INDEX``. None: one environment for every node, the index set per node where the
+          node is known (at start here, from SLURM_NODEID, from the rank's NODE_RANK under mpirun).
+        """
+        spec = job.spec
+        on_this_host = self.on_this_host(spec)
+        addresses = self.node_access(spec).addresses if spec.distribution == "tensorflow" else ()
+        return contract_node_env(job, node_index, grace=self.stop_grace(spec), on_this_host=on_this_host,
+                                 addresses=addresses, port=port)
 
     # -- the job lifecycle -----------------------------------------------------------------------
 
@@ -342,6 +379,23 @@ class Backend(abc.ABC):
         """Ask :meth:`run` to stop; it cancels the job (ranks get ``grace`` seconds after SIGTERM,
         default the spec's ``stop_grace``). Safe from signal handlers."""
         self._stop.set()
+
+
+def contract_node_env(job: "Job", node_index: int | None, *, grace: float, on_this_host: bool,
+                      addresses: Sequence[str] = (), port: int | None = None) -> dict[str, str]:
+    """:meth:`Backend.node_env` from values: pure (a renderer without a backend instance uses it)."""
+    spec = job.spec
+    env = stop_grace_env(grace)
+    if on_this_host:
+        env["GLOO_SOCKET_IFNAME"] = os.environ.get("GLOO_SOCKET_IFNAME", "lo")
+    if spec.distribution == "tensorflow":
+        from dtrain.launch.tf_config import DEFAULT_PORT, backend_env
+
+        env.update(backend_env(addresses, port + 1 if port else DEFAULT_PORT, spec.parameter_servers))
+    env.update(job.rank_env)
+    if node_index is not None:
+        env["DTRAIN_NODE_INDEX"] = str(node_index)
+    return env
 
 
 async def run_async(argv: Sequence[str], timeout: float = 60.0, stdin: bytes | None = None) -> tuple[int, str, str]:

@@ -21,7 +21,7 @@ from typing import Sequence
 from dtrain.errors import SpecError
 from dtrain.launch.backends.base import Backend, DryRunRequest, JobHandle, JobStatus
 from dtrain.launch.job import Job
-from dtrain.launch.processes import AgentLogs, NodeSupervisor, stop_grace_env
+from dtrain.launch.processes import AgentLogs, NodeSupervisor
 from dtrain.launch.spec import LaunchSpec
 from dtrain.launch.torchrun import C10d, agent_argv
 
@@ -61,18 +61,14 @@ class LocalBackend(Backend):
         argvs = tuple(tuple(agent_argv(spec, python=self.python, job_id=job.job_id,
                                        rdzv=C10d(LOOPBACK, port, is_host=i == 0)))
                       for i in range(spec.nodes))
-        # Simulated nodes talk over loopback whatever the host's interfaces are.
-        env = {} if "GLOO_SOCKET_IFNAME" in os.environ else {"GLOO_SOCKET_IFNAME": "lo"}
-        env.update(stop_grace_env(self._grace(spec)))
-        env.update(job.rank_env)
-        return DryRunRequest(backend=self.name, argvs=argvs, env=env)
+        return DryRunRequest(backend=self.name, argvs=argvs, env=self.node_env(job, port=port))
 
     def submit(self, job: Job, *, detached: bool = False) -> JobHandle:
         request = self.dryrun(job, detached=detached)
         base_env = {**os.environ, **request.env}
         envs = [dict(base_env, DTRAIN_NODE_INDEX=str(i)) for i in range(len(request.argvs))]
         self.supervisor.job_id = job.job_id  # teardown also finds what left the tree
-        self.supervisor.grace_seconds = self._grace(job.spec)
+        self.supervisor.grace_seconds = self.stop_grace(job.spec)
         self.supervisor.stopping_sink = AgentLogs(job.run_dir)  # a stop's shutdown chatter: see NodeSupervisor
         self.supervisor.start(request.argvs, envs, cwd=job.spec.workdir)
         return JobHandle(backend=self.name, job_id=job.job_id, backend_job_id=job.job_id, run_dir=job.run_dir,
@@ -86,9 +82,6 @@ class LocalBackend(Backend):
         return JobStatus(state="COMPLETED" if code == 0 else "FAILED", done=True, exit_code=code,
                          failed_node=None if node is None else node.index,
                          tail=[] if node is None else list(node.tail))
-
-    def _grace(self, spec: LaunchSpec) -> float:
-        return spec.stop_grace if self.grace_seconds is None else self.grace_seconds
 
     def cancel(self, handle: JobHandle, grace: float | None = None) -> None:
         """SIGTERM every process of the job, SIGKILL what still runs after ``grace`` seconds

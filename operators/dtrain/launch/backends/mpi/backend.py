@@ -30,7 +30,7 @@ import time
 
 from dtrain.errors import LaunchError, SpecError
 from dtrain.launch.backends import get_backend_class
-from dtrain.launch.backends.base import Backend, DryRunRequest, JobHandle, JobStatus
+from dtrain.launch.backends.base import Backend, DryRunRequest, JobHandle, JobStatus, NodeAccess
 from dtrain.launch.backends.mpi.render import check_export_names, coerce_mpi_options, mpirun_argv, mpirun_env
 from dtrain.launch.exits import exit_records, first_failure_of, ranks_exited_since, records_since
 from dtrain.launch.job import Job
@@ -68,13 +68,17 @@ class MPIBackend(Backend):
     description = "one mpirun starts every rank (OpenMPI), on this host or the ssh hosts"
     install_hint = "apt-get install openmpi-bin"
     single_host = True  # when named itself: mpirun on this host
+    #: named itself, mpirun also starts DDP/DeepSpeed/TF scripts (the wrapper maps OMPI_* to the contract)
+    distributions = ("mpi", "pytorch", "deepspeed", "tensorflow")
 
-    def __init__(self, sink=None, grace_seconds: float = 5.0, mpirun: str = "mpirun", linger_seconds: float = LINGER_S):
+    def __init__(self, sink=None, grace_seconds: float | None = None, mpirun: str = "mpirun",
+                 linger_seconds: float = LINGER_S):
         super().__init__(**({"sink": sink} if sink else {}))
-        self.grace_seconds = grace_seconds
+        self.grace_seconds = grace_seconds  # None: the spec's stop_grace (set at submit)
+        self._grace_now = 5.0 if grace_seconds is None else grace_seconds  # the submitted job's
         self.mpirun = mpirun
         self.linger_seconds = linger_seconds
-        self.supervisor = NodeSupervisor(self._mpirun_sink, grace_seconds=grace_seconds)
+        self.supervisor = NodeSupervisor(self._mpirun_sink, grace_seconds=self._grace_now)
         self._records_before: dict[str, int] = {}
         self._records_checked = 0.0
         self._ranks_ended_at: float | None = None
@@ -95,6 +99,12 @@ class MPIBackend(Backend):
             # mpirun splits its rsh agent (ssh -F <run_dir>/mpi/ssh_config) on blanks.
             raise SpecError("run_dir", spec.run_dir, "a path without blanks for mpirun over ssh")
 
+    @classmethod
+    def node_access(cls, spec: LaunchSpec) -> NodeAccess:
+        """The nodes are the named backend's (this host when the spec names mpi itself)."""
+        named = get_backend_class(spec.backend)
+        return super().node_access(spec) if named is cls else named.node_access(spec)
+
     def _mpirun_sink(self, line: str) -> None:
         # The supervisor prefixes lines that are not a rank's with its node index; here the
         # one "node" is mpirun itself.
@@ -102,7 +112,7 @@ class MPIBackend(Backend):
 
     def _files(self, job: Job) -> dict[str, str]:
         """The files mpirun reads (ssh_config and hostfile) when the nodes are remote: path -> text."""
-        access = get_backend_class(job.spec.backend).node_access(job.spec)
+        access = self.node_access(job.spec)
         if access.ssh_config is None:
             return {}
         mpi_dir = os.path.join(job.run_dir, "mpi")
@@ -116,15 +126,13 @@ class MPIBackend(Backend):
         if detached:
             raise SpecError("deferrable", True, "not with mpirun (it must stay attached to its ranks)")
         spec = job.spec
-        named = get_backend_class(spec.backend)
-        access = named.node_access(spec)
-        port = named(sink=self.sink).free_port(spec)
+        access = self.node_access(spec)
+        port = get_backend_class(spec.backend)(sink=self.sink).free_port(spec)
         files = list(self._files(job))
         master = access.addresses[0]
-        exported = {"MASTER_ADDR": master, "MASTER_PORT": str(port), "AZ_BATCH_MASTER_NODE": f"{master}:{port}"}
-        if access.loopback:
-            exported["GLOO_SOCKET_IFNAME"] = os.environ.get("GLOO_SOCKET_IFNAME", "lo")
-        exported.update(job.rank_env)
+        # One environment for every rank: each one's node index comes from its NODE_RANK (rank wrapper).
+        exported = {"MASTER_ADDR": master, "MASTER_PORT": str(port), "AZ_BATCH_MASTER_NODE": f"{master}:{port}",
+                    **self.node_env(job, port=port)}
         argv = mpirun_argv(nodes=spec.nodes, procs_per_node=spec.procs_per_node, python=access.python,
                            command=spec.command, export=sorted(exported),
                            hostfile=files[1] if files else None,
@@ -141,6 +149,7 @@ class MPIBackend(Backend):
         self._records_before, self._ranks_ended_at = exit_records(job.run_dir), None  # not this mpirun's ranks
         self.sink("[dtrain] mpirun: " + " ".join(argv[: argv.index("-m") - 1]))
         self.supervisor.job_id = job.job_id  # teardown also finds what left the tree
+        self._grace_now = self.supervisor.grace_seconds = self.stop_grace(job.spec)
         self.supervisor.start([argv], [mpirun_env({**os.environ, **request.env})], cwd=job.spec.workdir)
         return JobHandle(backend=self.name, job_id=job.job_id, backend_job_id=job.job_id, run_dir=job.run_dir,
                          world_size=job.spec.world_size, submitted_at=time.time())
@@ -173,7 +182,7 @@ class MPIBackend(Backend):
 
     def cancel(self, handle: JobHandle | None = None, grace: float | None = None) -> None:
         # mpirun first: it stops the ranks on every host in order; then whatever is left.
-        grace = self.grace_seconds if grace is None else grace
+        grace = self._grace_now if grace is None else grace
         for node in list(self.supervisor.nodes):
             if node.proc.poll() is None:
                 try:

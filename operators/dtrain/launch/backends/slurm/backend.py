@@ -22,7 +22,7 @@ import os
 import shutil
 import subprocess
 import time
-
+from typing import Mapping
 
 from dtrain.errors import DTrainError, LaunchError
 from dtrain.launch.backends.base import Backend, DryRunRequest, JobHandle, JobStatus, run_async
@@ -168,6 +168,8 @@ class SlurmBackend(Backend):
     supports_detached = True
     cli_module = "dtrain.launch.backends.slurm.cli"
     carries_secret_env = True  # sbatch's environment, not the script (see sbatch())
+    #: torchrun agents only; the node addresses a TF cluster needs exist only once the job runs
+    distributions = ("pytorch", "deepspeed")
 
     def __init__(self, sink=None, cancel_timeout: float = 60.0, grace_seconds: float | None = None):
         super().__init__(**({"sink": sink} if sink else {}))
@@ -186,17 +188,21 @@ class SlurmBackend(Backend):
         spec.backend_options = {k: v for k, v in vars(options).items() if v not in (None, (), [])}
         spec.backend_options["extra_sbatch"] = list(options.extra_sbatch)
 
+    @classmethod
+    def on_this_host(cls, spec: LaunchSpec) -> bool:
+        return False  # Slurm's nodes are machines of their own
+
     @staticmethod
     def _options(spec: LaunchSpec) -> SlurmOptions:
         return spec.resolved if isinstance(spec.resolved, SlurmOptions) else R.coerce_options(spec.backend_options)
 
     def dryrun(self, job: Job, *, detached: bool = False) -> DryRunRequest:
-        script = R.render_sbatch(job, self._options(job.spec))
+        script = R.render_sbatch(job, self._options(job.spec), node_env=self.node_env(job))
         return DryRunRequest(backend=self.name, argvs=(tuple(R.sbatch_argv(R.script_path(job))),), script=script)
 
     def submit(self, job: Job, *, detached: bool = False) -> JobHandle:
         options = self._options(job.spec)
-        script = R.write_script(job, options)
+        script = R.write_script(job, options, self.node_env(job))
         job_id = sbatch(script, cwd=job.spec.workdir, secret_env=job.spec.secret_env)
         self.poll_interval = options.poll_interval
         self.sink(f"[dtrain] submitted slurm job {job_id} ({job.spec.nodes} node(s)); "
@@ -204,7 +210,7 @@ class SlurmBackend(Backend):
         return JobHandle(backend=self.name, job_id=job.job_id, backend_job_id=job_id, run_dir=job.run_dir,
                          world_size=job.spec.world_size, submitted_at=time.time(),
                          data={"poll_interval": options.poll_interval,
-                               "stop_grace": job.spec.stop_grace if self.grace_seconds is None else self.grace_seconds})
+                               "stop_grace": self.stop_grace(job.spec)})
 
     def _with_tail(self, handle: JobHandle, status: JobStatus) -> JobStatus:
         """A finished job's status carries the end of its output file (why it failed, or its summary)."""

@@ -28,9 +28,8 @@ from typing import Any, Mapping, Sequence
 from dtrain import grammar
 from dtrain.args import coerce_int, mapping_arg
 from dtrain.errors import DTrainError, LaunchError, SpecError
-from dtrain.launch.backends.base import JobStatus
+from dtrain.launch.backends.base import JobStatus, contract_node_env
 from dtrain.launch.job import Job
-from dtrain.launch.processes import stop_grace_env
 from dtrain.launch.torchrun import Static, agent_argv
 from dtrain.rundir import RunDir
 
@@ -292,8 +291,11 @@ def export_line(name: str, value: str) -> str:
     return f"export {name}={shlex.quote(grammar.env_value(f'env[{name!r}]', value))}"
 
 
-def render_sbatch(job: Job, options: SlurmOptions, *, workdir: str | None = None) -> str:
-    """The complete sbatch script for ``job``. Pure: the same inputs give the same text."""
+def render_sbatch(job: Job, options: SlurmOptions, *, workdir: str | None = None,
+                  node_env: Mapping[str, str] | None = None) -> str:
+    """The complete sbatch script for ``job``. Pure: the same inputs give the same text. ``node_env``:
+    what every node gets (the backend's :meth:`~dtrain.launch.backends.base.Backend.node_env`, its
+    default when None); each node adds its index from SLURM_NODEID."""
     spec = job.spec
     check_run_dir(job.run_dir)
     python = options.python or sys.executable
@@ -316,10 +318,10 @@ def render_sbatch(job: Job, options: SlurmOptions, *, workdir: str | None = None
         grammar.check("sbatch directive", directive, _DIRECTIVE,
                       "--option or --option=value (letters, digits, _ . , : = @ / + % -) on an #SBATCH line")
     q = shlex.quote
-    # The agents' SIGTERM-to-SIGKILL wait and the ranks' grace (the spec's stop_grace); the job's
-    # own env may override them. Secrets stay out of the script: sbatch's environment carries them.
-    env = {**stop_grace_env(spec.stop_grace),
-           **{name: value for name, value in job.rank_env.items() if name not in spec.secret_env}}
+    if node_env is None:  # the contract's default for Slurm: its nodes are machines of their own
+        node_env = contract_node_env(job, None, grace=spec.stop_grace, on_this_host=False)
+    # Secrets stay out of the script: sbatch's environment carries them.
+    env = {name: value for name, value in node_env.items() if name not in spec.secret_env}
     exports = [export_line(name, value) for name, value in sorted(env.items())]
     port = str(options.master_port) if options.master_port else "$((20000 + SLURM_JOB_ID % 20000))"
     srun = ["srun", f"--nodes={spec.nodes}", f"--ntasks={spec.nodes}", "--ntasks-per-node=1",
@@ -357,10 +359,11 @@ def script_path(job: Job) -> str:
     return os.path.join(job.run_dir, SCRIPT_NAME)
 
 
-def write_script(job: Job, options: SlurmOptions) -> str:
+def write_script(job: Job, options: SlurmOptions, node_env: Mapping[str, str]) -> str:
     """Render and write the script into the run directory (exclusive no-follow temp file + rename);
     returns its path. Owner-only permissions: the script carries the job's environment."""
-    return RunDir(job.run_dir).write(SCRIPT_NAME, data=render_sbatch(job, options).encode(), mode=0o700)
+    text = render_sbatch(job, options, node_env=node_env)
+    return RunDir(job.run_dir).write(SCRIPT_NAME, data=text.encode(), mode=0o700)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -53,7 +53,7 @@ from dtrain.launch.backends.ssh.fanout import run_bounded, run_bounded_async
 from dtrain.launch.backends.ssh.hostfile import (HOST_OPTIONS, SETTINGS_OPTIONS, HostEntry, SSHSettings,
                                                  resolve_options, ssh_argv)
 from dtrain.launch.job import Job
-from dtrain.launch.processes import NodeProcess, NodeSupervisor, stop_grace_env
+from dtrain.launch.processes import NodeProcess, NodeSupervisor
 from dtrain.launch.spec import LaunchSpec
 from dtrain.launch.torchrun import Static, agent_argv
 
@@ -111,21 +111,6 @@ def ssh_config_text(hosts: Sequence[HostEntry], settings: SSHSettings) -> str:
             lines.append(f"  UserKnownHostsFile {settings.known_hosts_file}")
         blocks.append("\n".join(lines) + "\n")
     return "".join(blocks)
-
-
-def node_env(job: Job, hosts: Sequence[HostEntry], index: int, port: int, grace: float | None = None) -> dict[str, str]:
-    """What node ``index``'s agent adds to the host's own environment (sent over stdin)."""
-    spec = job.spec
-    env: dict[str, str] = stop_grace_env(spec.stop_grace if grace is None else grace)
-    if all(is_loopback(h.address) for h in hosts):
-        env["GLOO_SOCKET_IFNAME"] = "lo"  # "hosts" on this machine talk over loopback
-    if spec.distribution == "tensorflow":
-        from dtrain.launch.tf_config import backend_env
-
-        env.update(backend_env([h.address for h in hosts], port + 1, spec.parameter_servers))
-    env.update(job.rank_env)
-    env["DTRAIN_NODE_INDEX"] = str(index)
-    return env
 
 
 class SSHNodeSupervisor(NodeSupervisor):
@@ -250,14 +235,15 @@ class SSHBackend(Backend):
                           ssh_config=ssh_config_text(spec.resolved, settings),
                           loopback=all(is_loopback(h.address) for h in spec.resolved))
 
+    @classmethod
+    def on_this_host(cls, spec: LaunchSpec) -> bool:
+        return all(is_loopback(h.address) for h in spec.resolved)
+
     def free_port(self, spec: LaunchSpec) -> int:
         settings = self._settings(spec)
         return spec.rdzv_port or probe_port(settings, spec.resolved[0], settings.python or sys.executable)
 
     # -- lifecycle ------------------------------------------------------------------------------
-
-    def _grace(self, spec: LaunchSpec) -> float:
-        return spec.stop_grace if self.grace_seconds is None else self.grace_seconds
 
     def dryrun(self, job: Job, *, detached: bool = False) -> DryRunRequest:
         spec = job.spec
@@ -265,7 +251,7 @@ class SSHBackend(Backend):
         python = settings.python or sys.executable
         port = self.free_port(spec)
         workdir = spec.workdir or os.getcwd()
-        grace = self._grace(spec)
+        grace = self.stop_grace(spec)
         argvs, payloads = [], []
         for i, host in enumerate(hosts):
             agent = agent_argv(spec, python=python, job_id=job.job_id,
@@ -279,14 +265,14 @@ class SSHBackend(Backend):
                                                workdir=workdir, grace=grace, agent=agent)
             argvs.append(tuple(ssh_argv(settings, host, command)))
             secret = {"secret": self.secret} if detached else {"nonce": self.nonce}
-            payloads.append(json.dumps({"env": node_env(job, hosts, i, port, grace), **secret}) + "\n")
+            payloads.append(json.dumps({"env": self.node_env(job, i, port=port), **secret}) + "\n")
         return DryRunRequest(backend=self.name, argvs=tuple(argvs), stdin=tuple(payloads),
                              env={"MASTER_ADDR": hosts[0].address, "MASTER_PORT": str(port)})
 
     def submit(self, job: Job, *, detached: bool = False) -> JobHandle:
         request = self.dryrun(job, detached=detached)
         self.hosts, self.settings = list(job.spec.resolved), self._settings(job.spec)
-        self._grace_now = self.supervisor.grace_seconds = self._grace(job.spec)
+        self._grace_now = self.supervisor.grace_seconds = self.stop_grace(job.spec)
         handle = JobHandle(backend=self.name, job_id=job.job_id, backend_job_id=job.job_id, run_dir=job.run_dir,
                            world_size=job.spec.world_size, submitted_at=time.time(),
                            data={"hosts": [str(h) for h in self.hosts], "ssh": self.settings.to_dict(),
