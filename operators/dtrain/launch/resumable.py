@@ -92,7 +92,8 @@ def recorded_status(backend: Backend, value: Any, run_dir: str, warn: Callable[[
 
 class Following:
     """A backend whose ``run(job)`` follows the submitted job ``handle`` names instead of starting
-    one: :meth:`Backend.run` without the submit. Everything else is the wrapped backend's, so
+    one: :meth:`Backend.watch` of that handle (what :meth:`Backend.run` does after its submit). Everything
+    else is the wrapped backend's, so
     :class:`~dtrain.launch.launcher.Launcher` (its watch, ``terminate``, result) works unchanged."""
 
     def __init__(self, backend: Backend, handle: JobHandle):
@@ -117,37 +118,20 @@ class Following:
         sink = backend.sink
         backend.sink = self._counting(sink)
         try:
-            status = backend._wait(handle)
+            outcome = backend.watch(handle, self.grace)
         except DTrainError as e:  # lost track: the backend could not be asked, poll after poll
             self.state = "LOST"
-            self._stop()
             raise LaunchError(str(e), LOST_EXIT_CODE, state=self.state) from e
-        except BaseException:
-            self._stop()  # whatever went wrong here, the job must not run on unwatched
-            raise
         finally:
             backend.sink = sink
-        if status is None or not status.ok:
-            backend.cancel(handle, self.grace)  # a failed node: stop the others; stopped: stop everything
-        self._stop(cancel=False)
-        if status is None:
-            return BackendOutcome(exit_code=-1, stopped=True)
-        self.state = status.state
-        if not self.lines:  # a backend that does not stream (detached SSH): its last lines at least
+        self.state = outcome.state
+        if not outcome.stopped and not self.lines:  # a backend that does not stream (detached SSH): its last lines
             for line in backend.logs(handle, TAIL_LINES):
                 sink(line)
-        code = status.exit_code if status.exit_code is not None else (0 if status.ok else 1)
-        tail = [] if status.ok else list(status.tail)
-        return BackendOutcome(exit_code=code, node_index=status.failed_node, tail=tail)
+        return outcome
 
     def _counting(self, sink: Callable[[str], Any]) -> Callable[[str], Any]:
         def emit(line: str) -> None:
             self.lines += 1
             sink(line)
         return emit
-
-    def _stop(self, cancel: bool = True) -> None:
-        if cancel:
-            self.backend.cancel(self.handle, self.grace)
-        self.backend.follow(self.handle)
-        self.backend.release(self.handle)

@@ -182,6 +182,7 @@ class BackendOutcome:
     node_index: int | None = None
     tail: list[str] = field(default_factory=list)
     stopped: bool = False
+    state: str = ""  # the backend's final state (COMPLETED, FAILED, ...); "" when stopped
 
 
 class Backend(abc.ABC):
@@ -339,22 +340,32 @@ class Backend(abc.ABC):
         """Free what submit holds in this process once the job is over (threads, pipes)."""
 
     def run(self, job: "Job") -> BackendOutcome:
-        """Submit, stream output and wait; on failure, stop or any error, cancel everything."""
-        handle = self.submit(job)
+        """Submit, then :meth:`watch` the job to its end."""
+        return self.watch(self.submit(job))
+
+    def watch(self, handle: JobHandle, grace: float | None = None) -> BackendOutcome:
+        """Follow a submitted job to its end (streaming its output between polls), and how it ended.
+        The one way a job is followed: here after :meth:`submit`, and by a retry re-attaching to a
+        job an earlier try submitted. A failed node, a stop (:meth:`terminate`) or any error here
+        cancels the whole job (ranks get ``grace`` seconds after SIGTERM; default the spec's); an error
+        is raised after that (DTrainError: the backend could not be asked, poll after poll)."""
         try:
             status = self._wait(handle)
         except BaseException:
-            self.cancel(handle)  # whatever went wrong here, the job must not run on unwatched
-            self.release(handle)
+            self._end(handle, cancel=True, grace=grace)  # whatever went wrong here, the job must not run on unwatched
             raise
-        if status is None or not status.ok:
-            self.cancel(handle)  # a failed node: stop the others; stopped: stop everything
-        self.follow(handle)
-        self.release(handle)
+        self._end(handle, cancel=status is None or not status.ok, grace=grace)
         if status is None:
             return BackendOutcome(exit_code=-1, stopped=True)
-        return BackendOutcome(exit_code=status.exit_code or 0, node_index=status.failed_node,
-                              tail=list(status.tail))
+        code = status.exit_code if status.exit_code is not None else (0 if status.ok else 1)
+        return BackendOutcome(exit_code=code, node_index=status.failed_node,
+                              tail=[] if status.ok else list(status.tail), state=status.state)
+
+    def _end(self, handle: JobHandle, *, cancel: bool, grace: float | None) -> None:
+        if cancel:
+            self.cancel(handle, grace)  # a failed node: stop the others; stopped: stop everything
+        self.follow(handle)
+        self.release(handle)
 
     def _wait(self, handle: JobHandle) -> JobStatus | None:
         errors = 0

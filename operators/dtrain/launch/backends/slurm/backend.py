@@ -288,12 +288,10 @@ class SlurmBackend(Backend):
     def logs(self, handle: JobHandle, lines: int = 40) -> list[str]:
         return read_tail(R.log_path(handle.run_dir, handle.backend_job_id), lines)
 
-    def run(self, job: Job):
-        outcome = super().run(job)
+    def watch(self, handle: JobHandle, grace: float | None = None):
+        outcome = super().watch(handle, grace)
         if outcome.exit_code > 0:
             self.sink(f"[dtrain] slurm job ended with exit code {outcome.exit_code}")
-        elif outcome.exit_code == 0:
-            outcome.tail = []  # success: no failure tail to report
         return outcome
 
 

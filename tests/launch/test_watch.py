@@ -1,0 +1,99 @@
+"""Backend.watch, the one way a submitted job is followed (Backend.run after its submit, and a retry
+re-attaching through resumable.Following): how the job's end becomes the outcome, and that everything
+but success cancels the whole job. The backend here is a scripted stand-in for infrastructure (named as
+such): its poll answers from a list; the lifecycle under test is the real base class's."""
+
+from __future__ import annotations
+
+import pytest
+
+from dtrain.errors import DTrainError, LaunchError
+from dtrain.launch.backends.base import Backend, DryRunRequest, JobHandle, JobStatus
+from dtrain.launch.resumable import Following
+
+
+class Scripted(Backend):
+    """Polls answer from ``statuses`` in turn; records what the lifecycle called."""
+
+    name = "scripted"
+
+    def __init__(self, statuses):
+        self.lines: list[str] = []
+        super().__init__(sink=self.lines.append)
+        self.statuses, self.calls = list(statuses), []
+        self.poll_interval = 0.0
+
+    def dryrun(self, job, *, detached=False):
+        return DryRunRequest(backend=self.name, argvs=(("true",),))
+
+    def submit(self, job, *, detached=False):
+        self.calls.append("submit")
+        return HANDLE
+
+    def poll(self, handle):
+        status = self.statuses.pop(0)
+        if isinstance(status, BaseException):
+            raise status
+        return status
+
+    def cancel(self, handle, grace=None):
+        self.calls.append(("cancel", grace))
+
+    def logs(self, handle, lines=40):
+        return ["last line"]
+
+    def release(self, handle):
+        self.calls.append("release")
+
+
+HANDLE = JobHandle(backend="scripted", job_id="j", backend_job_id="7", run_dir="/nonexistent/j", world_size=2,
+                   submitted_at=0.0, data={"poll_interval": 0.01})
+RUNNING = JobStatus(state="RUNNING", done=False)
+
+
+def test_success_is_neither_cancelled_nor_given_a_failure_tail():
+    backend = Scripted([RUNNING, JobStatus("COMPLETED", True, 0, tail=["done"])])
+    outcome = backend.run(job=None)
+    assert (outcome.exit_code, outcome.state, outcome.tail, outcome.stopped) == (0, "COMPLETED", [], False)
+    assert backend.calls == ["submit", "release"]
+
+
+def test_a_failure_without_an_exit_code_is_a_failure_and_stops_the_job():
+    """A backend that knows a job failed but not its code (a node lost before it wrote one) used to
+    come out of Backend.run with exit code 0: the launcher then reported success."""
+    backend = Scripted([JobStatus("NODE_FAIL", True, None, failed_node=1, tail=["lost"])])
+    outcome = backend.run(job=None)
+    assert (outcome.exit_code, outcome.node_index, outcome.tail, outcome.state) == (1, 1, ["lost"], "NODE_FAIL")
+    assert backend.calls == ["submit", ("cancel", None), "release"]
+
+
+def test_an_error_while_following_cancels_with_the_grace_then_raises():
+    backend = Scripted([RUNNING, RuntimeError("boom")])
+    with pytest.raises(RuntimeError):
+        backend.watch(HANDLE, grace=3.0)
+    assert backend.calls == [("cancel", 3.0), "release"]
+
+
+def test_a_stop_cancels_and_is_reported_as_stopped():
+    backend = Scripted([RUNNING] * 5)
+    backend.terminate()
+    outcome = backend.watch(HANDLE)
+    assert outcome.stopped and outcome.exit_code == -1
+    assert backend.calls == [("cancel", None), "release"]
+
+
+def test_re_attaching_follows_with_the_same_watch():
+    """resumable.Following is Backend.watch of the recorded handle: same outcome, state kept for the
+    retry policy, the job's last lines when the backend streamed none, LOST when it cannot be asked."""
+    backend = Scripted([RUNNING, JobStatus("FAILED", True, 3, failed_node=0, tail=["rank 0 failed"])])
+    following = Following(backend, HANDLE)
+    outcome = following.run()
+    assert (outcome.exit_code, outcome.tail, following.state) == (3, ["rank 0 failed"], "FAILED")
+    assert backend.lines == ["last line"] and backend.calls == [("cancel", None), "release"]
+
+    lost = Scripted([DTrainError("controller down")] * 5)
+    following = Following(lost, HANDLE)
+    with pytest.raises(LaunchError) as err:
+        following.run()
+    assert following.state == "LOST" and err.value.state == "LOST"
+    assert lost.calls == [("cancel", None), "release"]
