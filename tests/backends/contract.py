@@ -69,18 +69,22 @@ class BackendContract:
         left = poll_until(lambda: not still_alive(job_processes(job_id)), 30) or still_alive(job_processes(job_id))
         assert left is True, f"processes of job {job_id} still running: {left}"
 
-    # -- the contract -------------------------------------------------------------------------
-
-    def test_env_contract_and_hostile_argv_on_every_rank(self, infra, tmp_path):
-        pwned = tmp_path / "pwned"
-        hostile = [a.format(p=pwned) for a in HOSTILE]
-        spec = self.spec(infra, tmp_path, *hostile)
+    def run_to_success(self, spec: LaunchSpec, tmp_path) -> tuple:
+        """Run ``spec``; its result, every rank's record (all ranks there) and the world size."""
         lines: list[str] = []
         result = Launcher(spec, sink=lines.append).run()
         assert result.exit_code == 0, "\n".join(lines[-40:])
         got = ranks(tmp_path / "out")
         world = self.nodes * self.procs_per_node
         assert sorted(got) == list(range(world))
+        return result, got, world
+
+    # -- the contract -------------------------------------------------------------------------
+
+    def test_env_contract_and_hostile_argv_on_every_rank(self, infra, tmp_path):
+        pwned = tmp_path / "pwned"
+        hostile = [a.format(p=pwned) for a in HOSTILE]
+        result, got, world = self.run_to_success(self.spec(infra, tmp_path, *hostile), tmp_path)
         masters = set()
         for rank, record in got.items():
             env = record["env"]
@@ -102,12 +106,7 @@ class BackendContract:
         tensorflow = spec.distribution == "pytorch" and "tensorflow" in backend_for(spec).distributions
         if tensorflow:
             spec = self.spec(infra, tmp_path, stop_grace=4.5, distribution="tensorflow")
-        lines: list[str] = []
-        result = Launcher(spec, sink=lines.append).run()
-        assert result.exit_code == 0, "\n".join(lines[-40:])
-        got = ranks(tmp_path / "out")
-        world = self.nodes * self.procs_per_node
-        assert sorted(got) == list(range(world))
+        result, got, world = self.run_to_success(spec, tmp_path)
         by_node: dict[str, set[str]] = {}
         for rank, record in got.items():
             env = record["env"]
