@@ -8,7 +8,8 @@ directory, which every backend already shares with the launcher (checkpoints and
 exit records live there too), so one watcher serves every backend.
 
 When any rank has been silent for ``hang_timeout`` seconds -- the whole job
-stalled, or one rank stuck while others wait for it or run ahead -- :class:`HangWatch`
+stalled, or one rank stuck while others wait for it or run ahead -- :func:`hang_sequence`
+(driven by :class:`HangWatch`, a thread beside the launcher, or by the deferrable trigger's loop)
 
 1. writes ``<run_dir>/hang/request``; each rank answers by writing its stack to
    ``hang/rank<R>.txt`` (a thread that :func:`dtrain.training.init_distributed`
@@ -18,8 +19,8 @@ stalled, or one rank stuck while others wait for it or run ahead -- :class:`Hang
 2. names the stuck rank(s): from the flight recorder, the ranks that never entered
    the newest collective their peers wait in; without it, from the stacks, the ranks
    whose main thread is not waiting in a collective; failing both, the ranks silent longest;
-3. hands a :class:`HangVerdict` to the launcher, which tears the job down and
-   fails with :data:`HANG_EXIT_CODE`.
+3. hands a :class:`HangVerdict` to its driver, which tears the job down; the task fails with
+   :data:`HANG_EXIT_CODE`.
 
 Stdlib only: the per-rank wrapper and the training helper import this module.
 """
@@ -32,7 +33,7 @@ import stat
 import threading
 import time
 from dataclasses import asdict, dataclass, field
-from typing import Any, Callable
+from typing import Any, Callable, Generator
 
 from dtrain.rundir import HANG, METRICS, PROGRESS, STACK_FILE, RunDir, UnsafeRunDir
 
@@ -374,6 +375,34 @@ class HangDetector:
         return recorders
 
 
+#: how often the drivers look for the ranks' stack dumps while they wait for them
+DUMP_CHECK_S = 0.2
+
+
+def hang_sequence(detector: "HangDetector", say: Callable[[str, str], Any],
+                  dump_wait: float) -> Generator[float, None, "HangVerdict | None"]:
+    """One look for a hang, and what follows one: which rank is silent, every rank asked for its stack,
+    the dumps awaited (at most ``dump_wait`` s), the verdict. The one copy of this sequence for both its
+    drivers, :class:`HangWatch` (a thread) and the deferrable trigger (a coroutine): it yields the seconds
+    to wait before it looks at the dumps again, each driver waiting its own way, and returns the verdict
+    (None while no rank is silent). ``say(level, message)``: "warning" or "error"."""
+    last, now = detector.progress(), time.time()
+    silent = detector.silent(last, now)
+    if not silent:
+        return None
+    say("warning", f"no progress from rank(s) {silent} for {detector.timeout:g} s: asking every rank for its stack")
+    if detector.request_dumps():
+        deadline = time.monotonic() + dump_wait
+        while len(detector.dumped()) < detector.world_size and time.monotonic() < deadline:
+            yield DUMP_CHECK_S
+    else:
+        say("warning", "the stack-dump request could not be written to the run directory: "
+                       "deciding without the stacks")
+    verdict = detector.verdict(last, now)
+    say("error", verdict.message())
+    return verdict
+
+
 def poll_interval(timeout: float) -> float:
     """How often to look at the progress files: a tenth of the timeout, 0.2 to 5 s."""
     return max(0.2, min(5.0, timeout / 10))
@@ -424,23 +453,16 @@ class HangWatch:
 
     def _check(self) -> bool:
         """One look at the progress files; True once a verdict was handed over (or the watch stopped)."""
-        detector = self.detector
-        last, now = detector.progress(), time.time()
-        silent = detector.silent(last, now)
-        if not silent:
-            return False
-        self.sink(f"[dtrain] no progress from rank(s) {silent} for {detector.timeout:g} s: "
-                  "asking every rank for its stack")
-        if detector.request_dumps():
-            deadline = time.monotonic() + self.dump_wait
-            while len(detector.dumped()) < detector.world_size and time.monotonic() < deadline:
-                if self._stop.wait(0.2):
+        sequence = hang_sequence(self.detector, lambda level, message: self.sink(f"[dtrain] {message}"),
+                                 self.dump_wait)
+        try:
+            while True:
+                if self._stop.wait(next(sequence)):
                     return True
-        else:
-            self.sink("[dtrain] the stack-dump request could not be written to the run directory: "
-                      "deciding without the stacks")
-        self.verdict = detector.verdict(last, now)
-        self.sink(f"[dtrain] {self.verdict.message()}")
+        except StopIteration as ended:
+            self.verdict = ended.value
+        if self.verdict is None:
+            return False
         if not self._stop.is_set():
             self.on_hang(self.verdict)
         return True

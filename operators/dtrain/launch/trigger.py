@@ -31,7 +31,6 @@ handle's public form (:meth:`JobHandle.public`: the secret's digest only).
 from __future__ import annotations
 
 import asyncio
-import time
 from typing import Any, AsyncIterator, Mapping
 
 from airflow.triggers.base import BaseTrigger, TriggerEvent
@@ -176,19 +175,13 @@ class DistributedJobTrigger(BaseTrigger):
             return None
         detector = hang.HangDetector(self.handle.run_dir, self.handle.world_size, self.hang_timeout,
                                      since=self.handle.submitted_at)
-        last, now = detector.progress(), time.time()
-        silent = detector.silent(last, now)
-        if not silent:
-            return None
-        self.log.warning("no progress from rank(s) %s for %g s: asking every rank for its stack", silent,
-                         self.hang_timeout)
-        detector.request_dumps()
-        deadline = time.monotonic() + hang.DUMP_WAIT_S
-        while len(detector.dumped()) < detector.world_size and time.monotonic() < deadline:
-            await asyncio.sleep(0.2)
-        verdict = detector.verdict(last, now)
-        self.log.error("%s", verdict.message())
-        return verdict
+        sequence = hang.hang_sequence(detector, lambda level, message: getattr(self.log, level)("%s", message),
+                                      hang.DUMP_WAIT_S)
+        try:
+            while True:
+                await asyncio.sleep(next(sequence))
+        except StopIteration as ended:
+            return ended.value
 
     async def on_kill(self) -> None:
         # Only a user's action on the deferred task gets here (not a triggerer restart).
