@@ -18,7 +18,6 @@ Airflow itself is imported only by the trigger module; everything here runs in t
 
 from __future__ import annotations
 
-import os
 import time
 from typing import Any, Mapping
 
@@ -79,8 +78,7 @@ def _validated(event: Any) -> tuple[dict[str, Any], JobHandle]:
 
 def resume_job(operator, event: Any) -> dict[str, Any]:
     """Turn the trigger's event into the task's result, or raise with the job's last lines."""
-    from dtrain.launch.exits import first_failure
-    from dtrain.launch.launcher import LaunchResult, read_metrics
+    from dtrain.launch.launcher import LaunchResult
 
     event, handle = _validated(event)
     if operator is not None:
@@ -88,14 +86,9 @@ def resume_job(operator, event: Any) -> dict[str, Any]:
     backend = get_backend_class(handle.backend)(sink=getattr(getattr(operator, "log", None), "info", print))
     if event["status"] != "success":
         backend.cancel(handle)  # the other nodes may still wait on the failed one
-    run_dir = handle.run_dir
-    metrics_dir = os.path.join(run_dir, "metrics")
-    result = LaunchResult(
-        job_id=handle.job_id, run_dir=run_dir, world_size=handle.world_size,
-        exit_code=0 if event["status"] == "success" else (event.get("exit_code") or 1),
-        duration_s=round(time.time() - handle.submitted_at, 3),
-        checkpoint_dir=os.path.join(run_dir, "checkpoints"), metrics_dir=metrics_dir, metrics=read_metrics(run_dir),
-    )
+    result = LaunchResult.of_job(handle.job_id, handle.run_dir, handle.world_size,
+                                 0 if event["status"] == "success" else (event.get("exit_code") or 1),
+                                 time.time() - handle.submitted_at)
     where = f"{handle.backend} job {handle.backend_job_id}"
     if handle.backend_job_id != handle.job_id:
         where += f" ({handle.job_id})"
@@ -106,16 +99,15 @@ def resume_job(operator, event: Any) -> dict[str, Any]:
         raise LaunchError(f"{where} {event.get('reason')}", HANG_EXIT_CODE, stuck[0] if stuck else None,
                           event["tail"], "HUNG")
     if event["status"] == "failed":
-        failure = first_failure(run_dir)
         summary = f"{where} ended {event.get('state')}"
-        if failure is None:  # no rank ran to its end (bad interpreter, node failure...): the job log says why
+        if not result.take_first_failure():  # no rank ran to its end (bad interpreter, node failure...): the job log says why
             error = LaunchError(f"{summary} with exit code {result.exit_code}; last lines of the job log:\n"
                                 + "\n".join(event["tail"]), result.exit_code, state=_state(event))
             error.tail = event["tail"]
             raise error
         # Name the rank that failed first, with its own output.
-        raise LaunchError(f"{summary}: rank {failure['rank']} failed first with exit code {failure['exit_code']}",
-                          failure["exit_code"], failure["rank"], failure["tail"] or event["tail"], _state(event))
+        raise LaunchError(f"{summary}: rank {result.failed_rank} failed first with exit code {result.exit_code}",
+                          result.exit_code, result.failed_rank, result.tail or event["tail"], _state(event))
     log = getattr(operator, "log", None)
     if log is not None:
         log.info("%s succeeded: world_size=%s in %.1fs, metrics=%s", where, result.world_size, result.duration_s,

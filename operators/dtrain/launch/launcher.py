@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 from dataclasses import asdict, dataclass, field
@@ -14,7 +15,7 @@ from dtrain.launch.exits import first_failure
 from dtrain.launch.job import Job, prepare_job
 from dtrain.launch.processes import LineSink, print_sink
 from dtrain.launch.spec import LaunchSpec
-from dtrain.rundir import RunDir, UnsafeRunDir
+from dtrain.rundir import CHECKPOINTS, METRICS, RunDir, UnsafeRunDir
 
 STOPPED_EXIT_CODE = 143  # 128 + SIGTERM, as a shell reports a job stopped by SIGTERM
 
@@ -36,6 +37,25 @@ class LaunchResult:
     stopped: bool = False
     hang: dict[str, Any] = field(default_factory=dict)
     state: str = ""  # the backend's final job state when it reports one (PREEMPTED, NODE_FAIL...)
+
+    @classmethod
+    def of_job(cls, job_id: str, run_dir: str, world_size: int, exit_code: int, duration_s: float) -> "LaunchResult":
+        """The result of a job that ended with ``exit_code``, as its run directory tells it: where its
+        checkpoints and metrics are, and the result rank 0 wrote. The one builder, for a job this
+        process followed (:class:`Launcher`) and for one a trigger followed (deferrable resume)."""
+        return cls(job_id=job_id, run_dir=run_dir, world_size=world_size, exit_code=exit_code,
+                   duration_s=round(duration_s, 3), checkpoint_dir=os.path.join(run_dir, CHECKPOINTS),
+                   metrics_dir=os.path.join(run_dir, METRICS), metrics=read_metrics(run_dir))
+
+    def take_first_failure(self) -> bool:
+        """Name the rank that failed first, from the ranks' exit records: its exit code, rank, node and
+        own last lines. False when no rank recorded a failure (none ran to its end)."""
+        failure = first_failure(self.run_dir)
+        if failure is None:
+            return False
+        self.exit_code, self.failed_rank = failure["exit_code"], failure["rank"]
+        self.failed_node, self.tail = failure["node_rank"], failure["tail"]
+        return True
 
     @property
     def ok(self) -> bool:
@@ -96,13 +116,8 @@ class Launcher:
         finally:
             if watch is not None:
                 watch.stop()
-        duration = time.monotonic() - started
-        result = LaunchResult(
-            job_id=job.job_id, run_dir=job.run_dir, world_size=self.spec.world_size,
-            exit_code=outcome.exit_code, duration_s=round(duration, 3),
-            checkpoint_dir=job.checkpoint_dir, metrics_dir=job.metrics_dir,
-            metrics=read_metrics(job.run_dir),
-        )
+        result = LaunchResult.of_job(job.job_id, job.run_dir, self.spec.world_size, outcome.exit_code,
+                                     time.monotonic() - started)
         self._report_stalls(result)
         if self.hang_verdict is not None:
             result.exit_code = hang.HANG_EXIT_CODE
@@ -110,15 +125,8 @@ class Launcher:
             result.failed_rank = (self.hang_verdict.stuck_ranks or [None])[0]
         elif outcome.stopped or self._terminated.is_set():
             result.exit_code, result.stopped = STOPPED_EXIT_CODE, True
-        elif outcome.exit_code != 0:
-            failure = first_failure(job.run_dir)
-            if failure is not None:
-                result.exit_code = failure["exit_code"]
-                result.failed_rank = failure["rank"]
-                result.failed_node = failure["node_rank"]
-                result.tail = failure["tail"]
-            else:
-                result.failed_node, result.tail = outcome.node_index, outcome.tail
+        elif outcome.exit_code != 0 and not result.take_first_failure():
+            result.failed_node, result.tail = outcome.node_index, outcome.tail
         self.sink(f"[dtrain] job {job.job_id} finished: exit_code={result.exit_code} in {result.duration_s:.1f}s"
                   + (f" (hung: rank(s) {', '.join(map(str, result.hang['stuck_ranks']))} stuck)" if result.hang
                      else f" (rank {result.failed_rank} failed first)" if result.failed_rank is not None else ""))
