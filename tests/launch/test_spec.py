@@ -197,3 +197,25 @@ def test_cli_refuses_bad_input_with_exit_2_before_creating_anything(tmp_path, ar
     assert proc.returncode == 2, proc.stderr
     assert f"{field}=" in proc.stderr and "Traceback" not in proc.stderr
     assert not run_dir.exists() and not pwned.exists()
+
+
+def test_validate_keeps_typed_options_on_the_spec_and_never_rewrites_backend_options(tmp_path, monkeypatch):
+    """Each value crosses the layer once: the backend resolves its options at validate and the rest of it
+    reads the typed value (spec.resolved). ssh and slurm used to write their normalised form back into
+    backend_options, and ssh parsed its settings again from there at each use."""
+    from dtrain.launch.backends.slurm.render import SlurmOptions
+    from dtrain.launch.backends.ssh.hostfile import SSHPlacement, SSHSettings
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "hosts").write_text("a slots=2\nb slots=2\n")
+    given = {"hostfile": "hosts", "user": "train", "connect_timeout": "7"}
+    spec = LaunchSpec(command=["train.py"], backend="ssh", nodes=2, procs_per_node=2, backend_options=dict(given))
+    assert spec.backend_options == given
+    assert isinstance(spec.resolved, SSHPlacement) and [h.host for h in spec.resolved.hosts] == ["a", "b"]
+    assert isinstance(spec.resolved.settings, SSHSettings) and spec.resolved.settings.user == "train"
+    assert spec.resolved.settings.connect_timeout == 7
+
+    given = {"partition": "gpu", "extra_sbatch": "--mem=8G"}
+    spec = LaunchSpec(command=["train.py"], backend="slurm", nodes=2, backend_options=dict(given))
+    assert spec.backend_options == given
+    assert isinstance(spec.resolved, SlurmOptions) and spec.resolved.partition == "gpu"

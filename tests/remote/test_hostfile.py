@@ -75,7 +75,7 @@ def test_spec_selects_the_first_nodes_hosts_and_checks_slots(tmp_path):
     path.write_text("a slots=2\nb slots=1\nc slots=4\n")
     spec = LaunchSpec(command=["train.py"], backend="ssh", backend_options={"hostfile": str(path)}, nodes=1,
                       procs_per_node=2)
-    assert [h.host for h in spec.resolved] == ["a"]
+    assert [h.host for h in spec.resolved.hosts] == ["a"]
     with pytest.raises(SpecError) as err:
         LaunchSpec(command=["train.py"], backend="ssh", backend_options={"hostfile": str(path)}, nodes=2,
                    procs_per_node=2)

@@ -4,8 +4,9 @@ A backend is one folder under ``dtrain/launch/backends/`` (or a third-party pack
 registered through the ``dtrain.backends`` entry-point group) holding a :class:`Backend`
 subclass. Nothing outside that folder knows the backend's name or options:
 
-* validation: :meth:`Backend.validate` checks the spec and normalises ``spec.backend_options``
-  (the backend's own options, as primitives) before anything starts;
+* validation: :meth:`Backend.validate` checks the spec's ``backend_options`` before anything starts
+  and keeps what it resolved from them, typed, in ``spec.resolved`` (read from there on; the
+  options themselves stay as given);
 * the node environment: :meth:`Backend.node_env` is what every node's processes get, the same
   on every backend (a backend adds only its extras); a distribution not in ``distributions`` is
   refused before anything starts;
@@ -226,8 +227,9 @@ class Backend(abc.ABC):
 
     @classmethod
     def validate(cls, spec: "LaunchSpec") -> None:
-        """Refuse what this backend cannot run (SpecError naming field, value, what is allowed) and
-        normalise ``spec.backend_options`` to primitives. Default: no options accepted."""
+        """Refuse what this backend cannot run (SpecError naming field, value, what is allowed) and keep
+        what it resolved from ``spec.backend_options`` in ``spec.resolved``, typed (never rewriting the
+        options). Default: no options accepted."""
         cls.check_option_names(spec.backend_options)
 
     @classmethod

@@ -184,9 +184,7 @@ class SlurmBackend(Backend):
         options = R.coerce_options(spec.backend_options)  # SpecError naming an unknown or bad option
         if spec.run_dir is not None:
             R.check_run_dir(os.path.abspath(str(spec.run_dir)))
-        spec.resolved = options
-        spec.backend_options = {k: v for k, v in vars(options).items() if v not in (None, (), [])}
-        spec.backend_options["extra_sbatch"] = list(options.extra_sbatch)
+        spec.resolved = options  # read from here on: backend_options stay as given
 
     @classmethod
     def on_this_host(cls, spec: LaunchSpec) -> bool:
@@ -194,7 +192,7 @@ class SlurmBackend(Backend):
 
     @staticmethod
     def _options(spec: LaunchSpec) -> SlurmOptions:
-        return spec.resolved if isinstance(spec.resolved, SlurmOptions) else R.coerce_options(spec.backend_options)
+        return spec.resolved
 
     def dryrun(self, job: Job, *, detached: bool = False) -> DryRunRequest:
         script = R.render_sbatch(job, self._options(job.spec), node_env=self.node_env(job))

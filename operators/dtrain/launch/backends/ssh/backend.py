@@ -204,7 +204,7 @@ class SSHBackend(Backend):
                             "an Airflow connection is read by the operators; give hostfile or hosts here")
         if shutil.which("ssh") is None:
             raise SpecError("backend", cls.name, f"the OpenSSH client 'ssh' on PATH ({cls.install_hint})")
-        spec.backend_options, spec.resolved = resolve_options(spec.backend_options, spec.nodes, spec.procs_per_node)
+        spec.resolved = resolve_options(spec.backend_options, spec.nodes, spec.procs_per_node)
 
     @classmethod
     def resolve_operator_options(cls, options: Mapping[str, Any]) -> dict[str, Any]:
@@ -214,14 +214,14 @@ class SSHBackend(Backend):
 
     @staticmethod
     def _settings(spec: LaunchSpec) -> SSHSettings:
-        return SSHSettings.from_mapping({k: v for k, v in spec.backend_options.items() if k in SETTINGS_OPTIONS})
+        return spec.resolved.settings
 
     @classmethod
     def node_commands(cls, spec: LaunchSpec, python_args: Sequence[str]) -> list[tuple[str, list[str]]]:
         settings = cls._settings(spec)
         python = settings.python or sys.executable
         remote = shlex.join([python, *python_args])
-        return [(host.address, ssh_argv(settings, host, remote)) for host in spec.resolved]
+        return [(host.address, ssh_argv(settings, host, remote)) for host in spec.resolved.hosts]
 
     @classmethod
     def node_fanout(cls, spec: LaunchSpec) -> int:
@@ -230,24 +230,24 @@ class SSHBackend(Backend):
     @classmethod
     def node_access(cls, spec: LaunchSpec) -> NodeAccess:
         settings = cls._settings(spec)
-        return NodeAccess(addresses=tuple(h.address for h in spec.resolved),
+        return NodeAccess(addresses=tuple(h.address for h in spec.resolved.hosts),
                           python=settings.python or sys.executable,
-                          ssh_config=ssh_config_text(spec.resolved, settings),
-                          loopback=all(is_loopback(h.address) for h in spec.resolved))
+                          ssh_config=ssh_config_text(spec.resolved.hosts, settings),
+                          loopback=all(is_loopback(h.address) for h in spec.resolved.hosts))
 
     @classmethod
     def on_this_host(cls, spec: LaunchSpec) -> bool:
-        return all(is_loopback(h.address) for h in spec.resolved)
+        return all(is_loopback(h.address) for h in spec.resolved.hosts)
 
     def free_port(self, spec: LaunchSpec) -> int:
         settings = self._settings(spec)
-        return spec.rdzv_port or probe_port(settings, spec.resolved[0], settings.python or sys.executable)
+        return spec.rdzv_port or probe_port(settings, spec.resolved.hosts[0], settings.python or sys.executable)
 
     # -- lifecycle ------------------------------------------------------------------------------
 
     def dryrun(self, job: Job, *, detached: bool = False) -> DryRunRequest:
         spec = job.spec
-        hosts, settings = list(spec.resolved), self._settings(spec)
+        hosts, settings = list(spec.resolved.hosts), self._settings(spec)
         python = settings.python or sys.executable
         port = self.free_port(spec)
         workdir = spec.workdir or os.getcwd()
@@ -271,7 +271,7 @@ class SSHBackend(Backend):
 
     def submit(self, job: Job, *, detached: bool = False) -> JobHandle:
         request = self.dryrun(job, detached=detached)
-        self.hosts, self.settings = list(job.spec.resolved), self._settings(job.spec)
+        self.hosts, self.settings = list(job.spec.resolved.hosts), self._settings(job.spec)
         self._grace_now = self.supervisor.grace_seconds = self.stop_grace(job.spec)
         handle = JobHandle(backend=self.name, job_id=job.job_id, backend_job_id=job.job_id, run_dir=job.run_dir,
                            world_size=job.spec.world_size, submitted_at=time.time(),
@@ -326,6 +326,7 @@ class SSHBackend(Backend):
     async def _close_masters(self, target: nodes.Target, mux_dir: str) -> None:
         """End the job's ssh master connections on this host (they would idle out after ControlPersist)."""
         await run_bounded_async(nodes.close_argvs(target, mux_dir), limit=target.settings().fanout, timeout=10)
+        await control.wait_closed(mux_dir)  # else the directory, not yet empty, would be left behind
         control.remove_dir(mux_dir)
 
     @staticmethod

@@ -72,6 +72,17 @@ def live_sockets(directory: str) -> list[int]:
                   and stat.S_ISSOCK(os.lstat(os.path.join(directory, name)).st_mode))
 
 
+async def wait_closed(directory: str, timeout: float = 3.0) -> None:
+    """Wait (at most ``timeout`` s) until no master socket is left: ``ssh -O exit`` returns when the
+    master has been asked to end, and the master removes its socket a moment later."""
+    import asyncio
+    import time
+
+    deadline = time.monotonic() + timeout
+    while live_sockets(directory) and time.monotonic() < deadline:
+        await asyncio.sleep(0.05)
+
+
 def remove_dir(directory: str) -> None:
     """Drop the job's socket directory once its masters are closed (left as is if not empty)."""
     try:

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
-from typing import Any, Iterable, Sequence
+from typing import Any, Iterable, Mapping, Sequence
 
 from dtrain import grammar
 from dtrain.args import coerce_float, coerce_int, mapping_arg, read_input_file
@@ -250,8 +250,17 @@ SETTINGS_OPTIONS = SSHSettings.FIELDS
 HOST_OPTIONS = ("hostfile", "hosts")
 
 
-def resolve_options(options: dict[str, Any], nodes: int, procs_per_node: int) -> tuple[dict[str, Any], list[HostEntry]]:
-    """The ssh backend's options normalised to primitives, and the hosts that run the job.
+@dataclass(frozen=True)
+class SSHPlacement:
+    """What the ssh backend's validate resolved from its options, kept on the spec (``spec.resolved``)
+    and read from there: the hosts that run the job (node order) and the connection settings."""
+
+    hosts: tuple[HostEntry, ...]
+    settings: SSHSettings
+
+
+def resolve_options(options: Mapping[str, Any], nodes: int, procs_per_node: int) -> SSHPlacement:
+    """The hosts that run the job and the connection settings, from the ssh backend's options.
 
     ``hostfile`` (a path) or ``hosts`` (lines), and the :class:`SSHSettings` fields flat beside
     them. Every mistake names the option and surfaces before a process starts.
@@ -261,16 +270,14 @@ def resolve_options(options: dict[str, Any], nodes: int, procs_per_node: int) ->
         raise SpecError("hosts", hosts, "give either hostfile or hosts, not both")
     if hostfile is None and hosts is None:
         raise SpecError("hostfile", None, "backend='ssh' needs a hostfile (or hosts): lines of " + TARGET_SYNTAX)
-    normalised: dict[str, Any] = {}
     if hostfile is not None:
-        normalised["hostfile"] = os.path.abspath(str(hostfile))
-        entries, source = read_hostfile(normalised["hostfile"]), f"hostfile {normalised['hostfile']}"
+        path = os.path.abspath(str(hostfile))
+        entries, source = read_hostfile(path), f"hostfile {path}"
     else:
         entries, source = coerce_hosts(hosts), "hosts"
-        normalised["hosts"] = [str(entry) for entry in entries]
     chosen = select_hosts(entries, nodes, procs_per_node, source)
     settings = SSHSettings.from_mapping({k: v for k, v in options.items() if k in SETTINGS_OPTIONS})
-    return normalised | settings.to_dict(), chosen
+    return SSHPlacement(hosts=tuple(chosen), settings=settings)
 
 
 def ssh_argv(settings: SSHSettings, host: HostEntry, remote_command: str, mux: Sequence[str] = ()) -> list[str]:
