@@ -233,7 +233,7 @@ class SSHBackend(Backend):
         return NodeAccess(addresses=tuple(h.address for h in spec.resolved.hosts),
                           python=settings.python or sys.executable,
                           ssh_config=ssh_config_text(spec.resolved.hosts, settings),
-                          loopback=all(is_loopback(h.address) for h in spec.resolved.hosts))
+                          loopback=cls.on_this_host(spec))
 
     @classmethod
     def on_this_host(cls, spec: LaunchSpec) -> bool:
@@ -252,6 +252,7 @@ class SSHBackend(Backend):
         port = self.free_port(spec)
         workdir = spec.workdir or os.getcwd()
         grace = self.stop_grace(spec)
+        common = self.node_env(job, port=port)  # once: it looks at every host (thousands, at scale)
         argvs, payloads = [], []
         for i, host in enumerate(hosts):
             agent = agent_argv(spec, python=python, job_id=job.job_id,
@@ -265,7 +266,7 @@ class SSHBackend(Backend):
                                                workdir=workdir, grace=grace, agent=agent)
             argvs.append(tuple(ssh_argv(settings, host, command)))
             secret = {"secret": self.secret} if detached else {"nonce": self.nonce}
-            payloads.append(json.dumps({"env": self.node_env(job, i, port=port), **secret}) + "\n")
+            payloads.append(json.dumps({"env": dict(common, DTRAIN_NODE_INDEX=str(i)), **secret}) + "\n")
         return DryRunRequest(backend=self.name, argvs=tuple(argvs), stdin=tuple(payloads),
                              env={"MASTER_ADDR": hosts[0].address, "MASTER_PORT": str(port)})
 
