@@ -156,15 +156,20 @@ def test_the_cli_reports_bad_input_with_exit_2(tmp_path):
 
 def test_the_nodes_come_from_the_backend_registry():
     from dtrain.autotune.shape import device_and_hosts
+    from dtrain.launch.placement import Placement
 
-    assert device_and_hosts("local", {}, 1, 2, "cpu") == ("cpu", None)  # this host: no hostfile
+    def placed(backend, options, nodes, procs, device):
+        return device_and_hosts(Placement(nodes=nodes, procs_per_node=procs, backend=backend, options=options,
+                                          device=device))
+
+    assert placed("local", {}, 1, 2, "cpu") == ("cpu", None)  # this host: no hostfile
     hosts = {"hosts": ["10.0.0.1 slots=2", "10.0.0.2 slots=2"]}
-    assert device_and_hosts("ssh", hosts, 2, 2, "cpu") == ("cpu", ["10.0.0.1", "10.0.0.2"])
+    assert placed("ssh", hosts, 2, 2, "cpu") == ("cpu", ["10.0.0.1", "10.0.0.2"])
     with pytest.raises(SpecError) as info:  # Slurm learns its nodes when the job starts
-        device_and_hosts("slurm", {}, 2, 2, "cpu")
+        placed("slurm", {}, 2, 2, "cpu")
     assert info.value.field == "backend"
     with pytest.raises(SpecError) as info:
-        device_and_hosts("ssh", hosts, 3, 2, "cpu")  # fewer hosts than nodes: the ssh backend's own check
+        placed("ssh", hosts, 3, 2, "cpu")  # fewer hosts than nodes: the ssh backend's own check
     assert info.value.field.startswith("backend_options") or "host" in info.value.allowed
 
 

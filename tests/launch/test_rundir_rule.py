@@ -55,7 +55,7 @@ ALLOWED = {
     "training/shards.py:ShardDataset._read_into": "the staged dataset",
     "training/loop.py:TrainLoop.restore": "the rank loads the warm-start model it was given (--init-from)",
     # The launcher's side, on paths that are not under a run directory.
-    "launch/spec.py:visible_gpu_count": "/proc/driver/nvidia/gpus",
+    "launch/placement.py:visible_gpu_count": "/proc/driver/nvidia/gpus",
     "launch/spec.py:LaunchSpec.__post_init__": "the user's workdir exists (a spec check)",
     "launch/spec.py:LaunchSpec._check_command": "the user's script exists (a spec check)",
     "launch/deepspeed_config.py:load_deepspeed_config": "the user's DeepSpeed config file named in the spec",

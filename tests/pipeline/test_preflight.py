@@ -3,16 +3,12 @@
 from __future__ import annotations
 
 import json
-import sys
 
 import pytest
 
-from dtrain.launch.spec import LaunchSpec
+from dtrain.launch.placement import Placement
 from dtrain.preflight.checks import file_sha256, nccl_env
 from dtrain.preflight.runner import run_preflight
-
-CMD = [sys.executable, "-c", "pass"]
-
 
 @pytest.fixture
 def manifest(tmp_path):
@@ -23,7 +19,7 @@ def manifest(tmp_path):
 
 
 def test_every_node_ready(manifest, tmp_path):
-    report = run_preflight(LaunchSpec(command=CMD, nodes=2, procs_per_node=2, device="cpu"),
+    report = run_preflight(Placement(nodes=2, procs_per_node=2, device="cpu"),
                            manifest_path=manifest, manifest_sha256=file_sha256(manifest),
                            checkpoint_dir=str(tmp_path / "ckpt"), min_free_gb=0.001)
     assert report["ok"], report["summary"]
@@ -49,7 +45,7 @@ def test_each_problem_fails_with_a_clear_summary(manifest, tmp_path, case, probl
         kwargs["min_free_gb"] = 10**9
     elif case == "no_gpus":
         kwargs["expect_gpus"] = True
-    report = run_preflight(LaunchSpec(command=CMD, nodes=2, procs_per_node=2, device="cpu"), **kwargs)
+    report = run_preflight(Placement(nodes=2, procs_per_node=2, device="cpu"), **kwargs)
     assert not report["ok"]
     assert all(problem in " ".join(n["problems"]) for n in report["nodes"])
     assert "FAILED" in "\n".join(report["summary"])

@@ -42,7 +42,8 @@ def main() -> int:
 
     run_dir = os.path.join(tmp, "run")
     from dtrain.launch.launcher import Launcher
-    from dtrain.launch.spec import LaunchSpec, visible_gpu_count
+    from dtrain.launch.placement import visible_gpu_count
+    from dtrain.launch.spec import LaunchSpec
 
     # gpus_per_node stated: the spec's own detection reads /proc/driver/nvidia/gpus, absent in some sandboxes.
     print("visible_gpu_count() from /proc:", visible_gpu_count(), "torch:", torch.cuda.device_count())

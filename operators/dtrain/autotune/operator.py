@@ -21,8 +21,10 @@ from typing import Any, Sequence
 
 from airflow.sdk import BaseOperator
 
+from dtrain.launch.placement import PLACEMENT_FIELDS, PlacementArgs
 
-class DeepSpeedAutotuneOperator(BaseOperator):
+
+class DeepSpeedAutotuneOperator(PlacementArgs, BaseOperator):
     """Run ``deepspeed --autotuning tune`` for a training command; return the optimal config.
 
     Args:
@@ -43,8 +45,8 @@ class DeepSpeedAutotuneOperator(BaseOperator):
     summary (the table's rows), cmd_optimal, experiments (name, status, throughput), results_dir.
     """
 
-    template_fields: Sequence[str] = ("command", "deepspeed_config", "autotuning", "nodes", "procs_per_node",
-                                      "work_dir", "env")
+    template_fields: Sequence[str] = ("command", "deepspeed_config", "autotuning", *PLACEMENT_FIELDS, "work_dir",
+                                      "env")
     template_fields_renderers = {"deepspeed_config": "json", "autotuning": "json", "command": "py", "env": "json"}
     ui_color = "#f3e5f5"
 
@@ -54,9 +56,9 @@ class DeepSpeedAutotuneOperator(BaseOperator):
                  env: dict[str, str] | None = None, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.command, self.deepspeed_config, self.autotuning = command, deepspeed_config, autotuning
-        self.nodes, self.procs_per_node = nodes, procs_per_node
-        self.backend, self.backend_options = backend, backend_options or {}
-        self.device, self.work_dir, self.env = device, work_dir, env or {}
+        self.init_placement(nodes=nodes, procs_per_node=procs_per_node, backend=backend,
+                            backend_options=backend_options, device=device)
+        self.work_dir, self.env = work_dir, env or {}
         self._proc = None
 
     def _work_dir(self, context) -> str:
@@ -69,12 +71,11 @@ class DeepSpeedAutotuneOperator(BaseOperator):
     def build_spec(self, context):
         from dtrain.autotune.runner import AutotuneSpec
         from dtrain.autotune.shape import device_and_hosts
-        from dtrain.launch.backends import options_for
 
-        device, hosts = device_and_hosts(self.backend, options_for(self.backend, self.backend_options),
-                                         self.nodes, self.procs_per_node, self.device)
+        placement = self.resolve_placement()
+        device, hosts = device_and_hosts(placement)
         return AutotuneSpec(command=self.command, deepspeed_config=self.deepspeed_config, autotuning=self.autotuning,
-                            nodes=self.nodes, procs_per_node=self.procs_per_node, hosts=hosts, device=device,
+                            nodes=placement.nodes, procs_per_node=placement.procs_per_node, hosts=hosts, device=device,
                             work_dir=self.work_dir or self._work_dir(context), env=self.env)
 
     def execute(self, context) -> dict[str, Any]:

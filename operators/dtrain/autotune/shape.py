@@ -7,30 +7,27 @@ lists. A backend that only learns its nodes when a job starts (Slurm) cannot hos
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+from typing import TYPE_CHECKING
 
 from dtrain.errors import SpecError
 
+if TYPE_CHECKING:
+    from dtrain.launch.placement import Placement
 
-def device_and_hosts(backend: str, backend_options: Mapping[str, Any], nodes: int | str, procs_per_node: int | str,
-                     device: str = "auto") -> tuple[str, list[str] | None]:
-    """``(device, hosts)``: hosts None for this host, the backend's node addresses otherwise."""
+
+def device_and_hosts(placement: Placement) -> tuple[str, list[str] | None]:
+    """``(device, hosts)``: hosts None for this host, the placement's node addresses otherwise."""
     from dtrain.launch.backends import get_backend_class
     from dtrain.launch.backends.base import Backend
-    from dtrain.launch.spec import LaunchSpec, visible_gpu_count
+    from dtrain.launch.placement import visible_gpu_count
 
-    if device not in ("auto", "cpu", "gpu"):
-        raise SpecError("device", device, "auto, cpu or gpu")
+    device = placement.device
     if device == "auto":
         device = "gpu" if visible_gpu_count() > 0 else "cpu"
-    backend_cls = get_backend_class(str(backend).strip().lower())  # SpecError naming the installed ones
+    backend_cls = get_backend_class(placement.backend)
     if backend_cls.single_host:
         return device, None
     if backend_cls.node_access.__func__ is Backend.node_access.__func__:  # the default: "this host"
-        raise SpecError("backend", backend, "a backend that knows its nodes' addresses before a job starts "
-                                            "(DeepSpeed's autotuner reaches them itself over ssh)")
-    # The backend parses and checks its options (hostfile, hosts, conn_id...) as for a launch.
-    spec = LaunchSpec(command=["python", "-c", "pass"], nodes=nodes, procs_per_node=procs_per_node,
-                      backend=backend_cls.name, backend_options=dict(backend_options),
-                      device="cpu" if device == "cpu" else "auto")
-    return device, list(backend_cls.node_access(spec).addresses)
+        raise SpecError("backend", placement.backend, "a backend that knows its nodes' addresses before a job "
+                                                      "starts (DeepSpeed's autotuner reaches them itself over ssh)")
+    return device, list(backend_cls.node_access(placement).addresses)

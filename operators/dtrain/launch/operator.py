@@ -28,6 +28,7 @@ from airflow.configuration import conf
 from airflow.sdk import BaseOperator, ResumableJobMixin
 
 from dtrain.launch.job import dtrain_home
+from dtrain.launch.placement import PLACEMENT_FIELDS, PlacementArgs
 from dtrain.launch.retry_policy import TrainingRetryPolicy
 from dtrain.links import LINKS
 
@@ -41,7 +42,7 @@ def _safe(part: str) -> str:
     return re.sub(r"[^A-Za-z0-9_.=-]+", "_", part)
 
 
-class DistributedTrainingOperator(ResumableJobMixin, BaseOperator):
+class DistributedTrainingOperator(PlacementArgs, ResumableJobMixin, BaseOperator):
     """Run a training command on ``nodes`` x ``procs_per_node`` ranks with the env contract.
 
     Args:
@@ -98,9 +99,8 @@ class DistributedTrainingOperator(ResumableJobMixin, BaseOperator):
     """
 
     template_fields: Sequence[str] = (
-        "command", "nodes", "procs_per_node", "distribution", "env", "deepspeed_config", "run_dir",
-        "max_restarts", "backend", "backend_options", "mpi_options", "hang_timeout", "model_parallel_size",
-        "pipeline_parallel_size",
+        "command", *PLACEMENT_FIELDS, "distribution", "env", "deepspeed_config", "run_dir",
+        "max_restarts", "mpi_options", "hang_timeout", "model_parallel_size", "pipeline_parallel_size",
     )
     template_fields_renderers = {"env": "json", "deepspeed_config": "json", "command": "py", "backend_options": "json"}
     ui_color = "#d7e9f7"
@@ -142,17 +142,13 @@ class DistributedTrainingOperator(ResumableJobMixin, BaseOperator):
             retry_policy = TrainingRetryPolicy()
         super().__init__(retry_policy=retry_policy, **kwargs)
         self.command = command
-        self.nodes = nodes
-        self.procs_per_node = procs_per_node
+        self.init_placement(nodes=nodes, procs_per_node=procs_per_node, backend=backend,
+                            backend_options=backend_options, device=device, gpus_per_node=gpus_per_node)
         self.distribution = distribution
-        self.backend = backend
-        self.backend_options = backend_options or {}
         self.env = env or {}
         self.deepspeed_config = deepspeed_config
         self.max_restarts = max_restarts
         self.run_dir = run_dir
-        self.device = device
-        self.gpus_per_node = gpus_per_node
         self.rdzv_timeout = rdzv_timeout
         self.hang_timeout = hang_timeout
         self.stop_grace = stop_grace
@@ -173,18 +169,14 @@ class DistributedTrainingOperator(ResumableJobMixin, BaseOperator):
         return os.path.join(dtrain_home(), "runs", _safe(self.dag_id), _safe(run_id), _safe(self.task_id))
 
     def build_spec(self, context):
-        from dtrain.launch.backends import options_for
         from dtrain.launch.spec import LaunchSpec
 
-        backend = str(self.backend).strip().lower()
         return LaunchSpec(
-            command=self.command, nodes=self.nodes, procs_per_node=self.procs_per_node,
-            distribution=self.distribution, backend=backend, env=self.env,
+            command=self.command, placement=self.resolve_placement(),
+            distribution=self.distribution, env=self.env,
             deepspeed_config=self.deepspeed_config or None, max_restarts=self.max_restarts,
-            run_dir=self.run_dir or self.default_run_dir(context), device=self.device,
-            gpus_per_node=self.gpus_per_node, rdzv_timeout=self.rdzv_timeout, workdir=self.workdir,
+            run_dir=self.run_dir or self.default_run_dir(context), rdzv_timeout=self.rdzv_timeout, workdir=self.workdir,
             mpi_options=self.mpi_options or None, parameter_servers=self.parameter_servers,
-            backend_options=options_for(backend, self.backend_options),
             hang_timeout=None if self.hang_timeout in (None, "", "None") else self.hang_timeout,
             stop_grace=self.stop_grace, model_parallel_size=self.model_parallel_size,
             pipeline_parallel_size=self.pipeline_parallel_size, pass_local_rank=self.pass_local_rank,

@@ -15,28 +15,14 @@ from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
 
 from dtrain import grammar
-from dtrain.args import coerce_argv, coerce_env, coerce_int, mapping_arg
+from dtrain.args import coerce_argv, coerce_env, coerce_int
 from dtrain.errors import SpecError
 from dtrain.launch.backends import backend_for, get_backend_class
 from dtrain.launch.deepspeed_config import resolve_deepspeed_config
+from dtrain.launch.placement import Placement
 
 DISTRIBUTIONS = ("pytorch", "deepspeed", "mpi", "tensorflow")
-DEVICES = ("auto", "cpu", "gpu")
 PYTHON_NAMES = ("python", "python3")
-
-
-def visible_gpu_count() -> int:
-    """GPUs on this host, without importing torch: the NVIDIA driver's /proc entries,
-    narrowed by CUDA_VISIBLE_DEVICES as CUDA would."""
-    try:
-        count = len(os.listdir("/proc/driver/nvidia/gpus"))
-    except OSError:
-        return 0
-    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
-    if visible is not None:
-        ids = [v for v in visible.split(",") if v.strip() and v.strip() != "-1"]
-        count = min(count, len(ids))
-    return count
 
 
 def script_of(command: Sequence[str]) -> str | None:
@@ -54,6 +40,10 @@ def script_of(command: Sequence[str]) -> str | None:
 @dataclass
 class LaunchSpec:
     """What to run, on how many nodes and processes, with which distribution.
+
+    The placement (nodes, procs_per_node, backend, backend_options, device, gpus_per_node) is a
+    :class:`~dtrain.launch.placement.Placement`: give its fields, or ``placement=`` one already
+    built (an operator's), whose values then fill them.
 
     Args:
         command: argv run on every rank (no shell; arguments reach it verbatim).
@@ -96,6 +86,7 @@ class LaunchSpec:
         secret_env: environment for every rank that is a secret (an Airflow connection's AWS
             credentials): given to the ranks as ``env`` is, never shown in the spec's repr; a backend
             that would write it into an argv, a script or the dry-run output refuses it.
+        placement: a checked :class:`~dtrain.launch.placement.Placement` (see above).
     """
 
     command: Sequence[str]
@@ -122,22 +113,21 @@ class LaunchSpec:
     pipeline_parallel_size: int = 1
     pass_local_rank: bool = False
     secret_env: Mapping[str, str] = field(default_factory=dict, repr=False)
+    placement: Placement | None = field(default=None, repr=False, compare=False)
     resolved_deepspeed_config: dict[str, Any] | None = field(default=None, init=False, repr=False)
-    #: what the backend's validate() parsed from its options (e.g. the ssh host entries)
-    resolved: Any = field(default=None, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         self.command = coerce_argv("command", self.command)
-        self.nodes = coerce_int("nodes", self.nodes, minimum=1, maximum=4096)
-        self.procs_per_node = coerce_int("procs_per_node", self.procs_per_node, minimum=1, maximum=1024)
-        self.distribution = str(self.distribution).strip().lower()
-        if self.distribution not in DISTRIBUTIONS:
-            raise SpecError("distribution", self.distribution, f"one of {', '.join(DISTRIBUTIONS)}")
-        self.backend = str(self.backend).strip().lower()
-        backend_cls = get_backend_class(self.backend)  # SpecError naming the installed ones
-        self.backend_options = dict(mapping_arg("backend_options", self.backend_options,
-                                                not_json="a mapping (or a JSON object string)",
-                                                not_mapping="a mapping of the backend's options"))
+        if self.placement is None:
+            self.placement = Placement(nodes=self.nodes, procs_per_node=self.procs_per_node, backend=self.backend,
+                                       options=self.backend_options, device=self.device,
+                                       gpus_per_node=self.gpus_per_node)
+        placement = self.placement
+        self.nodes, self.procs_per_node, self.backend = placement.nodes, placement.procs_per_node, placement.backend
+        self.backend_options, self.device, self.gpus_per_node = placement.options, placement.device, \
+            placement.gpus_per_node
+        self.distribution = check_distribution(placement, self.distribution)
+        backend_cls = get_backend_class(self.backend)
         self.env = coerce_env("env", self.env)
         self.secret_env = coerce_env("secret_env", self.secret_env)  # messages name keys, never values
         both = sorted(set(self.env) & set(self.secret_env))
@@ -152,20 +142,11 @@ class LaunchSpec:
         if self.hang_timeout is not None:
             self.hang_timeout = grammar.finite("hang_timeout", self.hang_timeout, minimum=1, maximum=7 * 86400)
         self.stop_grace = grammar.finite("stop_grace", self.stop_grace, minimum=0, maximum=3600)
-        self.device = str(self.device).strip().lower()
-        if self.device not in DEVICES:
-            raise SpecError("device", self.device, f"one of {', '.join(DEVICES)}")
-        if self.gpus_per_node is not None:
-            self.gpus_per_node = coerce_int("gpus_per_node", self.gpus_per_node, minimum=0)
         if self.workdir is not None and not os.path.isdir(self.workdir):
             raise SpecError("workdir", self.workdir, "an existing directory")
         self._check_command(backend_cls.single_host)
-        self._check_gpus(backend_cls.single_host)
         self._check_distribution_options()
         runner = backend_for(self)
-        if self.distribution not in runner.distributions:
-            raise SpecError("distribution", self.distribution,
-                            f"one of {', '.join(runner.distributions)} on backend {self.backend!r}")
         self._check_secret_env_carried({backend_cls, runner})
         backend_cls.validate(self)
         if runner is not backend_cls:  # e.g. distribution='mpi' on the ssh hosts: mpirun's checks too
@@ -190,15 +171,13 @@ class LaunchSpec:
     def world_size(self) -> int:
         return self.nodes * self.procs_per_node
 
-    def uses_gpu(self) -> bool:
-        if self.device == "cpu":
-            return False
-        if self.device == "gpu":
-            return True
-        return self.gpu_capacity() > 0
+    @property
+    def resolved(self) -> Any:
+        """What the backend resolved from its options, typed (the placement's)."""
+        return self.placement.resolved
 
-    def gpu_capacity(self) -> int:
-        return visible_gpu_count() if self.gpus_per_node is None else self.gpus_per_node
+    def uses_gpu(self) -> bool:
+        return self.placement.uses_gpu()
 
     def _check_secret_env_carried(self, backends) -> None:
         for cls in backends:
@@ -238,17 +217,15 @@ class LaunchSpec:
             raise SpecError(f"command[{index}]", self.command[index],
                             "{deepspeed_config} only with distribution='deepspeed' (there is no config otherwise)")
 
-    def _check_gpus(self, on_this_host: bool) -> None:
-        # This host's GPUs say nothing about remote nodes: count them only for a backend
-        # running here, unless the user stated gpus_per_node.
-        if not on_this_host and self.gpus_per_node is None:
-            return
-        capacity = self.gpu_capacity()
-        if self.device == "gpu" and capacity == 0:
-            raise SpecError("device", "gpu", "a host with at least one visible GPU (none found)")
-        if capacity > 0 and self.device != "cpu" and self.procs_per_node > capacity:
-            raise SpecError(
-                "procs_per_node",
-                self.procs_per_node,
-                f"at most the {capacity} GPU(s) per node on this host (use device='cpu' to run on CPU)",
-            )
+
+def check_distribution(placement: Placement, distribution: Any) -> str:
+    """``distribution`` converted and checked against the backend that would run it on ``placement``
+    (the named one, or the one it hands the distribution to: local and ssh hand mpi to mpirun)."""
+    name = str(distribution).strip().lower()
+    if name not in DISTRIBUTIONS:
+        raise SpecError("distribution", name, f"one of {', '.join(DISTRIBUTIONS)}")
+    named = get_backend_class(placement.backend)
+    runner = get_backend_class(named.runner(name))
+    if name not in runner.distributions:
+        raise SpecError("distribution", name, f"one of {', '.join(runner.distributions)} on backend {placement.backend!r}")
+    return name

@@ -81,7 +81,7 @@ def local_rank_limit(environ: Mapping[str, str] | None = None, *, cpus: int | No
     if cpus is None:
         cpus = usable_cpus()
     if gpus is None:
-        from dtrain.launch.spec import visible_gpu_count
+        from dtrain.launch.placement import visible_gpu_count
 
         gpus = visible_gpu_count()
     limit = max(cpus, gpus) * OVERSUBSCRIPTION
@@ -158,15 +158,17 @@ def check_params(params: Mapping[str, Any], schemas: Mapping[str, Mapping[str, A
 
 def check_launch(values: Mapping[str, Any], backend_options: Mapping[str, Any],
                  deepspeed_config: str | Mapping[str, Any] | None = None):
-    """The launch spec preflight and train will build from these params, built here first, so that
-    what the launcher refuses (procs_per_node above this host's GPUs with backend=local, fewer
-    ssh hosts than nodes, a bad backend option) fails the run before any data is touched.
-    Raises :class:`SpecError`; returns the :class:`~dtrain.launch.spec.LaunchSpec`."""
-    from dtrain.launch.backends import options_for
-    from dtrain.launch.spec import LaunchSpec
+    """What preflight and train will refuse about these params, checked here first, so that it fails
+    the run before any data is touched: the placement (procs_per_node above this host's GPUs with
+    backend=local, fewer ssh hosts than nodes, a bad backend option), the distribution on that
+    backend, and the DeepSpeed config against the world size. Raises :class:`SpecError`; returns
+    the :class:`~dtrain.launch.placement.Placement`."""
+    from dtrain.launch.deepspeed_config import resolve_deepspeed_config
+    from dtrain.launch.placement import Placement
+    from dtrain.launch.spec import check_distribution
 
-    backend = values["backend"]
-    return LaunchSpec(command=[sys.executable, "-c", "pass"], nodes=values["nodes"],
-                      procs_per_node=values["procs_per_node"], distribution=values["distribution"],
-                      backend=backend, deepspeed_config=deepspeed_config or None,
-                      backend_options=options_for(backend, backend_options))
+    placement = Placement.for_operator(nodes=values["nodes"], procs_per_node=values["procs_per_node"],
+                                       backend=values["backend"], backend_options=backend_options)
+    if check_distribution(placement, values["distribution"]) == "deepspeed":
+        resolve_deepspeed_config(deepspeed_config or None, placement.world_size, 1, 1)
+    return placement

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
-import sys
 from typing import Any, Sequence
 
 from airflow.sdk import BaseOperator
 
+from dtrain.launch.placement import PLACEMENT_FIELDS, PlacementArgs
 
-class PreflightOperator(BaseOperator):
+
+class PreflightOperator(PlacementArgs, BaseOperator):
     """Run the node checks of :mod:`dtrain.preflight.checks` on every node of the job.
 
     Args:
@@ -24,8 +25,8 @@ class PreflightOperator(BaseOperator):
     the training task's ``env``).
     """
 
-    template_fields: Sequence[str] = ("nodes", "procs_per_node", "backend", "backend_options", "manifest_path",
-                                      "manifest_sha256", "checkpoint_dir", "min_free_gb")
+    template_fields: Sequence[str] = (*PLACEMENT_FIELDS, "manifest_path", "manifest_sha256", "checkpoint_dir",
+                                      "min_free_gb")
     ui_color = "#fdf1c7"
 
     def __init__(self, *, nodes: int | str = 1, procs_per_node: int | str = 1, backend: str = "local",
@@ -34,29 +35,23 @@ class PreflightOperator(BaseOperator):
                  manifest_sha256: str | None = None, checkpoint_dir: str | None = None,
                  min_free_gb: float | str = 1.0, expect_gpus: bool | None = None, **kwargs: Any) -> None:
         super().__init__(**kwargs)
-        self.nodes, self.procs_per_node, self.backend = nodes, procs_per_node, backend
-        self.backend_options = backend_options or {}
-        self.device, self.gpus_per_node = device, gpus_per_node
+        self.init_placement(nodes=nodes, procs_per_node=procs_per_node, backend=backend,
+                            backend_options=backend_options, device=device, gpus_per_node=gpus_per_node)
         self.manifest_path, self.manifest_sha256 = manifest_path, manifest_sha256
         self.checkpoint_dir, self.min_free_gb, self.expect_gpus = checkpoint_dir, min_free_gb, expect_gpus
 
     def execute(self, context) -> dict[str, Any]:
-        from dtrain.launch.backends import options_for
-        from dtrain.launch.spec import LaunchSpec
         from dtrain.preflight.checks import file_sha256
         from dtrain.preflight.runner import PreflightError, run_preflight
 
-        backend = str(self.backend).strip().lower()
-        spec = LaunchSpec(command=[sys.executable, "-c", "pass"], nodes=self.nodes, procs_per_node=self.procs_per_node,
-                          backend=backend, device=self.device, gpus_per_node=self.gpus_per_node,
-                          backend_options=options_for(backend, self.backend_options))
+        placement = self.resolve_placement()
         expected = self.manifest_sha256
         if self.manifest_path and not expected:
             try:
                 expected = file_sha256(self.manifest_path)
             except OSError as e:
                 raise PreflightError(f"manifest_path={self.manifest_path!r} is not readable here: {e}") from e
-        report = run_preflight(spec, manifest_path=self.manifest_path, manifest_sha256=expected,
+        report = run_preflight(placement, manifest_path=self.manifest_path, manifest_sha256=expected,
                                checkpoint_dir=self.checkpoint_dir, min_free_gb=float(self.min_free_gb),
                                expect_gpus=self.expect_gpus)
         for line in report["summary"]:

@@ -11,10 +11,13 @@ from __future__ import annotations
 import json
 import subprocess
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from dtrain.errors import DTrainError, SpecError
 from dtrain.preflight.node import MARK
+
+if TYPE_CHECKING:
+    from dtrain.launch.placement import Placement
 
 
 class PreflightError(DTrainError):
@@ -32,29 +35,31 @@ def _parse(node: int, host: str, proc: subprocess.CompletedProcess) -> dict[str,
             "problems": [f"check did not run (exit {proc.returncode}): {reason[0]}"], "facts": {}}
 
 
-def node_commands(spec, check_kwargs: dict[str, Any]) -> list[tuple[str, list[str]]]:
-    """(host label, argv) for each node of ``spec``."""
+def node_commands(placement: Placement, check_kwargs: dict[str, Any]) -> list[tuple[str, list[str]]]:
+    """(host label, argv) for each node of ``placement``."""
     from dtrain.launch.backends import get_backend_class
 
     payload = json.dumps(check_kwargs, sort_keys=True)
     try:
-        return get_backend_class(spec.backend).node_commands(spec, ["-m", "dtrain.preflight.node", payload])
+        return get_backend_class(placement.backend).node_commands(placement, ["-m", "dtrain.preflight.node", payload])
     except SpecError as e:
-        raise PreflightError(f"preflight for backend={spec.backend!r} is not supported: it needs {e.allowed}") from e
+        raise PreflightError(f"preflight for backend={placement.backend!r} is not supported: it needs {e.allowed}") \
+            from e
 
 
-def run_preflight(spec, *, manifest_path: str | None = None, manifest_sha256: str | None = None,
+def run_preflight(placement: Placement, *, manifest_path: str | None = None, manifest_sha256: str | None = None,
                   checkpoint_dir: str | None = None, min_free_gb: float = 1.0, expect_gpus: bool | None = None,
                   timeout_s: float = 120.0) -> dict[str, Any]:
-    """Check every node of ``spec``; return {"ok", "nodes": [...], "nccl_env", "summary": [lines]}."""
+    """Check every node of ``placement``; return {"ok", "nodes": [...], "nccl_env", "summary": [lines]}."""
     from dtrain.launch.backends import get_backend_class
 
-    expect = spec.uses_gpu() if expect_gpus is None else expect_gpus
+    backend = get_backend_class(placement.backend)
+    expect = placement.uses_gpu() if expect_gpus is None else expect_gpus
     kwargs = {"manifest_path": manifest_path, "manifest_sha256": manifest_sha256, "checkpoint_dir": checkpoint_dir,
-              "min_free_gb": min_free_gb, "expect_gpus": expect, "procs_per_node": spec.procs_per_node,
-              "single_host": get_backend_class(spec.backend).single_host}
-    commands = node_commands(spec, kwargs)
-    fanout = get_backend_class(spec.backend).node_fanout(spec)
+              "min_free_gb": min_free_gb, "expect_gpus": expect, "procs_per_node": placement.procs_per_node,
+              "single_host": backend.single_host}
+    commands = node_commands(placement, kwargs)
+    fanout = backend.node_fanout(placement)
 
     def one(item):
         index, (host, argv) = item

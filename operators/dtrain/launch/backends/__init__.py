@@ -99,7 +99,7 @@ def _cached_load(name: str, target) -> type[Backend]:
 def backend_for(spec: "LaunchSpec") -> type[Backend]:
     """The backend class that runs ``spec`` (the named one, or the one it hands the job to)."""
     cls = get_backend_class(spec.backend)
-    runner = cls.runner(spec)
+    runner = cls.runner(spec.distribution)
     return cls if runner == cls.name else get_backend_class(runner)
 
 
@@ -127,11 +127,11 @@ def options_for(name: str, backend_options: object) -> dict:
     sections = mapping_arg("backend_options", backend_options, not_json="a mapping (or a JSON object string)",
                            not_mapping="a mapping of backend name to that backend's options")
     known = backend_names()
+    checked: dict[str, dict] = {}
     for key, value in sections.items():
         if key not in known:
             raise SpecError("backend_options", key, f"keys are backend names: {', '.join(known)}")
-        mapping_arg(f"backend_options[{key!r}]", value, not_json="a mapping (or a JSON object string)",
-                    not_mapping="a mapping of that backend's options")
-    section = dict(mapping_arg(f"backend_options[{name!r}]", sections.get(name), not_json="a mapping",
-                               not_mapping="a mapping"))
-    return get_backend_class(name).resolve_operator_options(section)
+        checked[key] = dict(mapping_arg(f"backend_options[{key!r}]", value,
+                                        not_json="a mapping (or a JSON object string)",
+                                        not_mapping="a mapping of that backend's options"))
+    return get_backend_class(name).resolve_operator_options(checked.get(name, {}))

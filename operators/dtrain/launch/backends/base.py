@@ -4,9 +4,12 @@ A backend is one folder under ``dtrain/launch/backends/`` (or a third-party pack
 registered through the ``dtrain.backends`` entry-point group) holding a :class:`Backend`
 subclass. Nothing outside that folder knows the backend's name or options:
 
-* validation: :meth:`Backend.validate` checks the spec's ``backend_options`` before anything starts
-  and keeps what it resolved from them, typed, in ``spec.resolved`` (read from there on; the
-  options themselves stay as given);
+* validation: :meth:`Backend.resolve_placement` checks the backend's options when a
+  :class:`~dtrain.launch.placement.Placement` is built and returns what it resolved from them,
+  typed, kept as ``placement.resolved`` (``spec.resolved``; read from there on, the options
+  themselves stay as given); :meth:`Backend.validate` checks the rest of a job before anything starts;
+* node access: :meth:`Backend.node_access`, :meth:`Backend.node_commands`, :meth:`Backend.node_fanout`
+  and :meth:`Backend.on_this_host` take the placement alone (preflight and autotuning have no job);
 * the node environment: :meth:`Backend.node_env` is what every node's processes get, the same
   on every backend (a backend adds only its extras); a distribution not in ``distributions`` is
   refused before anything starts;
@@ -43,6 +46,7 @@ from dtrain.launch.processes import LineSink, print_sink, stop_grace_env
 
 if TYPE_CHECKING:  # imported for annotations only: the spec imports the registry
     from dtrain.launch.job import Job
+    from dtrain.launch.placement import Placement
     from dtrain.launch.spec import LaunchSpec
 
 Primitive = (str, int, float, bool, type(None))
@@ -220,17 +224,22 @@ class Backend(abc.ABC):
     # -- options and validation (class level: no instance, no I/O beyond checks) -------------------
 
     @classmethod
-    def runner(cls, spec: "LaunchSpec") -> str:
-        """The registered backend that runs ``spec`` (a backend may hand a distribution to another,
-        e.g. local and ssh hand distribution='mpi' to mpirun)."""
+    def runner(cls, distribution: str) -> str:
+        """The registered backend that runs a job of ``distribution`` placed on this one (a backend
+        may hand a distribution to another, e.g. local and ssh hand distribution='mpi' to mpirun)."""
         return cls.name
 
     @classmethod
+    def resolve_placement(cls, placement: "Placement") -> Any:
+        """Check this backend's options for ``placement`` (SpecError naming field, value, what is
+        allowed) and return what they resolve to, typed: kept as ``placement.resolved`` and read from
+        there on (the options are never rewritten). Default: no options accepted."""
+        cls.check_option_names(placement.options)
+        return dict(placement.options)
+
+    @classmethod
     def validate(cls, spec: "LaunchSpec") -> None:
-        """Refuse what this backend cannot run (SpecError naming field, value, what is allowed) and keep
-        what it resolved from ``spec.backend_options`` in ``spec.resolved``, typed (never rewriting the
-        options). Default: no options accepted."""
-        cls.check_option_names(spec.backend_options)
+        """Refuse a job on a valid placement that this backend still cannot run (SpecError). Default: none."""
 
     @classmethod
     def check_option_names(cls, options: Mapping[str, Any]) -> None:
@@ -256,26 +265,26 @@ class Backend(abc.ABC):
         return dict(options)
 
     @classmethod
-    def node_commands(cls, spec: "LaunchSpec", argv: Sequence[str]) -> list[tuple[str, list[str]]]:
-        """(host label, argv) that runs ``argv`` once on each node of ``spec``: how preflight checks nodes."""
+    def node_commands(cls, placement: "Placement", argv: Sequence[str]) -> list[tuple[str, list[str]]]:
+        """(host label, argv) that runs ``argv`` once on each node of ``placement``: how preflight checks nodes."""
         raise SpecError("backend", cls.name, "a backend that can run a command on each node (preflight)")
 
     @classmethod
-    def node_fanout(cls, spec: "LaunchSpec") -> int:
+    def node_fanout(cls, placement: "Placement") -> int:
         """How many of :meth:`node_commands` may run at once."""
         return 32
 
     @classmethod
-    def node_access(cls, spec: "LaunchSpec") -> NodeAccess:
+    def node_access(cls, placement: "Placement") -> NodeAccess:
         """How to reach the nodes (default: every node is this host)."""
         import sys
 
-        return NodeAccess(addresses=("127.0.0.1",) * spec.nodes, python=sys.executable)
+        return NodeAccess(addresses=("127.0.0.1",) * placement.nodes, python=sys.executable)
 
     @classmethod
-    def on_this_host(cls, spec: "LaunchSpec") -> bool:
-        """Every node of ``spec`` is this machine (its collectives then talk over loopback)."""
-        return cls.node_access(spec).loopback
+    def on_this_host(cls, placement: "Placement") -> bool:
+        """Every node of ``placement`` is this machine (its collectives then talk over loopback)."""
+        return cls.node_access(placement).loopback
 
     def free_port(self, spec: "LaunchSpec") -> int:
         """A rendezvous port free on node 0 right now (default: on this host)."""
@@ -299,8 +308,8 @@ class Backend(abc.ABC):
           node is known (at start here, from SLURM_NODEID, from the rank's NODE_RANK under mpirun).
         """
         spec = job.spec
-        on_this_host = self.on_this_host(spec)
-        addresses = self.node_access(spec).addresses if spec.distribution == "tensorflow" else ()
+        on_this_host = self.on_this_host(spec.placement)
+        addresses = self.node_access(spec.placement).addresses if spec.distribution == "tensorflow" else ()
         return contract_node_env(job, node_index, grace=self.stop_grace(spec), on_this_host=on_this_host,
                                  addresses=addresses, port=port)
 

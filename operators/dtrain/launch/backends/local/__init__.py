@@ -21,8 +21,8 @@ from typing import Sequence
 from dtrain.errors import SpecError
 from dtrain.launch.backends.base import Backend, DryRunRequest, JobHandle, JobStatus
 from dtrain.launch.job import Job
+from dtrain.launch.placement import Placement
 from dtrain.launch.processes import AgentLogs, NodeSupervisor
-from dtrain.launch.spec import LaunchSpec
 from dtrain.launch.torchrun import C10d, agent_argv
 
 LOOPBACK = "127.0.0.1"
@@ -45,12 +45,12 @@ class LocalBackend(Backend):
         self.supervisor = NodeSupervisor(self.sink, grace_seconds=5.0 if grace_seconds is None else grace_seconds)
 
     @classmethod
-    def runner(cls, spec: LaunchSpec) -> str:
-        return "mpi" if spec.distribution == "mpi" else cls.name  # mpirun starts the ranks itself
+    def runner(cls, distribution: str) -> str:
+        return "mpi" if distribution == "mpi" else cls.name  # mpirun starts the ranks itself
 
     @classmethod
-    def node_commands(cls, spec: LaunchSpec, python_args: Sequence[str]) -> list[tuple[str, list[str]]]:
-        return [("localhost", [sys.executable, *python_args]) for _ in range(spec.nodes)]
+    def node_commands(cls, placement: Placement, python_args: Sequence[str]) -> list[tuple[str, list[str]]]:
+        return [("localhost", [sys.executable, *python_args]) for _ in range(placement.nodes)]
 
     def dryrun(self, job: Job, *, detached: bool = False) -> DryRunRequest:
         if detached:

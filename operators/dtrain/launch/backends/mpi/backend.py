@@ -34,6 +34,7 @@ from dtrain.launch.backends.base import Backend, DryRunRequest, JobHandle, JobSt
 from dtrain.launch.backends.mpi.render import check_export_names, coerce_mpi_options, mpirun_argv, mpirun_env
 from dtrain.launch.exits import exit_records, first_failure_of, ranks_exited_since, records_since
 from dtrain.launch.job import Job
+from dtrain.launch.placement import Placement
 from dtrain.launch.processes import NodeSupervisor
 from dtrain.launch.spec import LaunchSpec
 from dtrain.rundir import RunDir
@@ -85,8 +86,6 @@ class MPIBackend(Backend):
 
     @classmethod
     def validate(cls, spec: LaunchSpec) -> None:
-        if spec.backend == cls.name:
-            cls.check_option_names(spec.backend_options)
         spec.mpi_options = coerce_mpi_options(spec.mpi_options)
         check_export_names([*spec.env, *spec.secret_env])  # they also sit in mpirun's own environment
         if get_backend_class(spec.backend).single_host and spec.nodes != 1:
@@ -100,10 +99,10 @@ class MPIBackend(Backend):
             raise SpecError("run_dir", spec.run_dir, "a path without blanks for mpirun over ssh")
 
     @classmethod
-    def node_access(cls, spec: LaunchSpec) -> NodeAccess:
-        """The nodes are the named backend's (this host when the spec names mpi itself)."""
-        named = get_backend_class(spec.backend)
-        return super().node_access(spec) if named is cls else named.node_access(spec)
+    def node_access(cls, placement: Placement) -> NodeAccess:
+        """The nodes are the named backend's (this host when the placement names mpi itself)."""
+        named = get_backend_class(placement.backend)
+        return super().node_access(placement) if named is cls else named.node_access(placement)
 
     def _mpirun_sink(self, line: str) -> None:
         # The supervisor prefixes lines that are not a rank's with its node index; here the
@@ -112,7 +111,7 @@ class MPIBackend(Backend):
 
     def _files(self, job: Job) -> dict[str, str]:
         """The files mpirun reads (ssh_config and hostfile) when the nodes are remote: path -> text."""
-        access = self.node_access(job.spec)
+        access = self.node_access(job.spec.placement)
         if access.ssh_config is None:
             return {}
         mpi_dir = os.path.join(job.run_dir, "mpi")
@@ -126,7 +125,7 @@ class MPIBackend(Backend):
         if detached:
             raise SpecError("deferrable", True, "not with mpirun (it must stay attached to its ranks)")
         spec = job.spec
-        access = self.node_access(spec)
+        access = self.node_access(spec.placement)
         port = get_backend_class(spec.backend)(sink=self.sink).free_port(spec)
         files = list(self._files(job))
         master = access.addresses[0]

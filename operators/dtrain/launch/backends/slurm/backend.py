@@ -30,6 +30,7 @@ from dtrain.launch.backends.slurm import render as R
 from dtrain.launch.backends.slurm.render import SlurmOptions
 from dtrain.launch.exits import exit_records, ranks_exited_since
 from dtrain.launch.job import Job
+from dtrain.launch.placement import Placement
 from dtrain.launch.spec import LaunchSpec
 from dtrain.launch.tailfile import TAIL_LINES, LogFollower, read_tail
 from dtrain.rundir import RunDir
@@ -180,14 +181,16 @@ class SlurmBackend(Backend):
         self._followers: dict[str, LogFollower] = {}
 
     @classmethod
-    def validate(cls, spec: LaunchSpec) -> None:
-        options = R.coerce_options(spec.backend_options)  # SpecError naming an unknown or bad option
-        if spec.run_dir is not None:
-            R.check_run_dir(os.path.abspath(str(spec.run_dir)))
-        spec.resolved = options  # read from here on: backend_options stay as given
+    def resolve_placement(cls, placement: Placement) -> SlurmOptions:
+        return R.coerce_options(placement.options)  # SpecError naming an unknown or bad option
 
     @classmethod
-    def on_this_host(cls, spec: LaunchSpec) -> bool:
+    def validate(cls, spec: LaunchSpec) -> None:
+        if spec.run_dir is not None:
+            R.check_run_dir(os.path.abspath(str(spec.run_dir)))
+
+    @classmethod
+    def on_this_host(cls, placement: Placement) -> bool:
         return False  # Slurm's nodes are machines of their own
 
     @staticmethod

@@ -50,9 +50,10 @@ from dtrain.launch.backends.base import SECRET_KEY, Backend, DryRunRequest, JobH
 from dtrain.launch.backends.ssh import control
 from dtrain.launch.backends.ssh import detached as nodes
 from dtrain.launch.backends.ssh.fanout import run_bounded, run_bounded_async
-from dtrain.launch.backends.ssh.hostfile import (HOST_OPTIONS, SETTINGS_OPTIONS, HostEntry, SSHSettings,
-                                                 resolve_options, ssh_argv)
+from dtrain.launch.backends.ssh.hostfile import (HOST_OPTIONS, SETTINGS_OPTIONS, HostEntry, SSHPlacement,
+                                                 SSHSettings, resolve_options, ssh_argv)
 from dtrain.launch.job import Job
+from dtrain.launch.placement import Placement
 from dtrain.launch.processes import NodeProcess, NodeSupervisor
 from dtrain.launch.spec import LaunchSpec
 from dtrain.launch.torchrun import Static, agent_argv
@@ -187,24 +188,25 @@ class SSHBackend(Backend):
         self.announced_at: dict[int, float] = {}  # node index -> when its agent announced itself
         self.hosts: list[HostEntry] = []
         self.settings = SSHSettings()
+        self._targets: dict[tuple[str, str, str], nodes.Target] = {}  # detached jobs' nodes: (job id, run dir, secret)
         self._teardown_lock = threading.Lock()
         self._torn_down = False
 
     # -- options --------------------------------------------------------------------------------
 
     @classmethod
-    def runner(cls, spec: LaunchSpec) -> str:
-        return "mpi" if spec.distribution == "mpi" else cls.name  # mpirun reaches the hosts itself
+    def runner(cls, distribution: str) -> str:
+        return "mpi" if distribution == "mpi" else cls.name  # mpirun reaches the hosts itself
 
     @classmethod
-    def validate(cls, spec: LaunchSpec) -> None:
-        cls.check_option_names(spec.backend_options)
-        if "conn_id" in spec.backend_options:
-            raise SpecError("backend_options['ssh'].conn_id", spec.backend_options["conn_id"],
+    def resolve_placement(cls, placement: Placement) -> SSHPlacement:
+        cls.check_option_names(placement.options)
+        if "conn_id" in placement.options:
+            raise SpecError("backend_options['ssh'].conn_id", placement.options["conn_id"],
                             "an Airflow connection is read by the operators; give hostfile or hosts here")
         if shutil.which("ssh") is None:
             raise SpecError("backend", cls.name, f"the OpenSSH client 'ssh' on PATH ({cls.install_hint})")
-        spec.resolved = resolve_options(spec.backend_options, spec.nodes, spec.procs_per_node)
+        return resolve_options(placement.options, placement.nodes, placement.procs_per_node)
 
     @classmethod
     def resolve_operator_options(cls, options: Mapping[str, Any]) -> dict[str, Any]:
@@ -213,31 +215,31 @@ class SSHBackend(Backend):
         return resolve_connection(options)
 
     @staticmethod
-    def _settings(spec: LaunchSpec) -> SSHSettings:
+    def _settings(spec: LaunchSpec | Placement) -> SSHSettings:
         return spec.resolved.settings
 
     @classmethod
-    def node_commands(cls, spec: LaunchSpec, python_args: Sequence[str]) -> list[tuple[str, list[str]]]:
-        settings = cls._settings(spec)
+    def node_commands(cls, placement: Placement, python_args: Sequence[str]) -> list[tuple[str, list[str]]]:
+        settings = cls._settings(placement)
         python = settings.python or sys.executable
         remote = shlex.join([python, *python_args])
-        return [(host.address, ssh_argv(settings, host, remote)) for host in spec.resolved.hosts]
+        return [(host.address, ssh_argv(settings, host, remote)) for host in placement.resolved.hosts]
 
     @classmethod
-    def node_fanout(cls, spec: LaunchSpec) -> int:
-        return cls._settings(spec).fanout
+    def node_fanout(cls, placement: Placement) -> int:
+        return cls._settings(placement).fanout
 
     @classmethod
-    def node_access(cls, spec: LaunchSpec) -> NodeAccess:
-        settings = cls._settings(spec)
-        return NodeAccess(addresses=tuple(h.address for h in spec.resolved.hosts),
+    def node_access(cls, placement: Placement) -> NodeAccess:
+        settings = cls._settings(placement)
+        return NodeAccess(addresses=tuple(h.address for h in placement.resolved.hosts),
                           python=settings.python or sys.executable,
-                          ssh_config=ssh_config_text(spec.resolved.hosts, settings),
-                          loopback=cls.on_this_host(spec))
+                          ssh_config=ssh_config_text(placement.resolved.hosts, settings),
+                          loopback=cls.on_this_host(placement))
 
     @classmethod
-    def on_this_host(cls, spec: LaunchSpec) -> bool:
-        return all(is_loopback(h.address) for h in spec.resolved.hosts)
+    def on_this_host(cls, placement: Placement) -> bool:
+        return all(is_loopback(h.address) for h in placement.resolved.hosts)
 
     def free_port(self, spec: LaunchSpec) -> int:
         settings = self._settings(spec)
@@ -293,10 +295,13 @@ class SSHBackend(Backend):
                                              connect_wait=self.settings.connect_timeout + 30)
         return handle
 
-    @staticmethod
-    def _target(handle: JobHandle) -> nodes.Target:
-        return nodes.Target(hosts=tuple(handle.data["hosts"]), ssh=dict(handle.data["ssh"]), job_id=handle.job_id,
-                            secret=str(handle.data.get(SECRET_KEY, "")))
+    def _target(self, handle: JobHandle) -> nodes.Target:
+        """The detached job's nodes, parsed from the handle once per job and backend (not per poll)."""
+        secret = str(handle.data.get(SECRET_KEY, ""))  # a handle rebuilt from an event has none
+        key = (handle.job_id, handle.run_dir, secret)
+        if key not in self._targets:
+            self._targets[key] = nodes.Target.of_handle(handle.data["hosts"], handle.data["ssh"], handle.job_id, secret)
+        return self._targets[key]
 
     def poll(self, handle: JobHandle) -> JobStatus:
         if handle.data.get("detached"):
@@ -326,7 +331,7 @@ class SSHBackend(Backend):
 
     async def _close_masters(self, target: nodes.Target, mux_dir: str) -> None:
         """End the job's ssh master connections on this host (they would idle out after ControlPersist)."""
-        await run_bounded_async(nodes.close_argvs(target, mux_dir), limit=target.settings().fanout, timeout=10)
+        await run_bounded_async(nodes.close_argvs(target, mux_dir), limit=target.settings.fanout, timeout=10)
         await control.wait_closed(mux_dir)  # else the directory, not yet empty, would be left behind
         control.remove_dir(mux_dir)
 

@@ -26,7 +26,7 @@ import shlex
 import sys
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 from dtrain.errors import LaunchError
 from dtrain.launch.backends.base import JobStatus
@@ -34,7 +34,7 @@ from dtrain.launch.backends.ssh import control
 from dtrain.launch.backends.ssh.detached_node import (HEARTBEAT_S, MODULE, STALE_BEATS, STATES, TAIL_LINES, log_tail,
                                                       status_from_files)
 from dtrain.launch.backends.ssh.fanout import run_bounded, run_bounded_async
-from dtrain.launch.backends.ssh.hostfile import SSHSettings, coerce_hosts, ssh_argv
+from dtrain.launch.backends.ssh.hostfile import HostEntry, SSHSettings, coerce_hosts, ssh_argv
 from dtrain.launch.backends.ssh.records import FIELDS, JobKey
 from dtrain.rundir import RunDir
 
@@ -46,14 +46,21 @@ DEFAULT_GRACE = 5.0
 
 @dataclass(frozen=True)
 class Target:
-    """The job's nodes: where they run (hosts as hostfile lines, the SSH settings, the remote
-    interpreter), the job's id, and its secret ("" when the caller has none: a task resumed from
-    an event, which may stop the job but believes no exit record)."""
+    """The job's nodes: where they run (host entries, the SSH settings, the remote interpreter),
+    the job's id, and its secret ("" when the caller has none: a task resumed from an event, which
+    may stop the job but believes no exit record). Built once per job (:meth:`of_handle`), typed:
+    a poll parses nothing."""
 
-    hosts: tuple[str, ...]
-    ssh: dict[str, Any]
+    hosts: tuple[HostEntry, ...]
+    settings: SSHSettings
     job_id: str
     secret: str = field(default="", repr=False)
+
+    @classmethod
+    def of_handle(cls, hosts: Sequence[str], ssh: Mapping[str, Any], job_id: str, secret: str = "") -> "Target":
+        """From a job handle's primitives (hostfile lines, the settings' mapping), checked once here."""
+        return cls(hosts=tuple(coerce_hosts(list(hosts))), settings=SSHSettings.from_mapping(dict(ssh)),
+                   job_id=job_id, secret=secret)
 
     def key(self) -> JobKey | None:
         return JobKey(self.job_id, self.secret) if self.secret else None
@@ -62,15 +69,9 @@ class Target:
         """What a ``status``/``stop`` reads on stdin: the secret, if there is one."""
         return (json.dumps({"secret": self.secret}) + "\n").encode() if self.secret else None
 
-    def entries(self):
-        return coerce_hosts(list(self.hosts))
-
-    def settings(self) -> SSHSettings:
-        return SSHSettings.from_mapping(self.ssh)
-
     @property
     def python(self) -> str:
-        return self.settings().python or sys.executable
+        return self.settings.python or sys.executable
 
 
 def node_command(python: str, verb: str, run_dir: str, node: int, *extra: str) -> str:
@@ -82,7 +83,7 @@ def status_argvs(target: Target, run_dir: str, indexes: Sequence[int] | None = N
                  mux_dir: str | None = None) -> list[list[str]]:
     """``detached_node status`` over ssh for the nodes ``indexes`` (default: all), reusing
     connections through ``mux_dir``'s masters when given (:mod:`.control`)."""
-    settings, entries = target.settings(), target.entries()
+    settings, entries = target.settings, target.hosts
     chosen = range(len(entries)) if indexes is None else indexes
     return [ssh_argv(settings, entries[i], node_command(target.python, "status", run_dir, i, "--job-id", target.job_id),
                      _mux(mux_dir, i))
@@ -90,10 +91,10 @@ def status_argvs(target: Target, run_dir: str, indexes: Sequence[int] | None = N
 
 
 def stop_argvs(target: Target, run_dir: str, grace: float = DEFAULT_GRACE, mux_dir: str | None = None) -> list[list[str]]:
-    settings = target.settings()
+    settings = target.settings
     return [ssh_argv(settings, host, node_command(target.python, "stop", run_dir, i, "--job-id", target.job_id,
                                                   "--grace", f"{grace:g}"), _mux(mux_dir, i))
-            for i, host in enumerate(target.entries())]
+            for i, host in enumerate(target.hosts)]
 
 
 def _mux(mux_dir: str | None, node: int) -> list[str]:
@@ -105,7 +106,7 @@ def _mux(mux_dir: str | None, node: int) -> list[str]:
 
 def close_argvs(target: Target, mux_dir: str) -> list[list[str]]:
     """``ssh -O exit`` for every master the job left in ``mux_dir`` (no handshake: the socket only)."""
-    entries = target.entries()
+    entries = target.hosts
     return [["ssh", "-o", f"ControlPath={control.socket_path(mux_dir, i)}", "-O", "exit", "--", entries[i].address]
             for i in control.live_sockets(mux_dir) if i < len(entries)]
 
@@ -170,7 +171,7 @@ def start(target: Target, run_dir: str, argvs: Sequence[Sequence[str]], stdin: S
     """Run every host's ``detached_node start`` (the backend's rendered ssh argvs), ``fanout`` at a
     time; after a failure no further host is started, the started ones are stopped, and the
     error names every host that failed."""
-    settings, hosts = target.settings(), target.entries()
+    settings, hosts = target.settings, target.hosts
     results = run_bounded([list(a) for a in argvs], limit=settings.fanout, timeout=settings.connect_timeout + 60,
                           stdin=[line.encode() for line in stdin], stop_on_failure=True)
     failed = [(i, r) for i, r in enumerate(results) if r[0] not in (0, None)]
@@ -226,7 +227,7 @@ def query_job(target: Target, run_dir: str, warn: Warn | None = None) -> JobStat
     """The job's status: the shared filesystem first, ssh only for nodes with a stale heartbeat."""
     shared = shared_statuses(target, run_dir)
     asked = [i for i, status in enumerate(shared) if status is None]
-    settings = target.settings()
+    settings = target.settings
     results = run_bounded(status_argvs(target, run_dir, asked), limit=settings.fanout,
                           timeout=settings.connect_timeout + 30, stdin=[target.stdin()] * len(asked))
     return decide(report(merge(shared, asked, results), warn))
@@ -240,7 +241,7 @@ async def async_query_job(target: Target, run_dir: str, mux_dir: str | None = No
 
     shared = await asyncio.to_thread(shared_statuses, target, run_dir)
     asked = [i for i, status in enumerate(shared) if status is None]
-    settings = target.settings()
+    settings = target.settings
     results = await run_bounded_async(status_argvs(target, run_dir, asked, mux_dir), limit=settings.fanout,
                                       timeout=settings.connect_timeout + 30, stdin=[target.stdin()] * len(asked))
     return decide(report(merge(shared, asked, results), warn)), asked
@@ -248,7 +249,7 @@ async def async_query_job(target: Target, run_dir: str, mux_dir: str | None = No
 
 def stop_job(target: Target, run_dir: str, grace: float = DEFAULT_GRACE, warn: Warn | None = None) -> list[dict[str, Any]]:
     """Stop every host's node (idempotent: a node already ended is left as it is)."""
-    settings = target.settings()
+    settings = target.settings
     results = run_bounded(stop_argvs(target, run_dir, grace), limit=settings.fanout,
                           timeout=settings.connect_timeout + grace + 30, stdin=[target.stdin()] * len(target.hosts))
     return _stopped(target, results, warn)
@@ -257,7 +258,7 @@ def stop_job(target: Target, run_dir: str, grace: float = DEFAULT_GRACE, warn: W
 async def async_stop_job(target: Target, run_dir: str, grace: float, mux_dir: str | None = None,
                          warn: Warn | None = None) -> list[dict[str, Any]]:
     """:func:`stop_job` for the triggerer, reusing connections through ``mux_dir``."""
-    settings = target.settings()
+    settings = target.settings
     results = await run_bounded_async(stop_argvs(target, run_dir, grace, mux_dir), limit=settings.fanout,
                                       timeout=settings.connect_timeout + grace + 30,
                                       stdin=[target.stdin()] * len(target.hosts))

@@ -1,0 +1,143 @@
+"""Where a job's ranks go, resolved once: :class:`Placement`, and :class:`PlacementArgs`, the
+arguments every operator that places work shares (train, preflight, autotune).
+
+A placement is nodes x procs_per_node on a backend, with that backend's options and the device.
+Building one checks all of it (a :class:`SpecError` naming field, value and what is allowed) and
+keeps what the backend resolved from its options, typed, in :attr:`Placement.resolved` (the ssh
+backend's host entries and settings, Slurm's :class:`SlurmOptions`); everything after reads that
+value, never the options again. A :class:`~dtrain.launch.spec.LaunchSpec` is a job on a placement;
+preflight and autotuning need only the placement, so they never build a spec.
+
+Imports neither Airflow nor torch.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from typing import Any, Mapping, Sequence
+
+from dtrain.args import coerce_int, mapping_arg
+from dtrain.errors import SpecError
+
+DEVICES = ("auto", "cpu", "gpu")
+
+
+def visible_gpu_count() -> int:
+    """GPUs on this host, without importing torch: the NVIDIA driver's /proc entries,
+    narrowed by CUDA_VISIBLE_DEVICES as CUDA would."""
+    try:
+        count = len(os.listdir("/proc/driver/nvidia/gpus"))
+    except OSError:
+        return 0
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is not None:
+        ids = [v for v in visible.split(",") if v.strip() and v.strip() != "-1"]
+        count = min(count, len(ids))
+    return count
+
+
+@dataclass(frozen=True)
+class Placement:
+    """``nodes`` x ``procs_per_node`` ranks on ``backend``, checked when built.
+
+    Args:
+        nodes: number of nodes (simulated nodes for a single-host backend).
+        procs_per_node: processes per node (GPUs per node on GPU hosts).
+        backend: a registered backend's name.
+        options: that backend's own options (its section of an operator's ``backend_options``,
+            completed by :meth:`for_operator`; a launch's ``backend_options``).
+        device: ``auto`` (GPU if the host has one), ``cpu`` or ``gpu``.
+        gpus_per_node: GPUs each node has; None counts this host's (single-host backends).
+    """
+
+    nodes: int = 1
+    procs_per_node: int = 1
+    backend: str = "local"
+    options: Mapping[str, Any] = field(default_factory=dict)
+    device: str = "auto"
+    gpus_per_node: int | None = None
+    #: what the backend resolved from ``options`` (:meth:`Backend.resolve_placement`), typed
+    resolved: Any = field(default=None, init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        from dtrain.launch.backends import get_backend_class
+
+        set_ = object.__setattr__  # frozen: each field is converted once, here
+        set_(self, "nodes", coerce_int("nodes", self.nodes, minimum=1, maximum=4096))
+        set_(self, "procs_per_node", coerce_int("procs_per_node", self.procs_per_node, minimum=1, maximum=1024))
+        set_(self, "backend", str(self.backend).strip().lower())
+        backend_cls = get_backend_class(self.backend)  # SpecError naming the installed ones
+        set_(self, "options", dict(mapping_arg("backend_options", self.options,
+                                               not_json="a mapping (or a JSON object string)",
+                                               not_mapping="a mapping of the backend's options")))
+        set_(self, "device", str(self.device).strip().lower())
+        if self.device not in DEVICES:
+            raise SpecError("device", self.device, f"one of {', '.join(DEVICES)}")
+        if self.gpus_per_node is not None:
+            set_(self, "gpus_per_node", coerce_int("gpus_per_node", self.gpus_per_node, minimum=0))
+        self._check_gpus(backend_cls.single_host)
+        set_(self, "resolved", backend_cls.resolve_placement(self))
+
+    @classmethod
+    def for_operator(cls, *, nodes: Any, procs_per_node: Any, backend: Any, backend_options: Any,
+                     device: Any = "auto", gpus_per_node: Any = None) -> "Placement":
+        """An operator's placement: ``backend_options`` is ``{backend name: options}``; the chosen
+        backend's section is completed where the task runs (e.g. from an Airflow connection)."""
+        from dtrain.launch.backends import options_for
+
+        name = str(backend).strip().lower()
+        return cls(nodes=nodes, procs_per_node=procs_per_node, backend=name,
+                   options=options_for(name, backend_options), device=device, gpus_per_node=gpus_per_node)
+
+    @property
+    def world_size(self) -> int:
+        return self.nodes * self.procs_per_node
+
+    def gpu_capacity(self) -> int:
+        return visible_gpu_count() if self.gpus_per_node is None else self.gpus_per_node
+
+    def uses_gpu(self) -> bool:
+        if self.device == "cpu":
+            return False
+        if self.device == "gpu":
+            return True
+        return self.gpu_capacity() > 0
+
+    def _check_gpus(self, on_this_host: bool) -> None:
+        # This host's GPUs say nothing about remote nodes: count them only for a backend
+        # running here, unless the user stated gpus_per_node.
+        if not on_this_host and self.gpus_per_node is None:
+            return
+        capacity = self.gpu_capacity()
+        if self.device == "gpu" and capacity == 0:
+            raise SpecError("device", "gpu", "a host with at least one visible GPU (none found)")
+        if capacity > 0 and self.device != "cpu" and self.procs_per_node > capacity:
+            raise SpecError(
+                "procs_per_node",
+                self.procs_per_node,
+                f"at most the {capacity} GPU(s) per node on this host (use device='cpu' to run on CPU)",
+            )
+
+
+#: the templated arguments of :class:`PlacementArgs`
+PLACEMENT_FIELDS: Sequence[str] = ("nodes", "procs_per_node", "backend", "backend_options")
+
+
+class PlacementArgs:
+    """The placement arguments of every operator that places work (train, preflight, autotune):
+    stored at parse time (no I/O, no check: they may be templates), resolved into one
+    :class:`Placement` when the task runs. List :data:`PLACEMENT_FIELDS` in ``template_fields``."""
+
+    def init_placement(self, *, nodes: int | str = 1, procs_per_node: int | str = 1, backend: str = "local",
+                       backend_options: Mapping[str, Any] | str | None = None, device: str = "auto",
+                       gpus_per_node: int | None = None) -> None:
+        self.nodes, self.procs_per_node, self.backend = nodes, procs_per_node, backend
+        self.backend_options = backend_options or {}
+        self.device, self.gpus_per_node = device, gpus_per_node
+
+    def resolve_placement(self) -> Placement:
+        """The rendered arguments, checked, with the backend's options completed (once per task)."""
+        return Placement.for_operator(nodes=self.nodes, procs_per_node=self.procs_per_node, backend=self.backend,
+                                      backend_options=self.backend_options, device=self.device,
+                                      gpus_per_node=self.gpus_per_node)
