@@ -23,7 +23,7 @@ def main() -> int:
     from dtrain.preprocess.examples import write_digits_jsonl
     from dtrain.preprocess.runner import preprocess
     from dtrain.training.shards import ShardDataset, ShardLoader, ShardSampler
-    from dtrain.training.stall_report import format_report, summarize
+    from dtrain.stall_report import format_report, summarize
 
     assert torch.cuda.is_available(), "no CUDA device"
     print("device:", torch.cuda.get_device_name(0), "torch", torch.__version__)

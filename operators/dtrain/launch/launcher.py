@@ -148,7 +148,7 @@ class Launcher:
     def _report_stalls(self, result: LaunchResult) -> None:
         """Per-rank step time, data-wait fraction and samples/s, with the CPUBottleneck and
         LoadBalancing verdicts, from the metrics the training helper wrote (if any)."""
-        from dtrain.training.stall_report import format_report, summarize
+        from dtrain.stall_report import format_report, summarize
 
         try:
             result.stall = summarize(result.metrics_dir)

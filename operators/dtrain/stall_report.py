@@ -17,6 +17,11 @@ data, samples/s. Rules:
 
 The first ``skip_first`` steps of each rank (DataLoader worker start-up, warm caches) are
 left out, as Debugger's rules skip their first steps.
+
+Here, beside :mod:`dtrain.rundir`, and not in the training package: the launcher reports it after
+every job (dtrain.launch.engine.launcher) and the Training tab reads it (dtrain.ui.training),
+while the training helper only writes the records it reads. The launch package must not import
+the training package (tests/launch/test_layers.py). Stdlib and dtrain.rundir only.
 """
 
 from __future__ import annotations
