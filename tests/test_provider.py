@@ -57,7 +57,7 @@ def test_provider_info_validates_against_airflows_schema():
 
     assert info["package-name"] == PACKAGE
     assert set(info["extra-links"]) == LINK_CLASSES
-    assert [m for t in info["triggers"] for m in t["python-modules"]] == ["dtrain.launch.trigger"]
+    assert [m for t in info["triggers"] for m in t["python-modules"]] == ["dtrain.launch.airflow.trigger"]
 
     # Integrations: the stricter provider.yaml schema's rules (required fields, known tags), and
     # every integration-name that operators/triggers reference is declared.
@@ -91,7 +91,7 @@ def test_declared_links_are_the_plugins_links():
 
 def test_cli_lists_the_trigger():
     rows = [r for r in _airflow_cli("providers", "triggers") if r["package_name"] == PACKAGE]
-    assert rows == [{"package_name": PACKAGE, "class": "dtrain.launch.trigger",
+    assert rows == [{"package_name": PACKAGE, "class": "dtrain.launch.airflow.trigger",
                      "integration_name": "Distributed training"}]
     # The listed module defines the deferrable operator's trigger class (read, not imported:
     # the CLI does not import it either, and its internals may be mid-refactor).

@@ -1,4 +1,4 @@
-"""Hang detection (dtrain.launch.hang): a rank goes silent while its peers block in all_reduce.
+"""Hang detection (dtrain.launch.engine.hang): a rank goes silent while its peers block in all_reduce.
 
 End to end on the local backend (1x2, with and without the training helper) and on two sshd
 "hosts" (2x2): the launch exits 124, names the silent rank, every rank's stack is on disk,
@@ -17,8 +17,8 @@ import sys
 import pytest
 
 from dtrain.errors import SpecError
-from dtrain.launch import hang
-from dtrain.launch.spec import LaunchSpec
+from dtrain.launch.engine import hang
+from dtrain.launch.engine.spec import LaunchSpec
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(os.path.dirname(HERE))
@@ -95,7 +95,7 @@ def test_heartbeat_is_progress(tmp_path, beat):
 
 
 def test_ssh_two_hosts_silent_rank_on_the_second_host(ssh_cluster, tmp_path):
-    from dtrain.launch.launcher import Launcher
+    from dtrain.launch.engine.launcher import Launcher
 
     lines: list[str] = []
     spec = LaunchSpec(command=["python", HANG_TRAIN, "--silent-rank", "3", "--silent-step", "4"], nodes=2,
@@ -243,7 +243,7 @@ def test_operator_fails_naming_the_stuck_rank_with_the_verdict_in_xcom(airflow_d
 
 
 def test_operator_turns_hang_detection_on_by_default_and_off_with_none():
-    from dtrain.launch.operator import DEFAULT_HANG_TIMEOUT, DistributedTrainingOperator
+    from dtrain.launch.airflow.operator import DEFAULT_HANG_TIMEOUT, DistributedTrainingOperator
 
     on = DistributedTrainingOperator(task_id="a", command=[HANG_TRAIN], device="cpu")
     off = DistributedTrainingOperator(task_id="b", command=[HANG_TRAIN], device="cpu", hang_timeout=None)
@@ -257,8 +257,8 @@ def test_deferred_ssh_job_hang_is_caught_by_the_trigger(ssh_cluster, tmp_path):
     from airflow.sdk.exceptions import TaskDeferred
 
     from dtrain.errors import LaunchError
-    from dtrain.launch.deferrable import defer_job
-    from dtrain.launch.operator import DistributedTrainingOperator
+    from dtrain.launch.airflow.deferrable import defer_job
+    from dtrain.launch.airflow.operator import DistributedTrainingOperator
     from tests.slurm.test_ssh_deferrable import first_event, job_pids, rebuilt
 
     spec = LaunchSpec(command=["python", HANG_TRAIN, "--silent-rank", "2", "--silent-step", "4"], nodes=2,

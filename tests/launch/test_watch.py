@@ -8,8 +8,8 @@ from __future__ import annotations
 import pytest
 
 from dtrain.errors import DTrainError, LaunchError
+from dtrain.launch.airflow.resumable import Following
 from dtrain.launch.backends.base import Backend, DryRunRequest, JobHandle, JobStatus
-from dtrain.launch.resumable import Following
 
 
 class Scripted(Backend):

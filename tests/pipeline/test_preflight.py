@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from dtrain.launch.spec import LaunchSpec
+from dtrain.launch.engine.spec import LaunchSpec
 from dtrain.preflight.checks import file_sha256, nccl_env
 from dtrain.preflight.runner import run_preflight
 

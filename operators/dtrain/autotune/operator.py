@@ -60,8 +60,8 @@ class DeepSpeedAutotuneOperator(BaseOperator):
         self._proc = None
 
     def _work_dir(self, context) -> str:
-        from dtrain.launch.job import dtrain_home
-        from dtrain.launch.operator import _safe
+        from dtrain.launch.airflow.operator import _safe
+        from dtrain.launch.engine.job import dtrain_home
 
         run_id = context["run_id"] if "run_id" in context else "manual"
         return os.path.join(dtrain_home(), "autotune", _safe(self.dag_id), _safe(run_id), _safe(self.task_id))

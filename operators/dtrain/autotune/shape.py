@@ -17,7 +17,7 @@ def device_and_hosts(backend: str, backend_options: Mapping[str, Any], nodes: in
     """``(device, hosts)``: hosts None for this host, the backend's node addresses otherwise."""
     from dtrain.launch.backends import get_backend_class
     from dtrain.launch.backends.base import Backend
-    from dtrain.launch.spec import LaunchSpec, visible_gpu_count
+    from dtrain.launch.engine.spec import LaunchSpec, visible_gpu_count
 
     if device not in ("auto", "cpu", "gpu"):
         raise SpecError("device", device, "auto, cpu or gpu")

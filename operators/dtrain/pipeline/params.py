@@ -81,7 +81,7 @@ def local_rank_limit(environ: Mapping[str, str] | None = None, *, cpus: int | No
     if cpus is None:
         cpus = usable_cpus()
     if gpus is None:
-        from dtrain.launch.spec import visible_gpu_count
+        from dtrain.launch.engine.spec import visible_gpu_count
 
         gpus = visible_gpu_count()
     limit = max(cpus, gpus) * OVERSUBSCRIPTION
@@ -161,9 +161,9 @@ def check_launch(values: Mapping[str, Any], backend_options: Mapping[str, Any],
     """The launch spec preflight and train will build from these params, built here first, so that
     what the launcher refuses (procs_per_node above this host's GPUs with backend=local, fewer
     ssh hosts than nodes, a bad backend option) fails the run before any data is touched.
-    Raises :class:`SpecError`; returns the :class:`~dtrain.launch.spec.LaunchSpec`."""
+    Raises :class:`SpecError`; returns the :class:`~dtrain.launch.engine.spec.LaunchSpec`."""
     from dtrain.launch.backends import options_for
-    from dtrain.launch.spec import LaunchSpec
+    from dtrain.launch.engine.spec import LaunchSpec
 
     backend = values["backend"]
     return LaunchSpec(command=[sys.executable, "-c", "pass"], nodes=values["nodes"],

@@ -42,7 +42,7 @@ class PreflightOperator(BaseOperator):
 
     def execute(self, context) -> dict[str, Any]:
         from dtrain.launch.backends import options_for
-        from dtrain.launch.spec import LaunchSpec
+        from dtrain.launch.engine.spec import LaunchSpec
         from dtrain.preflight.checks import file_sha256
         from dtrain.preflight.runner import PreflightError, run_preflight
 

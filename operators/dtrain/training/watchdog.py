@@ -1,4 +1,4 @@
-"""The rank's side of hang detection (see :mod:`dtrain.launch.hang`).
+"""The rank's side of hang detection (see :mod:`dtrain.launch.engine.hang`).
 
 * :func:`heartbeat`: tell the launcher this rank is making progress when it neither
   prints nor writes metrics for a while (a long evaluation, a slow first batch).
@@ -22,7 +22,7 @@ import threading
 import time
 import traceback
 
-from dtrain.launch.hang import (
+from dtrain.launch.engine.hang import (
     HANG_DIR_ENV, ProgressToucher, exists, flight_recorder_path, progress_dir, request_path, stack_path, write_private,
 )
 

@@ -38,12 +38,12 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar, Mapping, Sequence
 
 from dtrain.errors import DTrainError, SpecError
-from dtrain.launch.net import free_port
-from dtrain.launch.processes import LineSink, print_sink, stop_grace_env
+from dtrain.launch.engine.net import free_port
+from dtrain.launch.engine.processes import LineSink, print_sink, stop_grace_env
 
 if TYPE_CHECKING:  # imported for annotations only: the spec imports the registry
-    from dtrain.launch.job import Job
-    from dtrain.launch.spec import LaunchSpec
+    from dtrain.launch.engine.job import Job
+    from dtrain.launch.engine.spec import LaunchSpec
 
 Primitive = (str, int, float, bool, type(None))
 #: the key of a job handle's ``data`` that holds a per-job secret (see JobHandle.public)
@@ -402,7 +402,7 @@ def contract_node_env(job: "Job", node_index: int | None, *, grace: float, on_th
     if on_this_host:
         env["GLOO_SOCKET_IFNAME"] = os.environ.get("GLOO_SOCKET_IFNAME", "lo")
     if spec.distribution == "tensorflow":
-        from dtrain.launch.tf_config import DEFAULT_PORT, backend_env
+        from dtrain.launch.node.tf_config import DEFAULT_PORT, backend_env
 
         env.update(backend_env(addresses, port + 1 if port else DEFAULT_PORT, spec.parameter_servers))
     env.update(job.rank_env)

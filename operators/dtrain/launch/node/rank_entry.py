@@ -1,22 +1,22 @@
-"""Per-rank entry point: ``python -m dtrain.launch.rank_entry CMD ARGS...``.
+"""Per-rank entry point: ``python -m dtrain.launch.node.rank_entry CMD ARGS...``.
 
 torchrun (or mpirun) starts this in place of the user's command, on every rank. It
 
 * completes the env contract (NODE_RANK, and the OMPI_* mapping for mpirun), plus the
   ``deepspeed`` launcher's LOCAL_SIZE, CROSS_RANK and CROSS_SIZE;
 * fills the command's placeholders (``{deepspeed_config}``, ``{local_rank}``...; see
-  dtrain.launch.placeholders) and appends ``--local_rank=N`` when the launch asked for it;
+  dtrain.launch.node.placeholders) and appends ``--local_rank=N`` when the launch asked for it;
 * runs the command as an argv list (no shell), in this process group, and makes the
   kernel kill it if this wrapper dies (PR_SET_PDEATHSIG), so no rank outlives its agent;
 * streams the command's stdout and stderr line by line, prefixed ``[nodeN rankR]``, and keeps
-  them in ``$DTRAIN_RUN_DIR/logs/rank<R>.log`` (dtrain.launch.ranklog; the Training tab's tails);
+  them in ``$DTRAIN_RUN_DIR/logs/rank<R>.log`` (dtrain.launch.node.ranklog; the Training tab's tails);
 * writes an exit record (code, time, whether it was told to stop, last lines) into
   ``$DTRAIN_RUN_DIR/exits`` so the launcher can name the rank that failed first;
 * removes the rank's DeepSpeed shared-memory all-reduce buffer once the command has ended
-  (see dtrain.launch.ds_shm: DeepSpeed never does, 67 MB of RAM per rank per job);
+  (see dtrain.launch.node.ds_shm: DeepSpeed never does, 67 MB of RAM per rank per job);
 * marks the rank as progressing whenever it prints a line, and, when the launcher asks for
   stack dumps (a hang), makes sure this rank's dump exists: the training helper's own, or
-  ``py-spy dump`` of the command, or a note saying why there is none (see dtrain.launch.hang).
+  ``py-spy dump`` of the command, or a note saying why there is none (see dtrain.launch.engine.hang).
 
 Stdlib only, and imported by nothing heavy: it is on every rank's start-up path.
 """
@@ -33,9 +33,10 @@ import sys
 import threading
 import time
 
-from dtrain.launch import ds_shm, hang, placeholders
-from dtrain.launch.ranklog import RankLog
-from dtrain.launch.env_contract import contract_from_env, deepspeed_launcher_env
+from dtrain.launch.engine import hang
+from dtrain.launch.node import ds_shm, placeholders
+from dtrain.launch.node.env_contract import contract_from_env, deepspeed_launcher_env
+from dtrain.launch.node.ranklog import RankLog
 from dtrain.rundir import EXITS, RunDir
 
 TAIL_LINES = 40
@@ -87,7 +88,7 @@ class RankProcess:
             preexec_fn=_die_with_parent,
         )
         if self.progress is not None:
-            self.progress.touch()  # started: from now on, silence counts (see dtrain.launch.hang)
+            self.progress.touch()  # started: from now on, silence counts (see dtrain.launch.engine.hang)
 
     def _pump(self, source, sink) -> None:
         for line in iter(source.readline, b""):
@@ -195,7 +196,7 @@ def main(argv: list[str] | None = None) -> int:
     if command and command[0] == "--":
         command = command[1:]
     if not command:
-        print("usage: python -m dtrain.launch.rank_entry CMD [ARGS...]", file=sys.stderr)
+        print("usage: python -m dtrain.launch.node.rank_entry CMD [ARGS...]", file=sys.stderr)
         return 2
     environ = dict(os.environ)
     environ.update(contract_from_env(environ))
@@ -206,7 +207,7 @@ def main(argv: list[str] | None = None) -> int:
     # every thread's Python stack first, so its tail says where; a user's own setting wins.
     environ.setdefault("PYTHONFAULTHANDLER", "1")
     if environ.get("DTRAIN_DISTRIBUTION") == "tensorflow":
-        from dtrain.launch.tf_config import tf_config_env  # TF scripts read TF_CONFIG unchanged
+        from dtrain.launch.node.tf_config import tf_config_env  # TF scripts read TF_CONFIG unchanged
 
         environ.update(tf_config_env(environ))
     environ.update(deepspeed_launcher_env(environ))

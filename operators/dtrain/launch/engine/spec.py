@@ -18,7 +18,7 @@ from dtrain import grammar
 from dtrain.args import coerce_argv, coerce_env, coerce_int, mapping_arg
 from dtrain.errors import SpecError
 from dtrain.launch.backends import backend_for, get_backend_class
-from dtrain.launch.deepspeed_config import resolve_deepspeed_config
+from dtrain.launch.engine.deepspeed_config import resolve_deepspeed_config
 
 DISTRIBUTIONS = ("pytorch", "deepspeed", "mpi", "tensorflow")
 DEVICES = ("auto", "cpu", "gpu")
@@ -231,7 +231,7 @@ class LaunchSpec:
             raise SpecError("command", self.command[0], "an executable on PATH or an existing .py script")
 
     def _check_placeholders(self) -> None:
-        from dtrain.launch import placeholders
+        from dtrain.launch.node import placeholders
 
         if "deepspeed_config" in placeholders.used(self.command) and self.distribution != "deepspeed":
             index = next(i for i, arg in enumerate(self.command) if "{deepspeed_config}" in arg)

@@ -9,13 +9,13 @@ Every backend that starts torchrun agents renders them here; only the rendezvous
   ``endpoint``/``node_rank`` None leave them to torchrun's ``PET_MASTER_ADDR``,
   ``PET_MASTER_PORT`` and ``PET_NODE_RANK`` variables (Slurm sets them per node at run time).
 
-Either way the agent is ``python -m dtrain.launch.torchrun`` (:func:`main`): torchrun itself, with
+Either way the agent is ``python -m dtrain.launch.engine.torchrun`` (:func:`main`): torchrun itself, with
 the ``dtrain-static`` rendezvous registered (torchrun's static one, restartable: see below), its
 per-job log directory removed when it ends (torchrun would leave a ``torchelastic_*`` directory in
 the temp folder per agent), and a stop by signal ending it quietly (torchrun prints a traceback per
 agent; the launcher reports the verdict once).
 
-Each worker runs the per-rank wrapper (:mod:`dtrain.launch.rank_entry`) around the user's argv.
+Each worker runs the per-rank wrapper (:mod:`dtrain.launch.node.rank_entry`) around the user's argv.
 
 Restarts (``max_restarts``; docs/restarts.md). A restarted worker must not find the previous
 attempt's keys in its rendezvous store: with torch 2.13 and gloo, init_process_group reads the
@@ -33,10 +33,10 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Union
 
 if TYPE_CHECKING:
-    from dtrain.launch.spec import LaunchSpec
+    from dtrain.launch.engine.spec import LaunchSpec
 
-RANK_ENTRY = ("-m", "dtrain.launch.rank_entry")
-AGENT = ("-m", "dtrain.launch.torchrun")  # torchrun, with RESTARTABLE_STATIC and the clean-ups of main below
+RANK_ENTRY = ("-m", "dtrain.launch.node.rank_entry")
+AGENT = ("-m", "dtrain.launch.engine.torchrun")  # torchrun, with RESTARTABLE_STATIC and the clean-ups of main below
 RESTARTABLE_STATIC = "dtrain-static"
 
 # Environment every torchrun agent gets (through Job.rank_env, which every backend puts into the
@@ -92,7 +92,7 @@ def agent_argv(spec: "LaunchSpec", *, python: str, job_id: str, rdzv: Rendezvous
     ]
 
 
-# -- the agent for fixed membership: ``python -m dtrain.launch.torchrun TORCHRUN_ARGS...`` ----------
+# -- the agent for fixed membership: ``python -m dtrain.launch.engine.torchrun TORCHRUN_ARGS...`` ----------
 
 def restartable_static_handler(params: Any):
     """torchrun's static rendezvous (fixed membership: every node knows its rank, node 0 hosts the

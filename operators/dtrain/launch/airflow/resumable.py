@@ -9,7 +9,7 @@ job next to the first one, which may still be training. In durable mode the oper
    handle into the run directory (the submission record) and, through Airflow's
    ``ResumableJobMixin``, into the task state store;
 2. follows the job from the worker by polling (:class:`Following`, run by
-   :meth:`dtrain.launch.launcher.Launcher.attach`): same output streaming, failure records,
+   :meth:`dtrain.launch.engine.launcher.Launcher.attach`): same output streaming, failure records,
    teardown and result as a blocking run;
 3. on a retry, reads the handle back and asks the backend where the job is
    (:func:`recorded_status`): still running -> follow it; ended well -> take its result;
@@ -28,7 +28,7 @@ from typing import Any, Callable
 
 from dtrain.errors import DTrainError, LaunchError
 from dtrain.launch.backends import Backend, BackendOutcome, JobHandle, JobStatus
-from dtrain.launch.submission import DEFAULT_POLL_INTERVAL, check_submitted, write_submission
+from dtrain.launch.engine.submission import DEFAULT_POLL_INTERVAL, check_submitted, write_submission
 
 # What get_job_status reports to the mixin: "<verdict>:<backend state>".
 ACTIVE, SUCCEEDED, ENDED, NOT_OURS = "active", "succeeded", "ended", "not-ours"
@@ -94,7 +94,7 @@ class Following:
     """A backend whose ``run(job)`` follows the submitted job ``handle`` names instead of starting
     one: :meth:`Backend.watch` of that handle (what :meth:`Backend.run` does after its submit). Everything
     else is the wrapped backend's, so
-    :class:`~dtrain.launch.launcher.Launcher` (its watch, ``terminate``, result) works unchanged."""
+    :class:`~dtrain.launch.engine.launcher.Launcher` (its watch, ``terminate``, result) works unchanged."""
 
     def __init__(self, backend: Backend, handle: JobHandle):
         self.backend = backend

@@ -7,14 +7,14 @@ task log, and returns the result through XCom. ``on_kill`` tears down every rank
 
 Three ways to wait for the job (docs/airflow-faults.md):
 
-* deferrable: submit, then wait in the triggerer (:mod:`dtrain.launch.deferrable`);
+* deferrable: submit, then wait in the triggerer (:mod:`dtrain.launch.airflow.deferrable`);
 * durable (default where the backend's jobs outlive the worker: ssh, slurm): submit detached,
   record the handle in Airflow's task state store (``ResumableJobMixin``) and poll from the
   worker; a retry after a worker crash re-attaches to the job instead of starting a second one
-  (:mod:`dtrain.launch.resumable`);
+  (:mod:`dtrain.launch.airflow.resumable`);
 * blocking (local, mpirun, or ``durable=False``): the job lives and dies with the worker.
 
-Failures are classified for Airflow's retry policy (:mod:`dtrain.launch.retry`): bad input
+Failures are classified for Airflow's retry policy (:mod:`dtrain.launch.engine.retry`): bad input
 fails without retrying, preemption / a lost node / a communication error / a hang retries.
 """
 
@@ -27,8 +27,8 @@ from typing import Any, Sequence
 from airflow.configuration import conf
 from airflow.sdk import BaseOperator, ResumableJobMixin
 
-from dtrain.launch.job import dtrain_home
-from dtrain.launch.retry_policy import TrainingRetryPolicy
+from dtrain.launch.airflow.retry_policy import TrainingRetryPolicy
+from dtrain.launch.engine.job import dtrain_home
 from dtrain.links import LINKS
 
 _DEFAULT_POLICY: Any = object()  # tells "no retry_policy given" from an explicit None
@@ -63,7 +63,7 @@ class DistributedTrainingOperator(ResumableJobMixin, BaseOperator):
         run_dir: checkpoints/metrics directory (templated). Default
             ``$DTRAIN_HOME/runs/<dag_id>/<run_id>/<task_id>``, so an Airflow retry of the same
             run resumes from its checkpoint and other runs never share it.
-        device, gpus_per_node, rdzv_timeout, workdir: as in :class:`dtrain.launch.spec.LaunchSpec`.
+        device, gpus_per_node, rdzv_timeout, workdir: as in :class:`dtrain.launch.engine.spec.LaunchSpec`.
         hang_timeout: seconds a rank may show no progress (a printed line, a metrics record, a
             ``heartbeat()``) before the job is declared hung: every rank's stack is dumped, the job
             stopped, and the task fails naming the stuck rank(s), with the verdict in XCom (key
@@ -75,11 +75,11 @@ class DistributedTrainingOperator(ResumableJobMixin, BaseOperator):
             data-parallel ranks (world size / both). Templated (docs/deepspeed.md).
         pass_local_rank: append ``--local_rank=N`` to every rank's command, as the ``deepspeed``
             launcher does. ``command`` may also use per-rank placeholders such as
-            ``{deepspeed_config}`` and ``{local_rank}`` (dtrain.launch.placeholders).
+            ``{deepspeed_config}`` and ``{local_rank}`` (dtrain.launch.node.placeholders).
         mpi_options: distribution ``mpi``: extra mpirun options (allow-listed).
         parameter_servers: distribution ``tensorflow``: how many ranks are ``ps`` tasks.
         deferrable: submit the job, then wait in the triggerer instead of a worker slot (backends
-            whose jobs outlive the worker: ssh, slurm; see dtrain.launch.deferrable). Default:
+            whose jobs outlive the worker: ssh, slurm; see dtrain.launch.airflow.deferrable). Default:
             Airflow's ``[operators] default_deferrable``, as the providers do.
         durable: (``ResumableJobMixin``, default True) on backends whose jobs outlive the worker,
             submit detached and record the job in the task state store, so that a retry after a
@@ -174,7 +174,7 @@ class DistributedTrainingOperator(ResumableJobMixin, BaseOperator):
 
     def build_spec(self, context):
         from dtrain.launch.backends import options_for
-        from dtrain.launch.spec import LaunchSpec
+        from dtrain.launch.engine.spec import LaunchSpec
 
         backend = str(self.backend).strip().lower()
         return LaunchSpec(
@@ -200,12 +200,12 @@ class DistributedTrainingOperator(ResumableJobMixin, BaseOperator):
         return aws_environment(self.aws_conn_id, self.log)
 
     def execute(self, context) -> dict[str, Any]:
-        from dtrain.launch.launcher import Launcher
+        from dtrain.launch.engine.launcher import Launcher
 
         spec = self.build_spec(context)  # raises SpecError before anything starts
         self._record_run(spec, context)
         if self.deferrable:
-            from dtrain.launch.deferrable import defer_job
+            from dtrain.launch.airflow.deferrable import defer_job
 
             return defer_job(self, spec, context)
         self._launcher = Launcher(spec, sink=self.log.info)
@@ -229,7 +229,7 @@ class DistributedTrainingOperator(ResumableJobMixin, BaseOperator):
 
         An XCom can be PATCHed by anyone who may edit the task instance, so the directory is marked
         first (dtrain.provenance): the UI shows it only while the marker names this task instance."""
-        from dtrain.launch.job import RUN_RECORD_KEY, run_record
+        from dtrain.launch.engine.job import RUN_RECORD_KEY, run_record
         from dtrain.provenance import write_marker
 
         ti = (context or {}).get("ti")
@@ -242,7 +242,7 @@ class DistributedTrainingOperator(ResumableJobMixin, BaseOperator):
         if self._launcher is not None:
             self.log.info("on_kill: stopping every rank of job %s", getattr(self._launcher.job, "job_id", "?"))
             self._launcher.terminate()
-        from dtrain.launch.deferrable import kill_job
+        from dtrain.launch.airflow.deferrable import kill_job
 
         kill_job(self)  # a job submitted detached (deferrable or durable mode): cancel it on every host
 
@@ -250,7 +250,7 @@ class DistributedTrainingOperator(ResumableJobMixin, BaseOperator):
 
     def submit_job(self, context) -> dict[str, Any]:
         """Submit detached, record the handle in the run directory; the mixin stores what this returns."""
-        from dtrain.launch.resumable import write_submission
+        from dtrain.launch.airflow.resumable import write_submission
 
         handle = self._launcher.submit_detached()
         write_submission(handle)
@@ -258,23 +258,23 @@ class DistributedTrainingOperator(ResumableJobMixin, BaseOperator):
         return handle.to_dict()
 
     def get_job_status(self, external_id, context) -> str:
-        from dtrain.launch.resumable import recorded_status
+        from dtrain.launch.airflow.resumable import recorded_status
 
         return recorded_status(self._launcher.backend, external_id, self._launcher.spec.run_dir, self.log.warning)
 
     def is_job_active(self, status: str) -> bool:
-        from dtrain.launch.resumable import is_active
+        from dtrain.launch.airflow.resumable import is_active
 
         return is_active(status)
 
     def is_job_succeeded(self, status: str) -> bool:
-        from dtrain.launch.resumable import is_succeeded
+        from dtrain.launch.airflow.resumable import is_succeeded
 
         return is_succeeded(status)
 
     def poll_until_complete(self, external_id, context) -> dict[str, Any]:
         """Follow the job to its end (streaming its output); raise LaunchError if it failed."""
-        from dtrain.launch.resumable import recorded_handle
+        from dtrain.launch.airflow.resumable import recorded_handle
 
         launcher = self._launcher
         handle = recorded_handle(external_id, launcher.backend.name, launcher.spec.run_dir)
@@ -301,7 +301,7 @@ class DistributedTrainingOperator(ResumableJobMixin, BaseOperator):
 
     def _track(self, handle, context) -> None:
         """on_kill cancels this job from now on; the backend's job id goes to XCom at once."""
-        from dtrain.launch.deferrable import SUBMISSION_KEY
+        from dtrain.launch.airflow.deferrable import SUBMISSION_KEY
 
         setattr(self, SUBMISSION_KEY, handle.to_dict())
         ti = (context or {}).get("ti")
@@ -310,7 +310,7 @@ class DistributedTrainingOperator(ResumableJobMixin, BaseOperator):
 
     def execute_complete(self, context, event: dict[str, Any] | None = None) -> dict[str, Any]:
         """Resumed by the trigger's event (deferrable mode): raise with the log tail on failure."""
-        from dtrain.launch.deferrable import resume_job
+        from dtrain.launch.airflow.deferrable import resume_job
 
         ti = (context or {}).get("ti")
         if isinstance(event, dict) and event.get("status") == "hung" and ti is not None:

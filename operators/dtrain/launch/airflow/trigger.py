@@ -9,10 +9,10 @@ job's state lives in the backend, not in the trigger, so a trigger rebuilt from
 The event payload (:func:`event_payload`): ``status``
 (``success`` | ``failed`` | ``error`` | ``hung``), ``handle``, ``state``, ``exit_code``,
 ``failed_node``, ``reason`` and ``tail`` (the last lines of the job's output); a ``hung``
-event also carries ``hang``, the :class:`~dtrain.launch.hang.HangVerdict` as primitives.
+event also carries ``hang``, the :class:`~dtrain.launch.engine.hang.HangVerdict` as primitives.
 
 With ``hang_timeout`` the trigger also watches the ranks' progress between polls (files in
-the run directory, see :mod:`dtrain.launch.hang`): a hung job gets its stacks dumped and is
+the run directory, see :mod:`dtrain.launch.engine.hang`): a hung job gets its stacks dumped and is
 cancelled by the trigger, which then reports it.
 
 ``on_kill`` (a user marked the deferred task failed/success or cleared it) cancels the job
@@ -36,9 +36,9 @@ from typing import Any, AsyncIterator, Mapping
 from airflow.triggers.base import BaseTrigger, TriggerEvent
 
 from dtrain.errors import DTrainError
-from dtrain.launch import hang
 from dtrain.launch.backends import JobHandle, JobStatus, get_backend_class
 from dtrain.launch.backends.base import MAX_POLL_ERRORS
+from dtrain.launch.engine import hang
 
 
 def event_payload(handle: JobHandle, status: JobStatus) -> dict[str, Any]:
