@@ -460,7 +460,7 @@ class RunDir:
         return text[-lines:]
 
     def stack_ranks(self) -> list[int]:
-        """Ranks whose stack dump (dtrain.launch.engine.hang) is on disk."""
+        """Ranks whose stack dump (dtrain.launch.node.hang_files) is on disk."""
         return sorted(self.ranked(HANG, STACK_FILE))
 
     def stack(self, rank: int) -> str | None:

@@ -19,6 +19,7 @@ import pytest
 from dtrain.errors import SpecError
 from dtrain.launch.engine import hang
 from dtrain.launch.engine.spec import LaunchSpec
+from dtrain.launch.node import hang_files
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(os.path.dirname(HERE))
@@ -157,7 +158,7 @@ def test_silent_ranks_and_progress_sources(tmp_path):
     # scenario is built on the times the kernel gave the files (the order is the order written).
     run_dir = str(tmp_path)
     os.makedirs(os.path.join(run_dir, "metrics"))
-    toucher = hang.ProgressToucher(hang.progress_dir(run_dir), 0, every=60)
+    toucher = hang_files.ProgressToucher(hang_files.progress_dir(run_dir), 0, every=60)
     toucher.touch()
     t0 = os.stat(toucher.path).st_ctime
     time.sleep(0.05)
@@ -186,9 +187,9 @@ def test_a_rank_back_dating_another_ranks_progress_does_not_get_it_blamed(tmp_pa
     # very change, so the back-dating reads as a sign of life instead.
     run_dir = str(tmp_path)
     for rank in (0, 1):
-        hang.ProgressToucher(hang.progress_dir(run_dir), rank).touch()
+        hang_files.ProgressToucher(hang_files.progress_dir(run_dir), rank).touch()
     before = hang.last_progress(run_dir, 1)
-    os.utime(os.path.join(hang.progress_dir(run_dir), "rank1"), (1.0, 1.0))
+    os.utime(os.path.join(hang_files.progress_dir(run_dir), "rank1"), (1.0, 1.0))
     assert hang.last_progress(run_dir, 1) >= before
     last = hang.job_progress(run_dir, 2, since=before - 10)
     assert hang.silent_ranks(last, now=before + 5, timeout=30) == []
@@ -205,7 +206,7 @@ def test_rank_files_are_never_followed_through_symlinks(tmp_path):
     planted.symlink_to(tmp_path / "elsewhere")
     # The temporary name is not predictable any more (dtrain.rundir): a link planted at the old
     # name neither redirects the write nor stops it.
-    hang.write_private(str(tmp_path / "verdict.json"), b"{}")
+    hang_files.write_private(str(tmp_path / "verdict.json"), b"{}")
     assert not (tmp_path / "elsewhere").exists()
     assert (tmp_path / "verdict.json").read_bytes() == b"{}" and not (tmp_path / "verdict.json").is_symlink()
 

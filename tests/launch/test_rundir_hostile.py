@@ -141,10 +141,11 @@ def test_the_trigger_still_gives_a_verdict_when_a_rank_removed_the_hang_director
     from dtrain.launch.airflow.trigger import DistributedJobTrigger
     from dtrain.launch.backends import JobHandle
     from dtrain.launch.engine import hang
+    from dtrain.launch.node import hang_files
 
     run_dir = tmp_path / "run"
     for rank in (0, 1):
-        hang.ProgressToucher(hang.progress_dir(str(run_dir)), rank).touch()
+        hang_files.ProgressToucher(hang_files.progress_dir(str(run_dir)), rank).touch()
     started = time.time() - 60
     monkeypatch.setattr(hang, "DUMP_WAIT_S", 0.5)
     handle = JobHandle("ssh", "job", "job", str(run_dir), 2, started,

@@ -33,8 +33,7 @@ import sys
 import threading
 import time
 
-from dtrain.launch.engine import hang
-from dtrain.launch.node import ds_shm, placeholders
+from dtrain.launch.node import ds_shm, hang_files, placeholders
 from dtrain.launch.node.env_contract import contract_from_env, deepspeed_launcher_env
 from dtrain.launch.node.ranklog import RankLog
 from dtrain.rundir import EXITS, RunDir
@@ -78,7 +77,8 @@ class RankProcess:
         self.stop_signal: int | None = None
         self.ended_at: float | None = None
         run_dir = environ.get("DTRAIN_RUN_DIR")
-        self.progress = hang.ProgressToucher(hang.progress_dir(run_dir), environ.get("RANK", "x")) if run_dir else None
+        self.progress = (hang_files.ProgressToucher(hang_files.progress_dir(run_dir), environ.get("RANK", "x"))
+                         if run_dir else None)
         restart = environ.get("TORCHELASTIC_RESTART_COUNT", "0")
         self.log = RankLog(run_dir, environ.get("RANK", "x"),
                            header=f"rank {environ.get('RANK', '?')} on node {environ.get('NODE_RANK', '?')} started "
@@ -125,8 +125,8 @@ class RankProcess:
         for t in pumps:
             t.start()
         threading.Thread(target=self.watch_parent, daemon=True).start()
-        if self.environ.get(hang.HANG_DIR_ENV):
-            threading.Thread(target=self.ensure_stack_dump, args=(self.environ[hang.HANG_DIR_ENV],),
+        if self.environ.get(hang_files.HANG_DIR_ENV):
+            threading.Thread(target=self.ensure_stack_dump, args=(self.environ[hang_files.HANG_DIR_ENV],),
                              daemon=True).start()
         code = self.proc.wait()
         # When it ended, not when its output drained (the pumps may wait up to 5 s below): which
@@ -141,19 +141,19 @@ class RankProcess:
     def ensure_stack_dump(self, directory: str) -> None:
         """Once the launcher asks, give this rank's stack: the helper's dump if it answers in time,
         else py-spy's view of the command from outside, else a note saying why there is none."""
-        while not hang.exists(hang.request_path(directory)):
+        while not hang_files.exists(hang_files.request_path(directory)):
             if self.proc.poll() is not None:
                 return
             time.sleep(0.5)
         rank = self.environ.get("RANK", "x")
-        target = hang.stack_path(directory, rank)
-        deadline = time.monotonic() + hang.HELPER_DUMP_WAIT_S
+        target = hang_files.stack_path(directory, rank)
+        deadline = time.monotonic() + hang_files.HELPER_DUMP_WAIT_S
         while time.monotonic() < deadline:
-            if hang.exists(target):
+            if hang_files.exists(target):
                 return
             time.sleep(0.2)
         try:
-            hang.write_private(target, self.outside_stack().encode())
+            hang_files.write_private(target, self.outside_stack().encode())
         except OSError:
             pass
 
@@ -168,7 +168,7 @@ class RankProcess:
         except (OSError, subprocess.TimeoutExpired) as e:
             return header + f"py-spy dump failed: {e}\n"
         output = (done.stdout + done.stderr).decode(errors="replace")
-        return header + f"$ py-spy dump --pid {self.proc.pid}\n" + output[-hang.MAX_STACK_CHARS:]
+        return header + f"$ py-spy dump --pid {self.proc.pid}\n" + output[-hang_files.MAX_STACK_CHARS:]
 
     def write_exit_record(self, exit_code: int) -> None:
         run_dir = self.environ.get("DTRAIN_RUN_DIR")
