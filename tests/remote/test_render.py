@@ -42,7 +42,7 @@ def test_static_agent_argv_fixes_the_node_rank():
                       backend_options={"hosts": ["a slots=4", "b slots=4"]}, rdzv_timeout=90)
     argv = agent_argv(spec, python=PY, job_id="job1", rdzv=Static(endpoint=("a", 29400), node_rank=1))
     assert argv == [
-        PY, "-m", "dtrain.launch.engine.torchrun", "--nnodes=2", "--nproc-per-node=4", "--rdzv-backend=dtrain-static",
+        PY, "-m", "dtrain.launch.node.torchrun_agent", "--nnodes=2", "--nproc-per-node=4", "--rdzv-backend=dtrain-static",
         "--rdzv-endpoint=a:29400", "--rdzv-id=job1", "--rdzv-conf=timeout=90", "--node-rank=1",
         "--max-restarts=0", "--no-python", PY, "-m", "dtrain.launch.node.rank_entry", "train.py", "--lr", "0.1",
     ]

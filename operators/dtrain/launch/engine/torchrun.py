@@ -1,4 +1,4 @@
-"""The one renderer of the torchrun agent command line, and the agent entry point for fixed membership.
+"""The one renderer of the torchrun agent command line (the agent itself: :mod:`dtrain.launch.node.torchrun_agent`).
 
 Every backend that starts torchrun agents renders them here; only the rendezvous differs:
 
@@ -9,11 +9,8 @@ Every backend that starts torchrun agents renders them here; only the rendezvous
   ``endpoint``/``node_rank`` None leave them to torchrun's ``PET_MASTER_ADDR``,
   ``PET_MASTER_PORT`` and ``PET_NODE_RANK`` variables (Slurm sets them per node at run time).
 
-Either way the agent is ``python -m dtrain.launch.engine.torchrun`` (:func:`main`): torchrun itself, with
-the ``dtrain-static`` rendezvous registered (torchrun's static one, restartable: see below), its
-per-job log directory removed when it ends (torchrun would leave a ``torchelastic_*`` directory in
-the temp folder per agent), and a stop by signal ending it quietly (torchrun prints a traceback per
-agent; the launcher reports the verdict once).
+Either way the agent is ``python -m dtrain.launch.node.torchrun_agent`` (:data:`AGENT`): torchrun
+itself, with the ``dtrain-static`` rendezvous registered, run on each node.
 
 Each worker runs the per-rank wrapper (:mod:`dtrain.launch.node.rank_entry`) around the user's argv.
 
@@ -22,22 +19,23 @@ attempt's keys in its rendezvous store: with torch 2.13 and gloo, init_process_g
 dead ranks' addresses from them and fails ("Gloo connectFullMesh failed ... Connection
 refused") or hangs. torchrun's c10d rendezvous gets a fresh store per round when
 ``TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1`` (:data:`AGENT_ENV`); its static rendezvous ignores
-that variable and hands the workers the same store at every restart, hence ``dtrain-static``.
+that variable and hands the workers the same store at every restart, hence ``dtrain-static``
+(:data:`~dtrain.launch.node.torchrun_agent.RESTARTABLE_STATIC`).
 
-The rendering is pure (tested by exact comparison); torch is imported only by :func:`main`.
+Pure (tested by exact comparison), and no torch import.
 """
-
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Union
+from typing import TYPE_CHECKING, Union
+
+from dtrain.launch.node.torchrun_agent import RESTARTABLE_STATIC
 
 if TYPE_CHECKING:
     from dtrain.launch.engine.spec import LaunchSpec
 
 RANK_ENTRY = ("-m", "dtrain.launch.node.rank_entry")
-AGENT = ("-m", "dtrain.launch.engine.torchrun")  # torchrun, with RESTARTABLE_STATIC and the clean-ups of main below
-RESTARTABLE_STATIC = "dtrain-static"
+AGENT = ("-m", "dtrain.launch.node.torchrun_agent")  # torchrun, with RESTARTABLE_STATIC and its clean-ups
 
 # Environment every torchrun agent gets (through Job.rank_env, which every backend puts into the
 # agents' environment; a spec's own ``env`` may override it). By default torchrun's c10d
@@ -90,127 +88,3 @@ def agent_argv(spec: "LaunchSpec", *, python: str, job_id: str, rdzv: Rendezvous
         "--no-python",
         python, *RANK_ENTRY, *spec.command,
     ]
-
-
-# -- the agent for fixed membership: ``python -m dtrain.launch.engine.torchrun TORCHRUN_ARGS...`` ----------
-
-def restartable_static_handler(params: Any):
-    """torchrun's static rendezvous (fixed membership: every node knows its rank, node 0 hosts the
-    store at the endpoint), except that every round after the first gets a fresh store.
-
-    Round 0 is exactly torchrun's static rendezvous: one TCP store at the endpoint, hosted by
-    node 0's agent, shared with the workers. At a restart (round k >= 1) node 0's agent starts a
-    new store on a free port and publishes the port under a round key in the first store; the
-    other agents read it there (waiting for it up to the rendezvous timeout). The workers of round
-    k bootstrap from the new store, so no key of a dead attempt can mislead them; the previous
-    round's store closes with its last reference.
-
-    As in torchrun's static rendezvous, an agent starts a round when its own workers failed (no
-    node is told that another one restarts): with DDP a dead rank makes every other rank fail in
-    its next collective, so every node restarts, each once per failure, and the rounds agree.
-    """
-    import datetime
-
-    from torch.distributed import PrefixStore, TCPStore
-    from torch.distributed.elastic.rendezvous import RendezvousHandler, RendezvousInfo, RendezvousStoreInfo
-    from torch.distributed.elastic.rendezvous.utils import parse_rendezvous_endpoint
-
-    class RestartableStaticRendezvous(RendezvousHandler):
-        def __init__(self, addr: str, port: int, rank: int, world_size: int, run_id: str, timeout_s: int):
-            self.addr, self.port, self.rank, self.world_size, self.run_id = addr, port, rank, world_size, run_id
-            self.timeout = datetime.timedelta(seconds=timeout_s)
-            self._first = None  # round 0's store, where later rounds publish their store's port
-            self._current = None
-            self._round = 0
-
-        def get_backend(self) -> str:
-            return RESTARTABLE_STATIC
-
-        @property
-        def use_agent_store(self) -> bool:
-            return True
-
-        def next_rendezvous(self):
-            if self._first is None:
-                self._first = TCPStore(self.addr, self.port, self.world_size, self.rank == 0, self.timeout,
-                                       multi_tenant=True)
-            round_, self._round = self._round, self._round + 1
-            store, port = self._first, self.port
-            if round_:
-                key = f"dtrain/{self.run_id}/round{round_}/port"
-                if self.rank == 0:
-                    store = TCPStore(self.addr, 0, None, True, self.timeout, wait_for_workers=False,
-                                     multi_tenant=True)
-                    port = store.port
-                    self._first.set(key, str(port))
-                else:
-                    port = int(self._first.get(key).decode())
-                    store = TCPStore(self.addr, port, None, False, self.timeout)
-            self._current = store
-            return RendezvousInfo(PrefixStore(self.run_id, store), self.rank, self.world_size,
-                                  RendezvousStoreInfo(self.addr, port))
-
-        def is_closed(self) -> bool:
-            return False
-
-        def set_closed(self) -> None:
-            pass
-
-        def num_nodes_waiting(self) -> int:
-            return 0
-
-        def get_run_id(self) -> str:
-            return self.run_id
-
-        def shutdown(self) -> bool:
-            return True
-
-    addr, port = parse_rendezvous_endpoint(params.endpoint, default_port=-1)
-    if port == -1:
-        raise ValueError(f"{RESTARTABLE_STATIC} rendezvous: no port in endpoint {params.endpoint!r}")
-    return RestartableStaticRendezvous(addr, port, params.get_as_int("rank"), params.max_nodes, params.run_id,
-                                       params.get_as_int("timeout", 600))
-
-
-def main(argv: list[str] | None = None) -> None:
-    """torchrun (same arguments, same exit status) with :data:`RESTARTABLE_STATIC` registered.
-
-    torchrun fills in the endpoint (from ``--master-addr``/``--master-port``, i.e. PET_MASTER_*)
-    and the node rank (``--node-rank``, PET_NODE_RANK) only for its own ``static`` backend; done
-    here the same way for ``dtrain-static``.
-
-    Without ``--log-dir`` torchrun makes a ``torchelastic_*`` directory in the temp folder for its
-    workers' error files and never removes it (one per agent per job); here the agent gets a
-    private one that goes with it. A stop (SIGTERM/SIGINT/SIGHUP from the launcher's teardown, a
-    hang verdict, a cancel) still stops the workers as torchrun does, then exits 128 + the signal
-    without torchrun's traceback: every agent printed one, and the launcher reports the verdict."""
-    import shutil
-    import sys
-    import tempfile
-
-    from torch.distributed import run as torchrun
-    from torch.distributed.elastic.multiprocessing.api import SignalException
-    from torch.distributed.elastic.multiprocessing.errors import record
-    from torch.distributed.elastic.rendezvous import rendezvous_handler_registry
-
-    rendezvous_handler_registry.register(RESTARTABLE_STATIC, restartable_static_handler)
-    args = torchrun.parse_args(argv)
-    if args.rdzv_backend == RESTARTABLE_STATIC:
-        if not args.rdzv_endpoint:
-            args.rdzv_endpoint = f"{args.master_addr}:{args.master_port or 29500}"
-        args.rdzv_conf = ",".join(filter(None, [args.rdzv_conf, f"rank={args.node_rank}"]))
-        args.node_rank = 0  # now in the rendezvous config; torchrun would warn that it ignores it
-    private_log_dir = None
-    if not args.log_dir:
-        args.log_dir = private_log_dir = tempfile.mkdtemp(prefix="dtrain-agent-")
-    try:
-        record(torchrun.run)(args)
-    except SignalException as e:
-        sys.exit(128 + int(e.sigval))
-    finally:
-        if private_log_dir is not None:
-            shutil.rmtree(private_log_dir, ignore_errors=True)
-
-
-if __name__ == "__main__":
-    main()
