@@ -12,6 +12,7 @@ from dtrain.errors import LaunchError
 from dtrain.launch.backends import Backend, BackendOutcome, JobHandle, backend_for
 from dtrain.launch.engine import hang
 from dtrain.launch.engine.exits import first_failure
+from dtrain.launch.engine.following import Following
 from dtrain.launch.engine.job import Job, prepare_job
 from dtrain.launch.engine.processes import LineSink, print_sink
 from dtrain.launch.engine.spec import LaunchSpec
@@ -177,8 +178,6 @@ class Launcher:
     def attach(self, handle: JobHandle) -> LaunchResult:
         """Follow the job ``handle`` names until it ends, with :meth:`run`'s watch, teardown and
         result; output and failure records are read from its run directory."""
-        from dtrain.launch.airflow.resumable import Following
-
         backend = self.backend.backend if isinstance(self.backend, Following) else self.backend
         following = self.backend = Following(backend, handle)
         result = self.run(job=Job(spec=self.spec, job_id=handle.job_id, run_dir=handle.run_dir))
