@@ -27,8 +27,9 @@ from dtrain.provider import get_provider_info
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BIN = os.path.dirname(sys.executable)
 PACKAGE = "airflow-dtrain"
-LINK_CLASSES = {"dtrain.links.CheckpointLink", "dtrain.links.TrainingLink", "dtrain.links.TensorBoardLink"}
-MACROS = {"dtrain.training.scaling.scaled_lr", "dtrain.links.global_batch_size"}
+LINK_CLASSES = {"dtrain.launch.airflow.links.CheckpointLink", "dtrain.launch.airflow.links.TrainingLink",
+                "dtrain.launch.airflow.links.TensorBoardLink"}
+MACROS = {"dtrain.training.scaling.scaled_lr", "dtrain.plugin.global_batch_size"}
 ENTRY_POINT = "dtrain.plugin:DTrainPlugin"
 
 
@@ -77,7 +78,7 @@ def test_provider_info_validates_against_airflows_schema():
 def test_declared_links_are_the_plugins_links():
     from airflow.sdk import BaseOperatorLink
 
-    from dtrain.links import LINKS
+    from dtrain.launch.airflow.links import LINKS
     from dtrain.plugin import DTrainPlugin
 
     for path in get_provider_info()["extra-links"]:

@@ -47,8 +47,8 @@ def get_provider_info() -> dict:
             }
         ],
         "extra-links": [
-            "dtrain.links.CheckpointLink",
-            "dtrain.links.TrainingLink",
-            "dtrain.links.TensorBoardLink",
+            "dtrain.launch.airflow.links.CheckpointLink",
+            "dtrain.launch.airflow.links.TrainingLink",
+            "dtrain.launch.airflow.links.TensorBoardLink",
         ],
     }

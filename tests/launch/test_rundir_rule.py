@@ -17,8 +17,7 @@ import dtrain
 PACKAGE = os.path.dirname(dtrain.__file__)
 #: the parts of the package that read or write run directories (staging and preprocess write
 #: datasets through their own no-follow destinations, docs/staging.md)
-SCANNED = ("launch", "ui", "autotune", "training", "pipeline", "preflight", "cli.py", "links.py", "plugin.py",
-           "stall_report.py")
+SCANNED = ("launch", "ui", "autotune", "training", "pipeline", "preflight", "cli.py", "plugin.py", "stall_report.py")
 #: calls that touch the file system
 PRIMITIVES = {
     "open", "os.open", "io.open", "os.listdir", "os.scandir", "os.walk", "os.unlink", "os.remove",

@@ -27,9 +27,9 @@ from typing import Any, Sequence
 from airflow.configuration import conf
 from airflow.sdk import BaseOperator, ResumableJobMixin
 
+from dtrain.launch.airflow.links import LINKS
 from dtrain.launch.airflow.retry_policy import TrainingRetryPolicy
 from dtrain.launch.engine.job import dtrain_home
-from dtrain.links import LINKS
 
 _DEFAULT_POLICY: Any = object()  # tells "no retry_policy given" from an explicit None
 # Half an hour without a printed line, a metrics record or a heartbeat from a rank: almost
@@ -104,7 +104,7 @@ class DistributedTrainingOperator(ResumableJobMixin, BaseOperator):
     )
     template_fields_renderers = {"env": "json", "deepspeed_config": "json", "command": "py", "backend_options": "json"}
     ui_color = "#d7e9f7"
-    operator_extra_links = tuple(LINKS)  # checkpoints, metrics, TensorBoard (operators/dtrain/links.py)
+    operator_extra_links = tuple(LINKS)  # checkpoints, metrics, TensorBoard (dtrain.launch.airflow.links)
     # Task state store key holding the submitted job's handle. Renaming it breaks the re-attach of
     # retries already in flight (their value is stored under the old key).
     external_id_key = "dtrain_job"
