@@ -41,11 +41,11 @@ sys.path.insert(0, REPO)
 
 import psutil  # noqa: E402
 
+from dtrain.launch.airflow.trigger import DistributedJobTrigger  # noqa: E402
 from dtrain.launch.backends.base import run_async  # noqa: E402
 from dtrain.launch.backends.ssh import detached as nodes  # noqa: E402
-from dtrain.launch.launcher import Launcher  # noqa: E402
-from dtrain.launch.spec import LaunchSpec  # noqa: E402
-from dtrain.launch.trigger import DistributedJobTrigger  # noqa: E402
+from dtrain.launch.engine.launcher import Launcher  # noqa: E402
+from dtrain.launch.engine.spec import LaunchSpec  # noqa: E402
 from tests.remote.sshd_cluster import start_cluster  # noqa: E402
 from tests.support import poll_until  # noqa: E402
 

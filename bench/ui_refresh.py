@@ -40,7 +40,7 @@ DAG_ID = "bench_ui"
 CAP = 16 * 1024 * 1024
 DAG_FILE = f'''
 from airflow.sdk import DAG
-from dtrain.launch.operator import DistributedTrainingOperator
+from dtrain.launch.airflow.operator import DistributedTrainingOperator
 
 with DAG(dag_id="{DAG_ID}", schedule=None, catchup=False) as dag:
     DistributedTrainingOperator(task_id="train", command=["python", "-c", "pass"], nodes=1, procs_per_node=1,

@@ -6,7 +6,7 @@
 # Shared memory (/dev/shm, or CHECK_ORPHANS_SHM_DIR): the names the product's jobs create that no
 # running process maps any more (a name still mapped belongs to a run in progress):
 #   sem.mp-*                      Python multiprocessing's named semaphores (its queues and locks)
-#   deepspeed_allreduce_buffer_*  DeepSpeed's CPU all-reduce buffers (dtrain.launch.ds_shm)
+#   deepspeed_allreduce_buffer_*  DeepSpeed's CPU all-reduce buffers (dtrain.launch.node.ds_shm)
 #   vader_segment.*               OpenMPI's shared-memory transport (the mpi backend)
 #   nccl-*                        NCCL's shared-memory transport (GPU jobs)
 set -uo pipefail

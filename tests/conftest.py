@@ -206,7 +206,7 @@ def no_job_process_outlives_the_test(request):
     session's jobs count (their run directories lie under its temp dirs): other runs on the
     machine are none of its business."""
     yield
-    from dtrain.launch.proctree import kill_processes, processes_where
+    from dtrain.launch.node.proctree import kill_processes, processes_where
 
     ours = (str(request.config._tmp_path_factory.getbasetemp()), _home)
     left = processes_where(lambda environ: "DTRAIN_JOB_ID" in environ

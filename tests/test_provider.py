@@ -27,8 +27,9 @@ from dtrain.provider import get_provider_info
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BIN = os.path.dirname(sys.executable)
 PACKAGE = "airflow-dtrain"
-LINK_CLASSES = {"dtrain.links.CheckpointLink", "dtrain.links.TrainingLink", "dtrain.links.TensorBoardLink"}
-MACROS = {"dtrain.training.scaling.scaled_lr", "dtrain.links.global_batch_size"}
+LINK_CLASSES = {"dtrain.launch.airflow.links.CheckpointLink", "dtrain.launch.airflow.links.TrainingLink",
+                "dtrain.launch.airflow.links.TensorBoardLink"}
+MACROS = {"dtrain.training.scaling.scaled_lr", "dtrain.plugin.global_batch_size"}
 ENTRY_POINT = "dtrain.plugin:DTrainPlugin"
 
 
@@ -57,7 +58,7 @@ def test_provider_info_validates_against_airflows_schema():
 
     assert info["package-name"] == PACKAGE
     assert set(info["extra-links"]) == LINK_CLASSES
-    assert [m for t in info["triggers"] for m in t["python-modules"]] == ["dtrain.launch.trigger"]
+    assert [m for t in info["triggers"] for m in t["python-modules"]] == ["dtrain.launch.airflow.trigger"]
 
     # Integrations: the stricter provider.yaml schema's rules (required fields, known tags), and
     # every integration-name that operators/triggers reference is declared.
@@ -77,7 +78,7 @@ def test_provider_info_validates_against_airflows_schema():
 def test_declared_links_are_the_plugins_links():
     from airflow.sdk import BaseOperatorLink
 
-    from dtrain.links import LINKS
+    from dtrain.launch.airflow.links import LINKS
     from dtrain.plugin import DTrainPlugin
 
     for path in get_provider_info()["extra-links"]:
@@ -91,7 +92,7 @@ def test_declared_links_are_the_plugins_links():
 
 def test_cli_lists_the_trigger():
     rows = [r for r in _airflow_cli("providers", "triggers") if r["package_name"] == PACKAGE]
-    assert rows == [{"package_name": PACKAGE, "class": "dtrain.launch.trigger",
+    assert rows == [{"package_name": PACKAGE, "class": "dtrain.launch.airflow.trigger",
                      "integration_name": "Distributed training"}]
     # The listed module defines the deferrable operator's trigger class (read, not imported:
     # the CLI does not import it either, and its internals may be mid-refactor).

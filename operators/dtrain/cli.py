@@ -13,7 +13,7 @@ import sys
 from dtrain.errors import DTrainError
 
 SUBCOMMAND_MODULES = (
-    "dtrain.launch.cli",
+    "dtrain.launch.engine.cli",
     "dtrain.staging.cli",
     "dtrain.preprocess.cli",
     "dtrain.autotune.cli",

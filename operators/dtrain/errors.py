@@ -27,7 +27,7 @@ class SpecError(DTrainError, ValueError):
 class LaunchError(DTrainError):
     """A launched job failed. Carries the failing rank's exit code and output tail, and the
     backend's final job state when it reports one (``PREEMPTED``, ``NODE_FAIL``, ``LOST``...):
-    what :mod:`dtrain.launch.retry` reads to decide whether a retry can help."""
+    what :mod:`dtrain.launch.engine.retry` reads to decide whether a retry can help."""
 
     def __init__(self, message: str, exit_code: int, rank: int | None = None, tail: list[str] | None = None,
                  state: str | None = None):

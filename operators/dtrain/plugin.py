@@ -4,8 +4,9 @@ Pages (dtrain.ui): a "Training" tab on every task instance (``external_views`` w
 ``task_instance``) and a "Retraining" page in the navigation, both served with their JSON API
 by the plugin's FastAPI app under ``/dtrain`` (built on its first request).
 
-Macros, in any templated field: ``{{ macros.dtrain.scaled_lr(0.1, 256, 32) }}`` and
-``{{ macros.dtrain.global_batch_size(32, params.nodes, params.procs_per_node) }}``.
+Macros (:data:`MACROS`), in any templated field: ``{{ macros.dtrain.scaled_lr(0.1, 256, 32) }}``
+and ``{{ macros.dtrain.global_batch_size(32, params.nodes, params.procs_per_node) }}``. The operator
+extra links are the training operator's own (dtrain.launch.airflow.links), registered here too.
 
 Registered by installation: the package's ``airflow.plugins`` entry point
 (``dtrain = dtrain.plugin:DTrainPlugin``) makes ``pip install airflow-dtrain`` enough.
@@ -22,11 +23,20 @@ from __future__ import annotations
 
 from airflow.plugins_manager import AirflowPlugin
 
-from dtrain.links import LINKS, MACROS
+from dtrain.launch.airflow.links import LINKS
+from dtrain.training.scaling import scaled_lr
 from dtrain.ui import URL_PREFIX, LazyApp, external_views, ui_base
 
 ENTRY_POINT_GROUP = "airflow.plugins"
 ENTRY_POINT_VALUE = "dtrain.plugin:DTrainPlugin"
+
+
+def global_batch_size(per_rank_batch: int, nodes: int, procs_per_node: int, grad_accum: int = 1) -> int:
+    """Samples per optimizer step across the job: per-rank batch x ranks x accumulation steps."""
+    return int(per_rank_batch) * int(nodes) * int(procs_per_node) * int(grad_accum)
+
+
+MACROS = [scaled_lr, global_batch_size]
 
 
 class DTrainPlugin(AirflowPlugin):

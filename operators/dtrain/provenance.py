@@ -49,7 +49,7 @@ class Untrusted(Exception):
 # -- the roots -------------------------------------------------------------------------------------
 
 def _default_runs_root() -> str:
-    from dtrain.launch.job import dtrain_home
+    from dtrain.launch.engine.job import dtrain_home
     from dtrain.pipeline.config import load_config
 
     return os.pathsep.join(os.path.abspath(os.path.join(base, "runs"))

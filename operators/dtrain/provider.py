@@ -34,7 +34,7 @@ def get_provider_info() -> dict:
         "operators": [
             {
                 "integration-name": INTEGRATION,
-                "python-modules": ["dtrain.launch.operator", "dtrain.staging.operator",
+                "python-modules": ["dtrain.launch.airflow.operator", "dtrain.staging.operator",
                                    "dtrain.preprocess.operator", "dtrain.preflight.operator",
                                    "dtrain.autotune.operator"],
             }
@@ -43,12 +43,12 @@ def get_provider_info() -> dict:
         "triggers": [
             {
                 "integration-name": INTEGRATION,
-                "python-modules": ["dtrain.launch.trigger"],
+                "python-modules": ["dtrain.launch.airflow.trigger"],
             }
         ],
         "extra-links": [
-            "dtrain.links.CheckpointLink",
-            "dtrain.links.TrainingLink",
-            "dtrain.links.TensorBoardLink",
+            "dtrain.launch.airflow.links.CheckpointLink",
+            "dtrain.launch.airflow.links.TrainingLink",
+            "dtrain.launch.airflow.links.TensorBoardLink",
         ],
     }

@@ -435,7 +435,7 @@ class RunDir:
         return value if isinstance(value, dict) else {}
 
     def exits(self) -> list[dict[str, Any]]:
-        """The ranks' exit records (dtrain.launch.rank_entry) of the newest attempt."""
+        """The ranks' exit records (dtrain.launch.node.rank_entry) of the newest attempt."""
         records = []
         for entry in self.list(EXITS):
             if EXIT_FILE.match(entry.name) and not entry.is_dir:
@@ -445,7 +445,7 @@ class RunDir:
         return records
 
     def log_tails(self, lines: int) -> dict[int, list[str]]:
-        """The last ``lines`` lines of each rank's log (dtrain.launch.ranklog)."""
+        """The last ``lines`` lines of each rank's log (dtrain.launch.node.ranklog)."""
         tails = {}
         for rank, entry in sorted(self.ranked(LOGS, LOG_FILE).items()):
             tails[rank] = self.tail(LOGS, entry.name, lines=lines, limit=LOG_TAIL_BYTES)
@@ -460,7 +460,7 @@ class RunDir:
         return text[-lines:]
 
     def stack_ranks(self) -> list[int]:
-        """Ranks whose stack dump (dtrain.launch.hang) is on disk."""
+        """Ranks whose stack dump (dtrain.launch.node.hang_files) is on disk."""
         return sorted(self.ranked(HANG, STACK_FILE))
 
     def stack(self, rank: int) -> str | None:

@@ -193,7 +193,7 @@ def step_series(metrics: Mapping[int, list[dict[str, Any]]]) -> dict[str, list[t
 
 
 def stall_series(stall: Mapping[str, Any] | None, step: int) -> dict[str, list[tuple[int, float]]]:
-    """The data-stall verdicts (dtrain.training.stall_report) as metrics at the job's last step."""
+    """The data-stall verdicts (dtrain.stall_report) as metrics at the job's last step."""
     rules = (stall or {}).get("rules") or {}
     out: dict[str, list[tuple[int, float]]] = {}
     for name, rule in rules.items():

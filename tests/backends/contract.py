@@ -25,9 +25,9 @@ import pytest
 
 from dtrain.errors import SpecError
 from dtrain.launch.backends import JobHandle, backend_for
-from dtrain.launch.job import free_port, prepare_job
-from dtrain.launch.launcher import Launcher
-from dtrain.launch.spec import LaunchSpec
+from dtrain.launch.engine.job import free_port, prepare_job
+from dtrain.launch.engine.launcher import Launcher
+from dtrain.launch.engine.spec import LaunchSpec
 from tests.remote.conftest import job_processes, still_alive
 from tests.support import alive, poll_until, rank_records, wait_for
 
@@ -210,8 +210,8 @@ class BackendContract:
             pytest.skip(f"{cls.name} jobs do not outlive their submitter")
         import importlib
 
-        from dtrain.launch.deferrable import resume_job, write_submission
-        from dtrain.launch.trigger import DistributedJobTrigger
+        from dtrain.launch.airflow.deferrable import resume_job, write_submission
+        from dtrain.launch.airflow.trigger import DistributedJobTrigger
 
         handle = cls(sink=lambda line: None).submit(prepare_job(spec), detached=True)
         write_submission(handle)

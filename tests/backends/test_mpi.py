@@ -4,8 +4,8 @@ mpirun that outlives its ranks."""
 import pytest
 
 from dtrain.launch.backends.mpi.backend import MPIBackend, outcome_of
-from dtrain.launch.launcher import Launcher
-from dtrain.launch.spec import LaunchSpec
+from dtrain.launch.engine.launcher import Launcher
+from dtrain.launch.engine.spec import LaunchSpec
 from tests.backends.contract import SCRIPT, BackendContract, ranks
 from tests.remote.conftest import job_processes, needs_mpirun, still_alive
 from tests.support import alive, wait_for

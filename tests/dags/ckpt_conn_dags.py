@@ -8,7 +8,7 @@ import sys
 
 from airflow.sdk import DAG, Param
 
-from dtrain.launch.operator import DistributedTrainingOperator
+from dtrain.launch.airflow.operator import DistributedTrainingOperator
 
 DCP_JOB = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "training", "scripts", "dcp_job.py")
 

@@ -8,7 +8,7 @@ import os
 from airflow.sdk import DAG, Param
 
 from dtrain.autotune.operator import DeepSpeedAutotuneOperator
-from dtrain.launch.operator import DistributedTrainingOperator
+from dtrain.launch.airflow.operator import DistributedTrainingOperator
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SCRIPTS = os.path.join(REPO, "tests", "deepspeed", "scripts")

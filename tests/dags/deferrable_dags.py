@@ -15,7 +15,7 @@ import os
 
 from airflow.sdk import DAG, Param
 
-from dtrain.launch.operator import DistributedTrainingOperator
+from dtrain.launch.airflow.operator import DistributedTrainingOperator
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 DDP_REPORT = os.path.join(REPO, "tests", "slurm", "scripts", "ddp_report.py")

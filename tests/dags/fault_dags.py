@@ -12,7 +12,7 @@ from datetime import timedelta
 
 from airflow.sdk import DAG, Param
 
-from dtrain.launch.operator import DistributedTrainingOperator
+from dtrain.launch.airflow.operator import DistributedTrainingOperator
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 TRAIN = os.path.join(REPO, "tests", "faults", "scripts", "resumable_train.py")

@@ -6,7 +6,7 @@ import os
 
 from airflow.sdk import DAG, Param
 
-from dtrain.launch.operator import DistributedTrainingOperator
+from dtrain.launch.airflow.operator import DistributedTrainingOperator
 from dtrain.preflight.operator import PreflightOperator
 
 DUMP_ENV = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "launch", "scripts", "dump_env.py")

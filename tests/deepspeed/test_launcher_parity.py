@@ -14,10 +14,10 @@ import sys
 import pytest
 
 from dtrain.errors import SpecError
-from dtrain.launch import placeholders
-from dtrain.launch.env_contract import deepspeed_launcher_env
-from dtrain.launch.rank_entry import rank_command
-from dtrain.launch.spec import LaunchSpec
+from dtrain.launch.engine.spec import LaunchSpec
+from dtrain.launch.node import placeholders
+from dtrain.launch.node.env_contract import deepspeed_launcher_env
+from dtrain.launch.node.rank_entry import rank_command
 from tests.conftest import REPO, load_test_dag
 
 DTRAIN = os.path.join(os.path.dirname(sys.executable), "dtrain")
@@ -128,7 +128,7 @@ def test_both_scripts_run_through_the_operator(airflow_db, tmp_path):
 
 
 def test_the_rank_wrapper_unlinks_only_its_own_regular_shm_buffer(tmp_path):
-    from dtrain.launch.ds_shm import release_rank as release_shared_memory
+    from dtrain.launch.node.ds_shm import release_rank as release_shared_memory
 
     env = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29511", "RANK": "1"}
     prefix = f"deepspeed_allreduce_buffer_{os.getuid()}_127.0.0.1_29511_"
@@ -147,7 +147,7 @@ def test_the_rank_wrapper_unlinks_only_its_own_regular_shm_buffer(tmp_path):
 
 
 def test_the_autotuner_s_experiment_buffers_go_by_their_master_ports(tmp_path):
-    from dtrain.launch.ds_shm import release_ports
+    from dtrain.launch.node.ds_shm import release_ports
 
     uid = os.getuid()
     for port in (41000, 41001, 41002):

@@ -1,4 +1,4 @@
-"""Hang detection (dtrain.launch.hang): a rank goes silent while its peers block in all_reduce.
+"""Hang detection (dtrain.launch.engine.hang): a rank goes silent while its peers block in all_reduce.
 
 End to end on the local backend (1x2, with and without the training helper) and on two sshd
 "hosts" (2x2): the launch exits 124, names the silent rank, every rank's stack is on disk,
@@ -17,8 +17,9 @@ import sys
 import pytest
 
 from dtrain.errors import SpecError
-from dtrain.launch import hang
-from dtrain.launch.spec import LaunchSpec
+from dtrain.launch.engine import hang
+from dtrain.launch.engine.spec import LaunchSpec
+from dtrain.launch.node import hang_files
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(os.path.dirname(HERE))
@@ -95,7 +96,7 @@ def test_heartbeat_is_progress(tmp_path, beat):
 
 
 def test_ssh_two_hosts_silent_rank_on_the_second_host(ssh_cluster, tmp_path):
-    from dtrain.launch.launcher import Launcher
+    from dtrain.launch.engine.launcher import Launcher
 
     lines: list[str] = []
     spec = LaunchSpec(command=["python", HANG_TRAIN, "--silent-rank", "3", "--silent-step", "4"], nodes=2,
@@ -157,7 +158,7 @@ def test_silent_ranks_and_progress_sources(tmp_path):
     # scenario is built on the times the kernel gave the files (the order is the order written).
     run_dir = str(tmp_path)
     os.makedirs(os.path.join(run_dir, "metrics"))
-    toucher = hang.ProgressToucher(hang.progress_dir(run_dir), 0, every=60)
+    toucher = hang_files.ProgressToucher(hang_files.progress_dir(run_dir), 0, every=60)
     toucher.touch()
     t0 = os.stat(toucher.path).st_ctime
     time.sleep(0.05)
@@ -186,9 +187,9 @@ def test_a_rank_back_dating_another_ranks_progress_does_not_get_it_blamed(tmp_pa
     # very change, so the back-dating reads as a sign of life instead.
     run_dir = str(tmp_path)
     for rank in (0, 1):
-        hang.ProgressToucher(hang.progress_dir(run_dir), rank).touch()
+        hang_files.ProgressToucher(hang_files.progress_dir(run_dir), rank).touch()
     before = hang.last_progress(run_dir, 1)
-    os.utime(os.path.join(hang.progress_dir(run_dir), "rank1"), (1.0, 1.0))
+    os.utime(os.path.join(hang_files.progress_dir(run_dir), "rank1"), (1.0, 1.0))
     assert hang.last_progress(run_dir, 1) >= before
     last = hang.job_progress(run_dir, 2, since=before - 10)
     assert hang.silent_ranks(last, now=before + 5, timeout=30) == []
@@ -205,7 +206,7 @@ def test_rank_files_are_never_followed_through_symlinks(tmp_path):
     planted.symlink_to(tmp_path / "elsewhere")
     # The temporary name is not predictable any more (dtrain.rundir): a link planted at the old
     # name neither redirects the write nor stops it.
-    hang.write_private(str(tmp_path / "verdict.json"), b"{}")
+    hang_files.write_private(str(tmp_path / "verdict.json"), b"{}")
     assert not (tmp_path / "elsewhere").exists()
     assert (tmp_path / "verdict.json").read_bytes() == b"{}" and not (tmp_path / "verdict.json").is_symlink()
 
@@ -243,7 +244,7 @@ def test_operator_fails_naming_the_stuck_rank_with_the_verdict_in_xcom(airflow_d
 
 
 def test_operator_turns_hang_detection_on_by_default_and_off_with_none():
-    from dtrain.launch.operator import DEFAULT_HANG_TIMEOUT, DistributedTrainingOperator
+    from dtrain.launch.airflow.operator import DEFAULT_HANG_TIMEOUT, DistributedTrainingOperator
 
     on = DistributedTrainingOperator(task_id="a", command=[HANG_TRAIN], device="cpu")
     off = DistributedTrainingOperator(task_id="b", command=[HANG_TRAIN], device="cpu", hang_timeout=None)
@@ -257,8 +258,8 @@ def test_deferred_ssh_job_hang_is_caught_by_the_trigger(ssh_cluster, tmp_path):
     from airflow.sdk.exceptions import TaskDeferred
 
     from dtrain.errors import LaunchError
-    from dtrain.launch.deferrable import defer_job
-    from dtrain.launch.operator import DistributedTrainingOperator
+    from dtrain.launch.airflow.deferrable import defer_job
+    from dtrain.launch.airflow.operator import DistributedTrainingOperator
     from tests.slurm.test_ssh_deferrable import first_event, job_pids, rebuilt
 
     spec = LaunchSpec(command=["python", HANG_TRAIN, "--silent-rank", "2", "--silent-step", "4"], nodes=2,

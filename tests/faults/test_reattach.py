@@ -171,7 +171,7 @@ class Store(dict):
 
 
 def operator(backend: str, out_dir, run_dir, *extra: str, options: dict | None = None):
-    from dtrain.launch.operator import DistributedTrainingOperator
+    from dtrain.launch.airflow.operator import DistributedTrainingOperator
 
     env = {"GLOO_SOCKET_IFNAME": "lo"} if backend == "slurm" else {}
     return DistributedTrainingOperator(
@@ -181,7 +181,7 @@ def operator(backend: str, out_dir, run_dir, *extra: str, options: dict | None =
 
 def crashed_try(op, context) -> dict:
     """Try 1 up to the crash: the job submitted and recorded, then its worker gone (nothing follows it)."""
-    from dtrain.launch.launcher import Launcher
+    from dtrain.launch.engine.launcher import Launcher
 
     op._launcher = Launcher(op.build_spec(context), sink=print)
     handle = op.submit_job(context)
@@ -245,7 +245,7 @@ def test_retry_after_a_failed_job_stops_its_leftovers_and_submits_again(backend,
 
 def test_a_recorded_value_that_is_not_this_tasks_job_is_left_alone(slurm, tmp_path, monkeypatch):
     from dtrain.launch.backends.slurm import SlurmBackend
-    from dtrain.launch.launcher import Launcher
+    from dtrain.launch.engine.launcher import Launcher
 
     touched = []
     for name in ("poll", "cancel"):

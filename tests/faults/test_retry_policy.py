@@ -1,4 +1,4 @@
-"""The retry policy: which failures a retry can fix (dtrain.launch.retry, a pure function compared
+"""The retry policy: which failures a retry can fix (dtrain.launch.engine.retry, a pure function compared
 exactly), its Airflow adapter, and in real Airflow (dag.test() on SQLite, the task runner that
 evaluates the policy): bad input fails once with retries=2, a communication error is retried."""
 
@@ -10,7 +10,7 @@ import os
 import pytest
 
 from dtrain.errors import DTrainError, LaunchError, SpecError
-from dtrain.launch.retry import DEFAULT, FAIL, RETRY, Verdict, classify, classify_launch, communication_error
+from dtrain.launch.engine.retry import DEFAULT, FAIL, RETRY, Verdict, classify, classify_launch, communication_error
 
 GLOO = ("RuntimeError: [../third_party/gloo/gloo/transport/tcp/pair.cc:534] "
         "Gloo connectFullMesh failed with Connection reset by peer")
@@ -92,8 +92,8 @@ def test_launch_error_keeps_its_fields_across_pickling():
 def test_the_airflow_policy_maps_verdicts_to_decisions():
     from airflow.sdk import RetryAction
 
-    from dtrain.launch.operator import DistributedTrainingOperator
-    from dtrain.launch.retry_policy import TrainingRetryPolicy
+    from dtrain.launch.airflow.operator import DistributedTrainingOperator
+    from dtrain.launch.airflow.retry_policy import TrainingRetryPolicy
 
     policy = TrainingRetryPolicy()
     fail = policy.evaluate(SpecError("nodes", 0, "an integer >= 1"), 1, 3)
@@ -159,9 +159,9 @@ def test_a_communication_error_is_retried_and_the_retry_succeeds(airflow_db, tmp
 def test_a_hung_event_from_the_trigger_raises_a_retryable_launch_error(tmp_path, monkeypatch):
     """Deferrable mode: the trigger's ``hung`` event (it cancelled the job) resumes the task with
     LaunchError(124, state HUNG): retried, like a hang the launcher caught."""
+    from dtrain.launch.airflow.deferrable import resume_job, write_submission
     from dtrain.launch.backends import JobHandle
     from dtrain.launch.backends.ssh import SSHBackend
-    from dtrain.launch.deferrable import resume_job, write_submission
 
     cancelled = []
     monkeypatch.setattr(SSHBackend, "cancel", lambda self, handle, *a, **k: cancelled.append(handle.job_id))

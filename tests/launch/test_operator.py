@@ -41,7 +41,7 @@ def test_operator_bad_param_fails_before_launch(airflow_db, out_dir):
 
 
 def test_on_kill_tears_down_every_rank(tmp_path, out_dir):
-    from dtrain.launch.operator import DistributedTrainingOperator
+    from dtrain.launch.airflow.operator import DistributedTrainingOperator
 
     op = DistributedTrainingOperator(task_id="t", command=[script("fail_rank.py")], nodes=2, procs_per_node=1,
                                      env={"OUT_DIR": out_dir}, run_dir=str(tmp_path / "run"))
@@ -67,7 +67,7 @@ def test_on_kill_tears_down_every_rank(tmp_path, out_dir):
 
 
 def test_operator_init_does_no_io_and_no_validation():
-    from dtrain.launch.operator import DistributedTrainingOperator
+    from dtrain.launch.airflow.operator import DistributedTrainingOperator
 
     # Unrendered templates and even bad values are accepted at parse time; execute validates.
     op = DistributedTrainingOperator(task_id="t", command=["/does/not/exist.py"], nodes="{{ params.n }}")

@@ -14,7 +14,7 @@ def test_airflow_provider_manager_sees_the_provider():
 
     info = ProvidersManager().providers["airflow-dtrain"]
     assert info.data["name"] == "Distributed training (dtrain)"
-    assert "dtrain.launch.operator" in info.data["operators"][0]["python-modules"]
+    assert "dtrain.launch.airflow.operator" in info.data["operators"][0]["python-modules"]
 
 
 def test_dtrain_console_script_lists_launch():
@@ -25,7 +25,7 @@ def test_dtrain_console_script_lists_launch():
 def test_operator_import_pulls_no_heavy_library():
     from tests.support import heavy_libraries_imported_by
 
-    assert heavy_libraries_imported_by("dtrain.launch.operator", "dtrain.launch.launcher") == []
+    assert heavy_libraries_imported_by("dtrain.launch.airflow.operator", "dtrain.launch.engine.launcher") == []
 
 
 def test_bad_cli_input_exits_nonzero_with_named_field():

@@ -12,7 +12,7 @@ import os
 import subprocess
 import sys
 
-from dtrain.launch import hang
+from dtrain.launch.engine import hang
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 HANG_TRAIN = os.path.join(REPO, "tests", "faults", "scripts", "hang_train.py")

@@ -14,9 +14,9 @@ import sys
 
 import pytest
 
-from dtrain.launch.launcher import Launcher
-from dtrain.launch.job import prepare_job
-from dtrain.launch.spec import LaunchSpec
+from dtrain.launch.engine.job import prepare_job
+from dtrain.launch.engine.launcher import Launcher
+from dtrain.launch.engine.spec import LaunchSpec
 from dtrain.rundir import RunDir, UnsafeRunDir
 
 from .conftest import script
@@ -108,7 +108,7 @@ def test_a_run_directory_that_is_a_link_is_refused(tmp_path, victim):
 
 def test_a_removed_hang_directory_does_not_stop_hang_enforcement(tmp_path):
     # Old code: the watch thread died on the request write (FileNotFoundError) and the hung job ran on.
-    from dtrain.launch import hang
+    from dtrain.launch.engine import hang
 
     run_dir = tmp_path / "run"
     hung = tmp_path / "hung.py"
@@ -138,13 +138,14 @@ def test_the_trigger_still_gives_a_verdict_when_a_rank_removed_the_hang_director
     import asyncio
     import time
 
-    from dtrain.launch import hang
+    from dtrain.launch.airflow.trigger import DistributedJobTrigger
     from dtrain.launch.backends import JobHandle
-    from dtrain.launch.trigger import DistributedJobTrigger
+    from dtrain.launch.engine import hang
+    from dtrain.launch.node import hang_files
 
     run_dir = tmp_path / "run"
     for rank in (0, 1):
-        hang.ProgressToucher(hang.progress_dir(str(run_dir)), rank).touch()
+        hang_files.ProgressToucher(hang_files.progress_dir(str(run_dir)), rank).touch()
     started = time.time() - 60
     monkeypatch.setattr(hang, "DUMP_WAIT_S", 0.5)
     handle = JobHandle("ssh", "job", "job", str(run_dir), 2, started,

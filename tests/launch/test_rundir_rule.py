@@ -17,7 +17,7 @@ import dtrain
 PACKAGE = os.path.dirname(dtrain.__file__)
 #: the parts of the package that read or write run directories (staging and preprocess write
 #: datasets through their own no-follow destinations, docs/staging.md)
-SCANNED = ("launch", "ui", "autotune", "training", "pipeline", "preflight", "cli.py", "links.py", "plugin.py")
+SCANNED = ("launch", "ui", "autotune", "training", "pipeline", "preflight", "cli.py", "plugin.py", "stall_report.py")
 #: calls that touch the file system
 PRIMITIVES = {
     "open", "os.open", "io.open", "os.listdir", "os.scandir", "os.walk", "os.unlink", "os.remove",
@@ -55,17 +55,17 @@ ALLOWED = {
     "training/shards.py:ShardDataset._read_into": "the staged dataset",
     "training/loop.py:TrainLoop.restore": "the rank loads the warm-start model it was given (--init-from)",
     # The launcher's side, on paths that are not under a run directory.
-    "launch/placement.py:visible_gpu_count": "/proc/driver/nvidia/gpus",
-    "launch/spec.py:LaunchSpec.__post_init__": "the user's workdir exists (a spec check)",
-    "launch/spec.py:LaunchSpec._check_command": "the user's script exists (a spec check)",
-    "launch/deepspeed_config.py:load_deepspeed_config": "the user's DeepSpeed config file named in the spec",
-    "launch/ranklog.py:_open_append": "relative to the logs directory fd opened O_NOFOLLOW|O_DIRECTORY, O_NOFOLLOW",
-    "launch/ranklog.py:RankLog.__init__": "opens the logs directory O_NOFOLLOW|O_DIRECTORY (fd-relative after)",
-    "launch/ranklog.py:RankLog._rotate": "rename relative to the logs directory fd (never through a link)",
-    "launch/ds_shm.py:unlink_ours": "DeepSpeed's /dev/shm buffers",
-    "launch/torchrun.py:main": "removes the agent's private log directory, made by tempfile.mkdtemp in the temp folder",
-    "launch/proctree.py:environ_of": "/proc/PID/environ: a process's environment (read bounded)",
-    "launch/ds_shm.py:release_ports": "DeepSpeed's /dev/shm buffers",
+    "launch/engine/placement.py:visible_gpu_count": "/proc/driver/nvidia/gpus",
+    "launch/engine/spec.py:LaunchSpec.__post_init__": "the user's workdir exists (a spec check)",
+    "launch/engine/spec.py:LaunchSpec._check_command": "the user's script exists (a spec check)",
+    "launch/engine/deepspeed_config.py:load_deepspeed_config": "the user's DeepSpeed config file named in the spec",
+    "launch/node/ranklog.py:_open_append": "relative to the logs directory fd opened O_NOFOLLOW|O_DIRECTORY, O_NOFOLLOW",
+    "launch/node/ranklog.py:RankLog.__init__": "opens the logs directory O_NOFOLLOW|O_DIRECTORY (fd-relative after)",
+    "launch/node/ranklog.py:RankLog._rotate": "rename relative to the logs directory fd (never through a link)",
+    "launch/node/ds_shm.py:unlink_ours": "DeepSpeed's /dev/shm buffers",
+    "launch/node/torchrun_agent.py:main": "removes the agent's private log directory, made by tempfile.mkdtemp in the temp folder",
+    "launch/node/proctree.py:environ_of": "/proc/PID/environ: a process's environment (read bounded)",
+    "launch/node/ds_shm.py:release_ports": "DeepSpeed's /dev/shm buffers",
     "launch/backends/ssh/hostfile.py:SSHSettings._validated": "the user's ssh key and known_hosts paths exist",
     "launch/backends/ssh/control.py:_private_dir": "ssh control sockets: the job's own 0700 temp directory",
     "launch/backends/ssh/control.py:live_sockets": "ssh control sockets: the job's own 0700 temp directory",

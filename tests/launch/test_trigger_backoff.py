@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import asyncio
 
+from dtrain.launch.airflow.trigger import DistributedJobTrigger, next_interval
 from dtrain.launch.backends import JobHandle
-from dtrain.launch.trigger import DistributedJobTrigger, next_interval
 
 
 def handle(tmp_path) -> dict:
@@ -39,7 +39,7 @@ def test_the_trigger_waits_longer_each_poll_and_survives_serialization(tmp_path,
         waits.append(seconds)
 
     monkeypatch.setattr(rebuilt, "_poll", poll)
-    monkeypatch.setattr("dtrain.launch.trigger.asyncio.sleep", sleep)
+    monkeypatch.setattr("dtrain.launch.airflow.trigger.asyncio.sleep", sleep)
 
     async def first():
         async for event in rebuilt.run():

@@ -1,5 +1,5 @@
 """Backend.watch, the one way a submitted job is followed (Backend.run after its submit, and a retry
-re-attaching through resumable.Following): how the job's end becomes the outcome, and that everything
+re-attaching through following.Following): how the job's end becomes the outcome, and that everything
 but success cancels the whole job. The backend here is a scripted stand-in for infrastructure (named as
 such): its poll answers from a list; the lifecycle under test is the real base class's."""
 
@@ -9,7 +9,7 @@ import pytest
 
 from dtrain.errors import DTrainError, LaunchError
 from dtrain.launch.backends.base import Backend, DryRunRequest, JobHandle, JobStatus
-from dtrain.launch.resumable import Following
+from dtrain.launch.engine.following import Following
 
 
 class Scripted(Backend):
@@ -83,7 +83,7 @@ def test_a_stop_cancels_and_is_reported_as_stopped():
 
 
 def test_re_attaching_follows_with_the_same_watch():
-    """resumable.Following is Backend.watch of the recorded handle: same outcome, state kept for the
+    """following.Following is Backend.watch of the recorded handle: same outcome, state kept for the
     retry policy, the job's last lines when the backend streamed none, LOST when it cannot be asked."""
     backend = Scripted([RUNNING, JobStatus("FAILED", True, 3, failed_node=0, tail=["rank 0 failed"])])
     following = Following(backend, HANDLE)

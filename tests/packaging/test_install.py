@@ -12,14 +12,14 @@ from .conftest import DIST_PREFIX, PTH_PROBE_DIR, REPO, installed_distributions,
 
 
 def test_install_is_regular_and_not_the_dev_tree(fresh_install):
-    code = ("import json, sys, dtrain, dtrain.launch.rank_entry as r; "
+    code = ("import json, sys, dtrain, dtrain.launch.node.rank_entry as r; "
             "print(json.dumps({'dtrain': dtrain.__file__, 'rank_entry': r.__file__, 'path': sys.path}))")
     proc = run([fresh_install.python, "-c", code], env=venv_env(fresh_install), cwd=fresh_install.root,
                timeout=60, check=True)
     seen = json.loads(proc.stdout)
     package_dir = os.path.join(fresh_install.site_packages, "dtrain")
     assert seen["dtrain"] == os.path.join(package_dir, "__init__.py")
-    assert seen["rank_entry"] == os.path.join(package_dir, "launch", "rank_entry.py")
+    assert seen["rank_entry"] == os.path.join(package_dir, "launch", "node", "rank_entry.py")
     # The .pth line adds the dev libraries; the dev venv's editable finder (a .pth naming
     # <repo>/operators) is not processed, so the source tree is nowhere on sys.path.
     assert fresh_install.devlibs in seen["path"]
@@ -65,7 +65,7 @@ def test_wheel_holds_every_source_file(fresh_install):
     assert not missing, (f"source files not in the installed package (not in the wheel): {missing}; "
                          f"package folders without __init__.py: {no_init}")
     assert not differ, differ
-    assert "launch/rank_entry.py" in source_files and len(source_files) > 50
+    assert "launch/node/rank_entry.py" in source_files and len(source_files) > 50
     # and nothing the source does not have (e.g. a stale build/ folder in the copy)
     extra = []
     for dirpath, dirnames, filenames in os.walk(installed_root):
@@ -154,4 +154,4 @@ def test_every_installed_module_imports(fresh_install):
     assert proc.returncode == 0, proc.stderr[-3000:]
     result = json.loads(proc.stdout.strip().splitlines()[-1])
     assert not result["errors"], result["errors"]
-    assert "dtrain.launch.rank_entry" in result["names"] and len(result["names"]) > 50
+    assert "dtrain.launch.node.rank_entry" in result["names"] and len(result["names"]) > 50

@@ -27,7 +27,7 @@ def user_repo(fresh_install, tmp_path):
 
 
 def test_user_operators_and_dtrain_import_side_by_side(fresh_install, user_repo):
-    code = ("import json, operators, operators.helpers, dtrain, dtrain.launch.rank_entry; "
+    code = ("import json, operators, operators.helpers, dtrain, dtrain.launch.node.rank_entry; "
             "print(json.dumps([operators.helpers.MARKER, operators.__file__, dtrain.__file__]))")
     proc = run([fresh_install.python, "-c", code], env=venv_env(fresh_install), cwd=user_repo, timeout=60)
     assert proc.returncode == 0, proc.stderr
@@ -43,7 +43,7 @@ def test_rank_entry_module_runs_from_a_repo_with_its_own_operators(fresh_install
     out.mkdir()
     env = venv_env(fresh_install, OUT_DIR=str(out), RANK="0", WORLD_SIZE="1", LOCAL_RANK="0",
                    LOCAL_WORLD_SIZE="1", GROUP_RANK="0", DTRAIN_RUN_DIR=str(tmp_path / "run"))
-    proc = run([fresh_install.python, "-m", "dtrain.launch.rank_entry", "python", "train.py"],
+    proc = run([fresh_install.python, "-m", "dtrain.launch.node.rank_entry", "python", "train.py"],
                env=env, cwd=user_repo, timeout=60)
     assert proc.returncode == 0, proc.stderr
     record = rank_records(str(out))[0]
@@ -89,6 +89,6 @@ def test_dtrain_launch_from_a_repo_with_its_own_operators(fresh_install, user_re
         assert env["NODE_RANK"] == str(rank // procs) and env["LOCAL_RANK"] == str(rank % procs)
         # each rank was wrapped by the installed dtrain's rank_entry, run by the fresh interpreter
         parent = record["parent_cmdline"]
-        assert parent[:3] == [fresh_install.python, "-m", "dtrain.launch.rank_entry"], parent
+        assert parent[:3] == [fresh_install.python, "-m", "dtrain.launch.node.rank_entry"], parent
     exits = glob.glob(os.path.join(run_dir, "exits", "rank*.json"))
     assert len(exits) == world, exits

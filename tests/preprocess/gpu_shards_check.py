@@ -22,8 +22,8 @@ def main() -> int:
 
     from dtrain.preprocess.examples import write_digits_jsonl
     from dtrain.preprocess.runner import preprocess
+    from dtrain.stall_report import format_report, summarize
     from dtrain.training.shards import ShardDataset, ShardLoader, ShardSampler
-    from dtrain.training.stall_report import format_report, summarize
 
     assert torch.cuda.is_available(), "no CUDA device"
     print("device:", torch.cuda.get_device_name(0), "torch", torch.__version__)
@@ -41,9 +41,9 @@ def main() -> int:
     print(f"pinned ShardLoader -> cuda: {len(gpu)} batches equal to the CPU read")
 
     run_dir = os.path.join(tmp, "run")
-    from dtrain.launch.launcher import Launcher
-    from dtrain.launch.placement import visible_gpu_count
-    from dtrain.launch.spec import LaunchSpec
+    from dtrain.launch.engine.launcher import Launcher
+    from dtrain.launch.engine.placement import visible_gpu_count
+    from dtrain.launch.engine.spec import LaunchSpec
 
     # gpus_per_node stated: the spec's own detection reads /proc/driver/nvidia/gpus, absent in some sandboxes.
     print("visible_gpu_count() from /proc:", visible_gpu_count(), "torch:", torch.cuda.device_count())

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import os
 
-from dtrain.training.stall_report import format_report, summarize
+from dtrain.stall_report import format_report, summarize
 
 from .conftest import HERE, launch
 

@@ -30,7 +30,7 @@ def write_json(path: str, data: dict) -> None:
 
 def tf_config() -> str | None:
     """This rank's TF_CONFIG: as set for it, else rendered from what the backend exported."""
-    from dtrain.launch.tf_config import tf_config_env
+    from dtrain.launch.node.tf_config import tf_config_env
 
     return os.environ.get("TF_CONFIG") or tf_config_env(os.environ).get("TF_CONFIG")
 

@@ -24,8 +24,8 @@ from dtrain.launch.backends import JobHandle
 from dtrain.launch.backends.ssh import detached as nodes
 from dtrain.launch.backends.ssh.detached_node import MODULE, paths, status_from_files
 from dtrain.launch.backends.ssh.records import JobKey, RecordError, parse
-from dtrain.launch.launcher import Launcher
-from dtrain.launch.spec import LaunchSpec
+from dtrain.launch.engine.launcher import Launcher
+from dtrain.launch.engine.spec import LaunchSpec
 from tests.remote.conftest import job_processes, needs_sshd, still_alive
 from tests.support import poll_until, wait_for
 

@@ -16,9 +16,9 @@ from dtrain.launch.backends.mpi.backend import mpi_hostfile_text
 from dtrain.launch.backends.mpi.render import coerce_mpi_options, mpirun_argv, mpirun_env
 from dtrain.launch.backends.ssh.backend import remote_agent_command, ssh_argv, ssh_config_text
 from dtrain.launch.backends.ssh.hostfile import HostEntry, SSHSettings
-from dtrain.launch.spec import LaunchSpec
-from dtrain.launch.tf_config import cluster_spec, tf_config_env, tf_config_for_rank
-from dtrain.launch.torchrun import Static, agent_argv
+from dtrain.launch.engine.spec import LaunchSpec
+from dtrain.launch.engine.torchrun import Static, agent_argv
+from dtrain.launch.node.tf_config import cluster_spec, tf_config_env, tf_config_for_rank
 
 PY = "/opt/venv/bin/python"
 needs_mpirun = pytest.mark.skipif(shutil.which("mpirun") is None, reason="OpenMPI's mpirun not installed")
@@ -42,9 +42,9 @@ def test_static_agent_argv_fixes_the_node_rank():
                       backend_options={"hosts": ["a slots=4", "b slots=4"]}, rdzv_timeout=90)
     argv = agent_argv(spec, python=PY, job_id="job1", rdzv=Static(endpoint=("a", 29400), node_rank=1))
     assert argv == [
-        PY, "-m", "dtrain.launch.torchrun", "--nnodes=2", "--nproc-per-node=4", "--rdzv-backend=dtrain-static",
+        PY, "-m", "dtrain.launch.node.torchrun_agent", "--nnodes=2", "--nproc-per-node=4", "--rdzv-backend=dtrain-static",
         "--rdzv-endpoint=a:29400", "--rdzv-id=job1", "--rdzv-conf=timeout=90", "--node-rank=1",
-        "--max-restarts=0", "--no-python", PY, "-m", "dtrain.launch.rank_entry", "train.py", "--lr", "0.1",
+        "--max-restarts=0", "--no-python", PY, "-m", "dtrain.launch.node.rank_entry", "train.py", "--lr", "0.1",
     ]
 
 
@@ -67,14 +67,14 @@ def test_mpirun_argv_over_ssh_hosts():
         "--mca", "plm_rsh_agent", "ssh -F /run/mpi/ssh_config", "--wdir", "/work",
         "-x", "DTRAIN_RUN_DIR", "-x", "MASTER_ADDR", "-x", "MASTER_PORT",
         "-x", "NCCL_DEBUG=VERSION", "--oversubscribe",
-        PY, "-m", "dtrain.launch.rank_entry", "train.py", "--epochs", "3",
+        PY, "-m", "dtrain.launch.node.rank_entry", "train.py", "--epochs", "3",
     ]
 
 
 def test_mpirun_argv_on_this_host():
     assert mpirun_argv(nodes=1, procs_per_node=2, python=PY, command=["t.py"], export=[]) == [
         "mpirun", "--host", "localhost:2", "-np", "2", "--map-by", "ppr:2:node", "--bind-to", "none",
-        PY, "-m", "dtrain.launch.rank_entry", "t.py",
+        PY, "-m", "dtrain.launch.node.rank_entry", "t.py",
     ]
 
 

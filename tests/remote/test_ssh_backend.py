@@ -14,8 +14,8 @@ import uuid
 
 import pytest
 
-from dtrain.launch.launcher import Launcher
-from dtrain.launch.spec import LaunchSpec
+from dtrain.launch.engine.launcher import Launcher
+from dtrain.launch.engine.spec import LaunchSpec
 from tests.remote.conftest import (job_processes, needs_sshd, reports, run_within, still_alive, train_command,
                                    wait_for)
 
@@ -113,7 +113,7 @@ def test_failing_rank_tears_down_every_host_and_propagates_its_exit_code(ssh_clu
     assert result.failed_node == 1
     assert "rank 3 fails on purpose" in result.tail
     names = "\n".join(cmdlines)
-    assert "dtrain.launch.backends.ssh.remote_agent" in names and "dtrain.launch.torchrun" in names
+    assert "dtrain.launch.backends.ssh.remote_agent" in names and "dtrain.launch.node.torchrun_agent" in names
     assert len(seen) >= 2 + 2 + 2 + 4  # ssh clients, remote agents, torchrun agents, ranks (+ wrappers)
     assert still_alive(list(seen.values())) == []
     assert still_alive(job_processes(result.job_id)) == []

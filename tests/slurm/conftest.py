@@ -15,7 +15,7 @@ from tests.support import alive, wait_for  # noqa: E402,F401 (re-exported to the
 
 def cpu_spec(command, nodes=2, procs_per_node=2, **kwargs):
     """A LaunchSpec for the test cluster: CPU, gloo over loopback (both nodes share this host)."""
-    from dtrain.launch.spec import LaunchSpec
+    from dtrain.launch.engine.spec import LaunchSpec
 
     env = {"GLOO_SOCKET_IFNAME": "lo", **kwargs.pop("env", {})}
     return LaunchSpec(command=command, nodes=nodes, procs_per_node=procs_per_node, backend="slurm", device="cpu",

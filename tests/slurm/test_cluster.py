@@ -8,7 +8,7 @@ import subprocess
 import sys
 import threading
 
-from dtrain.launch.launcher import Launcher
+from dtrain.launch.engine.launcher import Launcher
 
 from tests.support import poll_until
 
@@ -131,7 +131,7 @@ def test_unreachable_controller_is_an_error_not_a_verdict(slurm, tmp_path, monke
 
     from dtrain.errors import DTrainError
     from dtrain.launch.backends.slurm.backend import query
-    from dtrain.launch.job import free_port
+    from dtrain.launch.engine.job import free_port
 
     conf = tmp_path / "slurm.conf"
     text = open(slurm.conf).read()

@@ -12,7 +12,7 @@ import pytest
 
 from dtrain.launch.backends import JobHandle
 from dtrain.launch.backends.slurm import SlurmBackend
-from dtrain.launch.job import prepare_job
+from dtrain.launch.engine.job import prepare_job
 
 from .conftest import DDP_REPORT, cpu_spec, queue, wait_for
 
@@ -46,8 +46,8 @@ def test_deferred_task_succeeds_and_returns_result(airflow_db, slurm, tmp_path):
 
 def test_deferred_task_failure_raises_with_failing_rank_tail(airflow_db, slurm, tmp_path):
     from dtrain.errors import LaunchError
+    from dtrain.launch.airflow.deferrable import resume_job
     from dtrain.launch.backends.slurm.render import log_path
-    from dtrain.launch.deferrable import resume_job
 
     ti = run_dag(tmp_path, fail_rank=1)
     assert ti.state == "failed"
@@ -65,8 +65,8 @@ def test_deferred_task_failure_raises_with_failing_rank_tail(airflow_db, slurm, 
 def test_job_failing_before_any_rank_raises_with_job_log_tail(slurm, tmp_path):
     """No rank exit record (the interpreter does not exist on the nodes): the job log says why."""
     from dtrain.errors import LaunchError
-    from dtrain.launch.deferrable import resume_job
-    from dtrain.launch.trigger import DistributedJobTrigger
+    from dtrain.launch.airflow.deferrable import resume_job
+    from dtrain.launch.airflow.trigger import DistributedJobTrigger
 
     job, handle = submit_sleeper(tmp_path, 1, python="/nonexistent/python3")
     trigger = DistributedJobTrigger(handle=handle.to_dict(), poll_interval=0.3)
@@ -85,7 +85,7 @@ def test_job_failing_before_any_rank_raises_with_job_log_tail(slurm, tmp_path):
 
 def test_event_not_from_this_submission_is_refused(tmp_path):
     from dtrain.errors import DTrainError
-    from dtrain.launch.deferrable import resume_job
+    from dtrain.launch.airflow.deferrable import resume_job
 
     handle = JobHandle("slurm", "dtrain-x", "999", str(tmp_path), 2, 0.0)
     forged = {"status": "success", "handle": handle.to_dict(), "tail": []}
@@ -96,7 +96,7 @@ def test_event_not_from_this_submission_is_refused(tmp_path):
     with pytest.raises(DTrainError, match="not a job handle"):
         resume_job(None, {"status": "success", "handle": {"backend": "slurm", "job_id": "1"}})
     # A record that exists but differs (another run directory's job) is refused too.
-    from dtrain.launch.deferrable import write_submission
+    from dtrain.launch.airflow.deferrable import write_submission
 
     write_submission(JobHandle("slurm", "dtrain-x", "999", str(tmp_path), 4, 0.0))
     with pytest.raises(DTrainError, match="does not match its submission record"):
@@ -109,7 +109,7 @@ def submit_sleeper(tmp_path, seconds, **options):
     spec = cpu_spec(["python", DDP_REPORT, str(tmp_path / "rep"), "--sleep", str(seconds)], nodes=2, procs_per_node=1,
                     run_dir=str(tmp_path / "run"), backend_options=options)
     job = prepare_job(spec)
-    from dtrain.launch.deferrable import write_submission
+    from dtrain.launch.airflow.deferrable import write_submission
 
     handle = SlurmBackend(lambda line: None).submit(job, detached=True)
     write_submission(handle)
@@ -117,7 +117,7 @@ def submit_sleeper(tmp_path, seconds, **options):
 
 
 def test_trigger_serializes_primitives_and_reattaches_after_restart(slurm, tmp_path):
-    from dtrain.launch.trigger import DistributedJobTrigger
+    from dtrain.launch.airflow.trigger import DistributedJobTrigger
 
     job, handle = submit_sleeper(tmp_path, 1)
     job_id = handle.backend_job_id
@@ -152,7 +152,7 @@ def test_trigger_serializes_primitives_and_reattaches_after_restart(slurm, tmp_p
 
 
 def test_trigger_on_kill_cancels_the_job(slurm, tmp_path):
-    from dtrain.launch.trigger import DistributedJobTrigger
+    from dtrain.launch.airflow.trigger import DistributedJobTrigger
 
     job, handle = submit_sleeper(tmp_path, 120)
     job_id = handle.backend_job_id
@@ -171,8 +171,8 @@ def test_trigger_on_kill_cancels_the_job(slurm, tmp_path):
 
 def test_trigger_gives_up_with_an_error_event_when_slurm_cannot_be_asked(slurm, tmp_path, monkeypatch):
     """A controller that does not answer is retried, then reported as an error (not as a failed job)."""
-    from dtrain.launch.job import free_port
-    from dtrain.launch.trigger import MAX_POLL_ERRORS, DistributedJobTrigger
+    from dtrain.launch.airflow.trigger import MAX_POLL_ERRORS, DistributedJobTrigger
+    from dtrain.launch.engine.job import free_port
 
     text = open(slurm.conf).read()
     port = [line for line in text.splitlines() if line.startswith("SlurmctldPort=")][0]

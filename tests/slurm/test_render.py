@@ -15,8 +15,8 @@ from dtrain.launch.backends.slurm.render import (
     EXTRA_SBATCH_ALLOWED, SBATCH_LONG_OPTIONS, SlurmOptions, coerce_options, decide, parse_job_id, parse_sacct,
     parse_scontrol_job, render_sbatch,
 )
-from dtrain.launch.job import Job
-from dtrain.launch.spec import LaunchSpec
+from dtrain.launch.engine.job import Job
+from dtrain.launch.engine.spec import LaunchSpec
 
 HOSTILE = "$(touch /tmp/pwned); `id` 'quoted' \"dq\" \n next"
 
@@ -64,8 +64,8 @@ MASTER_ADDR=$(dtrain_node_addr "$MASTER_NODE")
 MASTER_PORT=$((20000 + SLURM_JOB_ID % 20000))
 export MASTER_ADDR MASTER_PORT
 echo "[dtrain] slurm job $SLURM_JOB_ID on $SLURM_JOB_NODELIST: rendezvous $MASTER_NODE ($MASTER_ADDR:$MASTER_PORT)"
-srun --nodes=2 --ntasks=2 --ntasks-per-node=1 --kill-on-bad-exit=1 bash -c 'export NODE_RANK="$SLURM_NODEID" DTRAIN_NODE_INDEX="$SLURM_NODEID" PET_NODE_RANK="$SLURM_NODEID" PET_MASTER_ADDR="$MASTER_ADDR" PET_MASTER_PORT="$MASTER_PORT"; py="$1"; reap() { "$py" -m dtrain.launch.proctree reap "$DTRAIN_JOB_ID" --node "$SLURM_NODEID"; }; "$@" & agent=$!; trap '"'"'kill -TERM "$agent" 2>/dev/null; wait "$agent"; reap; exit 143'"'"' TERM INT HUP; wait "$agent"; status=$?; reap; exit "$status"' dtrain-node \
-  /opt/venv/bin/python -m dtrain.launch.torchrun --nnodes=2 --nproc-per-node=4 --rdzv-backend=dtrain-static --rdzv-id=dtrain-abc123 --rdzv-conf=timeout=300 --max-restarts=0 --no-python /opt/venv/bin/python -m dtrain.launch.rank_entry train.py --lr 0.1 --tag '$(touch /tmp/pwned); `id` '"'"'quoted'"'"' "dq" 
+srun --nodes=2 --ntasks=2 --ntasks-per-node=1 --kill-on-bad-exit=1 bash -c 'export NODE_RANK="$SLURM_NODEID" DTRAIN_NODE_INDEX="$SLURM_NODEID" PET_NODE_RANK="$SLURM_NODEID" PET_MASTER_ADDR="$MASTER_ADDR" PET_MASTER_PORT="$MASTER_PORT"; py="$1"; reap() { "$py" -m dtrain.launch.node.proctree reap "$DTRAIN_JOB_ID" --node "$SLURM_NODEID"; }; "$@" & agent=$!; trap '"'"'kill -TERM "$agent" 2>/dev/null; wait "$agent"; reap; exit 143'"'"' TERM INT HUP; wait "$agent"; status=$?; reap; exit "$status"' dtrain-node \
+  /opt/venv/bin/python -m dtrain.launch.node.torchrun_agent --nnodes=2 --nproc-per-node=4 --rdzv-backend=dtrain-static --rdzv-id=dtrain-abc123 --rdzv-conf=timeout=300 --max-restarts=0 --no-python /opt/venv/bin/python -m dtrain.launch.node.rank_entry train.py --lr 0.1 --tag '$(touch /tmp/pwned); `id` '"'"'quoted'"'"' "dq" 
  next'
 status=$?
 tmp=$(mktemp /shared/runs/dtrain-abc123/.slurm-"$SLURM_JOB_ID".exit.XXXXXX) && printf '%s\n' "$status" > "$tmp" && mv -f "$tmp" /shared/runs/dtrain-abc123/slurm-"$SLURM_JOB_ID".exit
@@ -100,7 +100,7 @@ def test_hostile_values_reach_the_program_verbatim_through_real_bash(tmp_path):
     argv = (tmp_path / "argv.bin").read_bytes().decode().split("\0")[:-1]
     assert argv[-2:] == ["--tag", HOSTILE]
     assert argv[argv.index("train.py") - 3:argv.index("train.py")] == ["/opt/venv/bin/python", "-m",
-                                                                       "dtrain.launch.rank_entry"]
+                                                                       "dtrain.launch.node.rank_entry"]
     assert (tmp_path / "env.txt").read_text() == HOSTILE
     assert (tmp_path / "slurm-17.exit").read_text() == "3\n"  # srun's status, recorded for the poller
     assert not os.path.exists("/tmp/pwned") and not (tmp_path / "pwned").exists()

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import sys
 
-from dtrain.launch.launcher import Launcher
+from dtrain.launch.engine.launcher import Launcher
 
 from tests.launch.conftest import script
 

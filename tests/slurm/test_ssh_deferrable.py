@@ -21,7 +21,7 @@ import psutil
 import pytest
 
 from dtrain.launch.backends import JobHandle
-from dtrain.launch.spec import LaunchSpec
+from dtrain.launch.engine.spec import LaunchSpec
 
 from .conftest import DDP_REPORT, REPO, wait_for
 
@@ -58,8 +58,8 @@ def defer(spec):
     """Run the operator's execute up to its deferral; return the operator and the trigger."""
     from airflow.sdk.exceptions import TaskDeferred
 
-    from dtrain.launch.deferrable import defer_job
-    from dtrain.launch.operator import DistributedTrainingOperator
+    from dtrain.launch.airflow.deferrable import defer_job
+    from dtrain.launch.airflow.operator import DistributedTrainingOperator
 
     op = DistributedTrainingOperator(task_id="train", command=spec.command, backend="ssh", deferrable=True)
     with pytest.raises(TaskDeferred) as info:
@@ -235,7 +235,7 @@ def test_node_logs_swapped_for_links_are_not_read_into_the_event(ssh_cluster, tm
 
 def test_the_job_secret_reaches_neither_the_ranks_nor_the_run_directory_nor_the_event(ssh_cluster, tmp_path,
                                                                                        deferred):
-    from dtrain.launch.proctree import environ_of
+    from dtrain.launch.node.proctree import environ_of
 
     spec = one_rank_per_host(ssh_cluster, tmp_path, SLEEPER)
     _, trigger = deferred(spec)

@@ -9,7 +9,7 @@ import os
 
 import pytest
 
-from dtrain.launch.ranklog import RankLog
+from dtrain.launch.node.ranklog import RankLog
 from dtrain.ui import external_views, training_tab_url
 from dtrain.ui.retraining import pipeline_view
 from dtrain.rundir import RunDir, UnsafeRunDir

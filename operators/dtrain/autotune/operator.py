@@ -21,7 +21,7 @@ from typing import Any, Sequence
 
 from airflow.sdk import BaseOperator
 
-from dtrain.launch.placement import PLACEMENT_FIELDS, PlacementArgs
+from dtrain.launch.airflow.placement_args import PLACEMENT_FIELDS, PlacementArgs
 
 
 class DeepSpeedAutotuneOperator(PlacementArgs, BaseOperator):
@@ -62,8 +62,8 @@ class DeepSpeedAutotuneOperator(PlacementArgs, BaseOperator):
         self._proc = None
 
     def _work_dir(self, context) -> str:
-        from dtrain.launch.job import dtrain_home
-        from dtrain.launch.operator import _safe
+        from dtrain.launch.airflow.operator import _safe
+        from dtrain.launch.engine.job import dtrain_home
 
         run_id = context["run_id"] if "run_id" in context else "manual"
         return os.path.join(dtrain_home(), "autotune", _safe(self.dag_id), _safe(run_id), _safe(self.task_id))

@@ -48,7 +48,7 @@ from typing import Any, Mapping, Sequence
 from airflow.sdk import DAG, Asset, Param, get_current_context, task
 
 from dtrain.errors import SpecError
-from dtrain.launch.operator import DistributedTrainingOperator
+from dtrain.launch.airflow.operator import DistributedTrainingOperator
 from dtrain.pipeline.config import partition_of
 from dtrain.pipeline.gate import Gate
 from dtrain.pipeline.params import DATASET_VERSION_PATTERN, FINITE, MAX_RANKS_ENV, OVERSUBSCRIPTION
@@ -232,7 +232,7 @@ def retraining_pipeline(
             registry; every train task is then an MLflow run: docs/mlflow.md).
         earlier_dates_check_seconds: how often a ``train`` task that waits for an earlier date's run
             looks again (it frees its worker slot in between: Airflow's reschedule).
-        **train_options: further :class:`~dtrain.launch.operator.DistributedTrainingOperator`
+        **train_options: further :class:`~dtrain.launch.airflow.operator.DistributedTrainingOperator`
             arguments (hang_timeout, stop_grace, max_restarts, deferrable, retry_policy, ...).
 
     Returns:

@@ -6,7 +6,7 @@ run, once, when the DAG is built; Airflow renders it when the task runs, so the 
 
 Grammar: a placeholder is exactly ``{name}`` or ``{params.NAME}``, with ``name`` one of
 :data:`PLACEHOLDERS` and ``NAME`` a param of the pipeline. The launcher's per-rank placeholders
-(``{deepspeed_config}``, ``{local_rank}``...: dtrain.launch.placeholders) pass through untouched,
+(``{deepspeed_config}``, ``{local_rank}``...: dtrain.launch.node.placeholders) pass through untouched,
 for the rank wrapper to fill. Anything else in braces that
 looks like one (``{shard}``, ``{params.epoch}``) is refused with the known names, so a typo
 fails the DAG at parse time instead of reaching the training script as literal text; other
@@ -16,7 +16,7 @@ elements reach the ranks as they are.
 One pass: the text is scanned once, here, and a value is never scanned again. The rank wrapper
 fills the per-rank placeholders of the rendered argv later, so a param value that goes there
 (``x}{run_dir}{rank`` from the UI) has its braces written as the launcher's literal ``{lbrace}``
-(:func:`dtrain.launch.placeholders.literal`, through the DAG's :data:`LITERAL_MACRO`): the rank
+(:func:`dtrain.launch.node.placeholders.literal`, through the DAG's :data:`LITERAL_MACRO`): the rank
 gets the value as it was typed, and nothing in it is filled.
 """
 
@@ -26,8 +26,8 @@ import re
 from typing import Iterable, Mapping
 
 from dtrain.errors import SpecError
-from dtrain.launch.placeholders import PLACEHOLDERS as PER_RANK
-from dtrain.launch.placeholders import literal
+from dtrain.launch.node.placeholders import PLACEHOLDERS as PER_RANK
+from dtrain.launch.node.placeholders import literal
 
 #: the DAG macro that writes a value for a launch command (the factory registers :func:`literal_text`)
 LITERAL_MACRO = "dtrain_literal"

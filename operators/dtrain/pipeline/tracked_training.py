@@ -14,7 +14,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from dtrain.launch.operator import DistributedTrainingOperator
+from dtrain.launch.airflow.operator import DistributedTrainingOperator
 from dtrain.pipeline.config import partition_of
 from dtrain.pipeline.registry import ModelRegistry
 from dtrain.tracking import RUN_XCOM_KEY
@@ -44,7 +44,7 @@ class TrackedTrainingOperator(DistributedTrainingOperator):
     def _record_run(self, spec, context) -> None:
         """Start (or resume) the run before the job starts, and hand its id to the ranks."""
         super()._record_run(spec, context)
-        from dtrain.launch.job import run_record
+        from dtrain.launch.engine.job import run_record
         from dtrain.tracking import log_params, run_env, run_key, start_or_resume
 
         server = self.registry.server()

@@ -61,7 +61,7 @@ def nccl_env(ib_devices: list[str], interfaces: list[str], single_host: bool) ->
 
 
 def gpu_count() -> int:
-    from dtrain.launch.placement import visible_gpu_count
+    from dtrain.launch.engine.placement import visible_gpu_count
 
     return visible_gpu_count()
 

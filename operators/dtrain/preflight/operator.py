@@ -6,7 +6,7 @@ from typing import Any, Sequence
 
 from airflow.sdk import BaseOperator
 
-from dtrain.launch.placement import PLACEMENT_FIELDS, PlacementArgs
+from dtrain.launch.airflow.placement_args import PLACEMENT_FIELDS, PlacementArgs
 
 
 class PreflightOperator(PlacementArgs, BaseOperator):

@@ -6,7 +6,7 @@ import os
 from dataclasses import dataclass
 from datetime import timedelta
 
-from dtrain.launch.env_contract import contract_from_env
+from dtrain.launch.node.env_contract import contract_from_env
 
 
 @dataclass(frozen=True)

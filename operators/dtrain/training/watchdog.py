@@ -1,4 +1,5 @@
-"""The rank's side of hang detection (see :mod:`dtrain.launch.hang`).
+"""The rank's side of hang detection (the files: :mod:`dtrain.launch.node.hang_files`; the watcher
+that reads them: :mod:`dtrain.launch.engine.hang`).
 
 * :func:`heartbeat`: tell the launcher this rank is making progress when it neither
   prints nor writes metrics for a while (a long evaluation, a slow first batch).
@@ -22,7 +23,7 @@ import threading
 import time
 import traceback
 
-from dtrain.launch.hang import (
+from dtrain.launch.node.hang_files import (
     HANG_DIR_ENV, ProgressToucher, exists, flight_recorder_path, progress_dir, request_path, stack_path, write_private,
 )
 

@@ -9,29 +9,13 @@ processor too) imports neither FastAPI routes nor matplotlib.
 from __future__ import annotations
 
 import threading
-from urllib.parse import urlsplit
+
+# The Training tab's route and URL, shared with the training operator's "Training" link: the launch
+# package holds the link and does not import this package.
+from dtrain.launch.airflow.ui_urls import TAB_ROUTE, training_tab_url, ui_base  # noqa: F401 (re-exported)
 
 URL_PREFIX = "/dtrain"
-TAB_ROUTE = "training"
 PAGE_ROUTE = "retraining"
-
-
-def ui_base() -> str:
-    """The path Airflow's UI and API are served under (``[api] base_url``; '' at the root)."""
-    from airflow.configuration import conf
-
-    return urlsplit(conf.get("api", "base_url", fallback="") or "").path.rstrip("/")
-
-
-def training_tab_url(dag_id: str, run_id: str, task_id: str, map_index: int = -1, base: str | None = None) -> str:
-    """The Airflow UI's URL of a task instance's Training tab (path only, under ``[api] base_url``)."""
-    from urllib.parse import quote
-
-    base = ui_base() if base is None else base
-    ti = f"{base}/dags/{quote(dag_id, safe='')}/runs/{quote(run_id, safe='')}/tasks/{quote(task_id, safe='')}"
-    if map_index is not None and int(map_index) >= 0:
-        ti += f"/mapped/{int(map_index)}"
-    return f"{ti}/plugin/{TAB_ROUTE}"
 
 
 class LazyApp:

@@ -42,7 +42,7 @@ from airflow.api_fastapi.common.db.common import SessionDep
 from airflow.api_fastapi.core_api.security import GetUserDep, requires_access_dag, requires_authenticated
 
 from dtrain.errors import SpecError
-from dtrain.launch.job import RUN_RECORD_KEY
+from dtrain.launch.engine.job import RUN_RECORD_KEY
 from dtrain.tracking import RUN_XCOM_KEY as MLFLOW_RUN_KEY
 from dtrain.provenance import Untrusted, models_roots, runs_roots, trusted_published, trusted_run_dir
 from dtrain.rundir import RunDir, UnsafeRunDir

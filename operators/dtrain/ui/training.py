@@ -10,9 +10,9 @@ from __future__ import annotations
 import os
 from typing import Any, Mapping
 
-from dtrain.launch.exits import first_failure_of
+from dtrain.launch.engine.exits import first_failure_of
 from dtrain.rundir import RunDir
-from dtrain.training.stall_report import summarize_records
+from dtrain.stall_report import summarize_records
 from dtrain.ui.metrics_cache import number
 
 #: the per-rank curves, by API name: (title, y label)

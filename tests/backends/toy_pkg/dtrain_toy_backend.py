@@ -18,7 +18,7 @@ import time
 import psutil
 
 from dtrain.launch.backends import Backend, DryRunRequest, JobHandle, JobStatus
-from dtrain.launch.torchrun import RANK_ENTRY
+from dtrain.launch.engine.torchrun import RANK_ENTRY
 
 
 def _records(run_dir: str) -> dict[int, dict]:
@@ -104,13 +104,13 @@ class ToyBackend(Backend):
         return JobStatus("RUNNING", False)
 
     def cancel(self, handle, grace=None):
-        from dtrain.launch.proctree import kill_job
+        from dtrain.launch.node.proctree import kill_job
 
         self._stop_ranks(handle, 5.0 if grace is None else grace)
         kill_job(handle.job_id, 5.0)  # what the ranks started outside their sessions
 
     def release(self, handle):
-        from dtrain.launch.proctree import kill_job
+        from dtrain.launch.node.proctree import kill_job
 
         kill_job(handle.job_id, 5.0)  # a finished job leaves nothing behind either
 

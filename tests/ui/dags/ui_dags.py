@@ -7,7 +7,7 @@ import os
 
 from airflow.sdk import DAG, Param
 
-from dtrain.launch.operator import DistributedTrainingOperator
+from dtrain.launch.airflow.operator import DistributedTrainingOperator
 
 UI_TRAIN = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "scripts", "ui_train.py")
 

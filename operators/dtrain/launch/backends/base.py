@@ -5,7 +5,7 @@ registered through the ``dtrain.backends`` entry-point group) holding a :class:`
 subclass. Nothing outside that folder knows the backend's name or options:
 
 * validation: :meth:`Backend.resolve_placement` checks the backend's options when a
-  :class:`~dtrain.launch.placement.Placement` is built and returns what it resolved from them,
+  :class:`~dtrain.launch.engine.placement.Placement` is built and returns what it resolved from them,
   typed, kept as ``placement.resolved`` (``spec.resolved``; read from there on, the options
   themselves stay as given); :meth:`Backend.validate` checks the rest of a job before anything starts;
 * node access: :meth:`Backend.node_access`, :meth:`Backend.node_commands`, :meth:`Backend.node_fanout`
@@ -41,13 +41,13 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar, Mapping, Sequence
 
 from dtrain.errors import DTrainError, SpecError
-from dtrain.launch.net import free_port
-from dtrain.launch.processes import LineSink, print_sink, stop_grace_env
+from dtrain.launch.engine.net import free_port
+from dtrain.launch.engine.processes import LineSink, print_sink, stop_grace_env
 
 if TYPE_CHECKING:  # imported for annotations only: the spec imports the registry
-    from dtrain.launch.job import Job
-    from dtrain.launch.placement import Placement
-    from dtrain.launch.spec import LaunchSpec
+    from dtrain.launch.engine.job import Job
+    from dtrain.launch.engine.placement import Placement
+    from dtrain.launch.engine.spec import LaunchSpec
 
 Primitive = (str, int, float, bool, type(None))
 #: the key of a job handle's ``data`` that holds a per-job secret (see JobHandle.public)
@@ -411,7 +411,7 @@ def contract_node_env(job: "Job", node_index: int | None, *, grace: float, on_th
     if on_this_host:
         env["GLOO_SOCKET_IFNAME"] = os.environ.get("GLOO_SOCKET_IFNAME", "lo")
     if spec.distribution == "tensorflow":
-        from dtrain.launch.tf_config import DEFAULT_PORT, backend_env
+        from dtrain.launch.node.tf_config import DEFAULT_PORT, backend_env
 
         env.update(backend_env(addresses, port + 1 if port else DEFAULT_PORT, spec.parameter_servers))
     env.update(job.rank_env)

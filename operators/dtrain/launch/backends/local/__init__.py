@@ -20,10 +20,10 @@ from typing import Sequence
 
 from dtrain.errors import SpecError
 from dtrain.launch.backends.base import Backend, DryRunRequest, JobHandle, JobStatus
-from dtrain.launch.job import Job
-from dtrain.launch.placement import Placement
-from dtrain.launch.processes import AgentLogs, NodeSupervisor
-from dtrain.launch.torchrun import C10d, agent_argv
+from dtrain.launch.engine.job import Job
+from dtrain.launch.engine.placement import Placement
+from dtrain.launch.engine.processes import AgentLogs, NodeSupervisor
+from dtrain.launch.engine.torchrun import C10d, agent_argv
 
 LOOPBACK = "127.0.0.1"
 

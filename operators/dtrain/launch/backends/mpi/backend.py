@@ -32,11 +32,11 @@ from dtrain.errors import LaunchError, SpecError
 from dtrain.launch.backends import get_backend_class
 from dtrain.launch.backends.base import Backend, DryRunRequest, JobHandle, JobStatus, NodeAccess
 from dtrain.launch.backends.mpi.render import check_export_names, coerce_mpi_options, mpirun_argv, mpirun_env
-from dtrain.launch.exits import exit_records, first_failure_of, ranks_exited_since, records_since
-from dtrain.launch.job import Job
-from dtrain.launch.placement import Placement
-from dtrain.launch.processes import NodeSupervisor
-from dtrain.launch.spec import LaunchSpec
+from dtrain.launch.engine.exits import exit_records, first_failure_of, ranks_exited_since, records_since
+from dtrain.launch.engine.job import Job
+from dtrain.launch.engine.placement import Placement
+from dtrain.launch.engine.processes import NodeSupervisor
+from dtrain.launch.engine.spec import LaunchSpec
 from dtrain.rundir import RunDir
 
 

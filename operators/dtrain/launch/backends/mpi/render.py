@@ -2,7 +2,7 @@
 
 One mpirun starts every rank itself, per process (process count per instance =
 ``procs_per_node``, instance count = ``nodes``), each through the per-rank wrapper
-``dtrain.launch.rank_entry``, which maps OMPI_COMM_WORLD_RANK/SIZE/LOCAL_RANK/
+``dtrain.launch.node.rank_entry``, which maps OMPI_COMM_WORLD_RANK/SIZE/LOCAL_RANK/
 LOCAL_SIZE to RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE and NODE_RANK
 (= rank // local size). MASTER_ADDR/MASTER_PORT and the job's variables travel
 with ``-x NAME`` (the value comes from mpirun's own environment), so no value,
@@ -27,7 +27,7 @@ from typing import Any, Sequence
 
 from dtrain import grammar
 from dtrain.errors import SpecError
-from dtrain.launch.torchrun import RANK_ENTRY
+from dtrain.launch.engine.torchrun import RANK_ENTRY
 
 MPIRUN = "mpirun"
 

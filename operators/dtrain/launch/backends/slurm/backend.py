@@ -28,11 +28,11 @@ from dtrain.errors import DTrainError, LaunchError
 from dtrain.launch.backends.base import Backend, DryRunRequest, JobHandle, JobStatus, run_async
 from dtrain.launch.backends.slurm import render as R
 from dtrain.launch.backends.slurm.render import SlurmOptions
-from dtrain.launch.exits import exit_records, ranks_exited_since
-from dtrain.launch.job import Job
-from dtrain.launch.placement import Placement
-from dtrain.launch.spec import LaunchSpec
-from dtrain.launch.tailfile import TAIL_LINES, LogFollower, read_tail
+from dtrain.launch.engine.exits import exit_records, ranks_exited_since
+from dtrain.launch.engine.job import Job
+from dtrain.launch.engine.placement import Placement
+from dtrain.launch.engine.spec import LaunchSpec
+from dtrain.launch.engine.tailfile import TAIL_LINES, LogFollower, read_tail
 from dtrain.rundir import RunDir
 
 

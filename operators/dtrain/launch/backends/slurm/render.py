@@ -3,7 +3,7 @@
 Split torchx-style into this pure module and :mod:`.backend`, which talks to Slurm:
 
 * :class:`SlurmOptions` (validated: partition, time limit, account, ...) and
-  :func:`render_sbatch` turn a prepared :class:`~dtrain.launch.job.Job` into the exact
+  :func:`render_sbatch` turn a prepared :class:`~dtrain.launch.engine.job.Job` into the exact
   sbatch script (tested by string comparison; ``dtrain launch --dry-run`` prints it);
   :func:`parse_scontrol_job` and :func:`decide` turn Slurm's answers into a status.
 
@@ -29,8 +29,8 @@ from dtrain import grammar
 from dtrain.args import coerce_int, mapping_arg
 from dtrain.errors import DTrainError, LaunchError, SpecError
 from dtrain.launch.backends.base import JobStatus, contract_node_env
-from dtrain.launch.job import Job
-from dtrain.launch.torchrun import Static, agent_argv
+from dtrain.launch.engine.job import Job
+from dtrain.launch.engine.torchrun import Static, agent_argv
 from dtrain.rundir import RunDir
 
 SCRIPT_NAME = "slurm-job.sh"
@@ -267,7 +267,7 @@ def node_argv(job: Job, python: str) -> list[str]:
 # proctrack/linuxproc follows parent links and would lose it. "$1" is the agent's interpreter.
 NODE_SHELL = ('export NODE_RANK="$SLURM_NODEID" DTRAIN_NODE_INDEX="$SLURM_NODEID" PET_NODE_RANK="$SLURM_NODEID" '
               'PET_MASTER_ADDR="$MASTER_ADDR" PET_MASTER_PORT="$MASTER_PORT"; py="$1"; '
-              'reap() { "$py" -m dtrain.launch.proctree reap "$DTRAIN_JOB_ID" --node "$SLURM_NODEID"; }; '
+              'reap() { "$py" -m dtrain.launch.node.proctree reap "$DTRAIN_JOB_ID" --node "$SLURM_NODEID"; }; '
               '"$@" & agent=$!; '
               'trap \'kill -TERM "$agent" 2>/dev/null; wait "$agent"; reap; exit 143\' TERM INT HUP; '
               'wait "$agent"; status=$?; reap; exit "$status"')

@@ -52,11 +52,11 @@ from dtrain.launch.backends.ssh import detached as nodes
 from dtrain.launch.backends.ssh.fanout import run_bounded, run_bounded_async
 from dtrain.launch.backends.ssh.hostfile import (HOST_OPTIONS, SETTINGS_OPTIONS, HostEntry, SSHPlacement,
                                                  SSHSettings, resolve_options, ssh_argv)
-from dtrain.launch.job import Job
-from dtrain.launch.placement import Placement
-from dtrain.launch.processes import NodeProcess, NodeSupervisor
-from dtrain.launch.spec import LaunchSpec
-from dtrain.launch.torchrun import Static, agent_argv
+from dtrain.launch.engine.job import Job
+from dtrain.launch.engine.placement import Placement
+from dtrain.launch.engine.processes import NodeProcess, NodeSupervisor
+from dtrain.launch.engine.spec import LaunchSpec
+from dtrain.launch.engine.torchrun import Static, agent_argv
 
 REMOTE_AGENT = "dtrain.launch.backends.ssh.remote_agent"
 # The remote agent's announcement, as the supervisor tags it (node index from the ssh client's

@@ -32,7 +32,7 @@ and ``stop`` read the secret from stdin (``{"secret": ...}``) when the caller ha
 it no exit record is believed. A record that fails is ignored and named in ``ignored`` (and on
 stderr). Before a PID from the state record is signalled or taken for the daemon, its start time
 must match the record's and its environment must say this job and node
-(:func:`dtrain.launch.proctree.of_job`); the job id checked is the caller's (``--job-id``),
+(:func:`dtrain.launch.node.proctree.of_job`); the job id checked is the caller's (``--job-id``),
 never one read from the run directory. Stdlib and psutil (a dependency of the package) only.
 """
 
@@ -53,7 +53,7 @@ from typing import Any
 from dtrain import grammar
 from dtrain.errors import SpecError
 from dtrain.launch.backends.ssh.records import JobKey, RecordError, check, parse
-from dtrain.launch.proctree import environ_of, kill_job, kill_tree, of_job
+from dtrain.launch.node.proctree import environ_of, kill_job, kill_tree, of_job
 from dtrain.rundir import DETACHED, RunDir, UnsafeRunDir
 
 MODULE = "dtrain.launch.backends.ssh.detached_node"

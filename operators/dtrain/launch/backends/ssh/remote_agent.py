@@ -31,7 +31,7 @@ import subprocess
 import sys
 import threading
 
-from dtrain.launch.proctree import kill_tree
+from dtrain.launch.node.proctree import kill_tree
 from dtrain.rundir import RunDir
 
 ANNOUNCE = "[dtrain-remote]"

@@ -1,4 +1,4 @@
-"""Airflow's side of :mod:`dtrain.launch.retry`: a ``RetryPolicy`` the training operator uses by default.
+"""Airflow's side of :mod:`dtrain.launch.engine.retry`: a ``RetryPolicy`` the training operator uses by default.
 
 Airflow 3.3 evaluates a task's ``retry_policy`` in the worker, with the exception the task
 raised (``airflow/sdk/execution_time/task_runner.py``: ``_handle_current_task_failed``): ``FAIL``
@@ -14,7 +14,7 @@ from typing import Any
 
 from airflow.sdk import RetryDecision, RetryPolicy
 
-from dtrain.launch.retry import FAIL, RETRY, classify
+from dtrain.launch.engine.retry import FAIL, RETRY, classify
 
 
 class TrainingRetryPolicy(RetryPolicy):

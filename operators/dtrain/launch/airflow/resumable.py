@@ -1,4 +1,4 @@
-"""Re-attach after a worker crash: the engine side of the operator's durable (non-deferrable) mode.
+"""Re-attach after a worker crash: the operator's side of its durable (non-deferrable) mode.
 
 A blocking task holds its job through its own process: when the worker dies (SIGKILL, a lost
 machine) Airflow retries the task, and a retry that simply launched again would run a second
@@ -8,8 +8,8 @@ job next to the first one, which may still be training. In durable mode the oper
    a Slurm job, or one ``detached_node`` daemon per SSH host, outlives the worker), writes the
    handle into the run directory (the submission record) and, through Airflow's
    ``ResumableJobMixin``, into the task state store;
-2. follows the job from the worker by polling (:class:`Following`, run by
-   :meth:`dtrain.launch.launcher.Launcher.attach`): same output streaming, failure records,
+2. follows the job from the worker by polling (:meth:`dtrain.launch.engine.launcher.Launcher.attach`,
+   with :class:`~dtrain.launch.engine.following.Following`): same output streaming, failure records,
    teardown and result as a blocking run;
 3. on a retry, reads the handle back and asks the backend where the job is
    (:func:`recorded_status`): still running -> follow it; ended well -> take its result;
@@ -26,17 +26,14 @@ from __future__ import annotations
 import os
 from typing import Any, Callable
 
-from dtrain.errors import DTrainError, LaunchError
-from dtrain.launch.backends import Backend, BackendOutcome, JobHandle, JobStatus
-from dtrain.launch.submission import DEFAULT_POLL_INTERVAL, check_submitted, write_submission
+from dtrain.errors import DTrainError
+from dtrain.launch.backends import Backend, JobHandle, JobStatus
+from dtrain.launch.engine.submission import check_submitted, write_submission
 
 # What get_job_status reports to the mixin: "<verdict>:<backend state>".
 ACTIVE, SUCCEEDED, ENDED, NOT_OURS = "active", "succeeded", "ended", "not-ours"
-LOST_EXIT_CODE = 255  # as ssh reports a connection it lost: retry.py reads it as a lost node
-TAIL_LINES = 40
 
-__all__ = ["Following", "recorded_handle", "recorded_status", "status_word", "is_active", "is_succeeded",
-           "write_submission"]
+__all__ = ["recorded_handle", "recorded_status", "status_word", "is_active", "is_succeeded", "write_submission"]
 
 
 def status_word(status: JobStatus) -> str:
@@ -88,50 +85,3 @@ def recorded_status(backend: Backend, value: Any, run_dir: str, warn: Callable[[
              f"(exit {status.exit_code}); stopping what may remain of it before a new submission")
         backend.cancel(handle)
     return word
-
-
-class Following:
-    """A backend whose ``run(job)`` follows the submitted job ``handle`` names instead of starting
-    one: :meth:`Backend.watch` of that handle (what :meth:`Backend.run` does after its submit). Everything
-    else is the wrapped backend's, so
-    :class:`~dtrain.launch.launcher.Launcher` (its watch, ``terminate``, result) works unchanged."""
-
-    def __init__(self, backend: Backend, handle: JobHandle):
-        self.backend = backend
-        self.handle = handle
-        self.state = ""  # the job's final state, once it ended
-        self.lines = 0  # output lines the backend streamed while following
-        self.grace: float | None = None  # set by terminate(grace): how long the ranks get at the cancel
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.backend, name)
-
-    def terminate(self, grace: float | None = None) -> None:
-        self.grace = grace
-        self.backend.terminate(grace)
-
-    def run(self, job: Any = None) -> BackendOutcome:
-        backend, handle = self.backend, self.handle
-        # Remote polls (scontrol, ssh to every host) at the pace the submission chose, not the
-        # local default: the re-attaching backend never ran submit().
-        backend.poll_interval = float(handle.data.get("poll_interval", DEFAULT_POLL_INTERVAL))
-        sink = backend.sink
-        backend.sink = self._counting(sink)
-        try:
-            outcome = backend.watch(handle, self.grace)
-        except DTrainError as e:  # lost track: the backend could not be asked, poll after poll
-            self.state = "LOST"
-            raise LaunchError(str(e), LOST_EXIT_CODE, state=self.state) from e
-        finally:
-            backend.sink = sink
-        self.state = outcome.state
-        if not outcome.stopped and not self.lines:  # a backend that does not stream (detached SSH): its last lines
-            for line in backend.logs(handle, TAIL_LINES):
-                sink(line)
-        return outcome
-
-    def _counting(self, sink: Callable[[str], Any]) -> Callable[[str], Any]:
-        def emit(line: str) -> None:
-            self.lines += 1
-            sink(line)
-        return emit

@@ -1,22 +1,22 @@
-"""Per-rank entry point: ``python -m dtrain.launch.rank_entry CMD ARGS...``.
+"""Per-rank entry point: ``python -m dtrain.launch.node.rank_entry CMD ARGS...``.
 
 torchrun (or mpirun) starts this in place of the user's command, on every rank. It
 
 * completes the env contract (NODE_RANK, and the OMPI_* mapping for mpirun), plus the
   ``deepspeed`` launcher's LOCAL_SIZE, CROSS_RANK and CROSS_SIZE;
 * fills the command's placeholders (``{deepspeed_config}``, ``{local_rank}``...; see
-  dtrain.launch.placeholders) and appends ``--local_rank=N`` when the launch asked for it;
+  dtrain.launch.node.placeholders) and appends ``--local_rank=N`` when the launch asked for it;
 * runs the command as an argv list (no shell), in this process group, and makes the
   kernel kill it if this wrapper dies (PR_SET_PDEATHSIG), so no rank outlives its agent;
 * streams the command's stdout and stderr line by line, prefixed ``[nodeN rankR]``, and keeps
-  them in ``$DTRAIN_RUN_DIR/logs/rank<R>.log`` (dtrain.launch.ranklog; the Training tab's tails);
+  them in ``$DTRAIN_RUN_DIR/logs/rank<R>.log`` (dtrain.launch.node.ranklog; the Training tab's tails);
 * writes an exit record (code, time, whether it was told to stop, last lines) into
   ``$DTRAIN_RUN_DIR/exits`` so the launcher can name the rank that failed first;
 * removes the rank's DeepSpeed shared-memory all-reduce buffer once the command has ended
-  (see dtrain.launch.ds_shm: DeepSpeed never does, 67 MB of RAM per rank per job);
+  (see dtrain.launch.node.ds_shm: DeepSpeed never does, 67 MB of RAM per rank per job);
 * marks the rank as progressing whenever it prints a line, and, when the launcher asks for
   stack dumps (a hang), makes sure this rank's dump exists: the training helper's own, or
-  ``py-spy dump`` of the command, or a note saying why there is none (see dtrain.launch.hang).
+  ``py-spy dump`` of the command, or a note saying why there is none (see dtrain.launch.engine.hang).
 
 Stdlib only, and imported by nothing heavy: it is on every rank's start-up path.
 """
@@ -33,9 +33,9 @@ import sys
 import threading
 import time
 
-from dtrain.launch import ds_shm, hang, placeholders
-from dtrain.launch.ranklog import RankLog
-from dtrain.launch.env_contract import contract_from_env, deepspeed_launcher_env
+from dtrain.launch.node import ds_shm, hang_files, placeholders
+from dtrain.launch.node.env_contract import contract_from_env, deepspeed_launcher_env
+from dtrain.launch.node.ranklog import RankLog
 from dtrain.rundir import EXITS, RunDir
 
 TAIL_LINES = 40
@@ -77,7 +77,8 @@ class RankProcess:
         self.stop_signal: int | None = None
         self.ended_at: float | None = None
         run_dir = environ.get("DTRAIN_RUN_DIR")
-        self.progress = hang.ProgressToucher(hang.progress_dir(run_dir), environ.get("RANK", "x")) if run_dir else None
+        self.progress = (hang_files.ProgressToucher(hang_files.progress_dir(run_dir), environ.get("RANK", "x"))
+                         if run_dir else None)
         restart = environ.get("TORCHELASTIC_RESTART_COUNT", "0")
         self.log = RankLog(run_dir, environ.get("RANK", "x"),
                            header=f"rank {environ.get('RANK', '?')} on node {environ.get('NODE_RANK', '?')} started "
@@ -87,7 +88,7 @@ class RankProcess:
             preexec_fn=_die_with_parent,
         )
         if self.progress is not None:
-            self.progress.touch()  # started: from now on, silence counts (see dtrain.launch.hang)
+            self.progress.touch()  # started: from now on, silence counts (see dtrain.launch.engine.hang)
 
     def _pump(self, source, sink) -> None:
         for line in iter(source.readline, b""):
@@ -124,8 +125,8 @@ class RankProcess:
         for t in pumps:
             t.start()
         threading.Thread(target=self.watch_parent, daemon=True).start()
-        if self.environ.get(hang.HANG_DIR_ENV):
-            threading.Thread(target=self.ensure_stack_dump, args=(self.environ[hang.HANG_DIR_ENV],),
+        if self.environ.get(hang_files.HANG_DIR_ENV):
+            threading.Thread(target=self.ensure_stack_dump, args=(self.environ[hang_files.HANG_DIR_ENV],),
                              daemon=True).start()
         code = self.proc.wait()
         # When it ended, not when its output drained (the pumps may wait up to 5 s below): which
@@ -140,19 +141,19 @@ class RankProcess:
     def ensure_stack_dump(self, directory: str) -> None:
         """Once the launcher asks, give this rank's stack: the helper's dump if it answers in time,
         else py-spy's view of the command from outside, else a note saying why there is none."""
-        while not hang.exists(hang.request_path(directory)):
+        while not hang_files.exists(hang_files.request_path(directory)):
             if self.proc.poll() is not None:
                 return
             time.sleep(0.5)
         rank = self.environ.get("RANK", "x")
-        target = hang.stack_path(directory, rank)
-        deadline = time.monotonic() + hang.HELPER_DUMP_WAIT_S
+        target = hang_files.stack_path(directory, rank)
+        deadline = time.monotonic() + hang_files.HELPER_DUMP_WAIT_S
         while time.monotonic() < deadline:
-            if hang.exists(target):
+            if hang_files.exists(target):
                 return
             time.sleep(0.2)
         try:
-            hang.write_private(target, self.outside_stack().encode())
+            hang_files.write_private(target, self.outside_stack().encode())
         except OSError:
             pass
 
@@ -167,7 +168,7 @@ class RankProcess:
         except (OSError, subprocess.TimeoutExpired) as e:
             return header + f"py-spy dump failed: {e}\n"
         output = (done.stdout + done.stderr).decode(errors="replace")
-        return header + f"$ py-spy dump --pid {self.proc.pid}\n" + output[-hang.MAX_STACK_CHARS:]
+        return header + f"$ py-spy dump --pid {self.proc.pid}\n" + output[-hang_files.MAX_STACK_CHARS:]
 
     def write_exit_record(self, exit_code: int) -> None:
         run_dir = self.environ.get("DTRAIN_RUN_DIR")
@@ -195,7 +196,7 @@ def main(argv: list[str] | None = None) -> int:
     if command and command[0] == "--":
         command = command[1:]
     if not command:
-        print("usage: python -m dtrain.launch.rank_entry CMD [ARGS...]", file=sys.stderr)
+        print("usage: python -m dtrain.launch.node.rank_entry CMD [ARGS...]", file=sys.stderr)
         return 2
     environ = dict(os.environ)
     environ.update(contract_from_env(environ))
@@ -206,7 +207,7 @@ def main(argv: list[str] | None = None) -> int:
     # every thread's Python stack first, so its tail says where; a user's own setting wins.
     environ.setdefault("PYTHONFAULTHANDLER", "1")
     if environ.get("DTRAIN_DISTRIBUTION") == "tensorflow":
-        from dtrain.launch.tf_config import tf_config_env  # TF scripts read TF_CONFIG unchanged
+        from dtrain.launch.node.tf_config import tf_config_env  # TF scripts read TF_CONFIG unchanged
 
         environ.update(tf_config_env(environ))
     environ.update(deepspeed_launcher_env(environ))

@@ -1,17 +1,20 @@
-"""Operator extra links and template macros that the Airflow plugin registers.
+"""The training operator's extra links (``operator_extra_links``; the plugin registers them too).
 
 In Airflow 3 a link is computed on the worker right after the task succeeds (get_link)
 and stored in XCom for the UI; the training operator keeps its last result on itself,
 so the link needs no extra lookup. Locations are turned into URLs by templates the
 deployment sets, because only it knows how its shared filesystem and TensorBoard are
 served; the "Training" link needs no setting: it opens the task instance's Training tab
-(dtrain.ui), which shows the metrics, verdicts, logs and checkpoints the job wrote:
+(dtrain.ui, at :func:`~dtrain.launch.airflow.ui_urls.training_tab_url`), which shows the metrics,
+verdicts, logs and checkpoints the job wrote:
 
 * ``DTRAIN_STORAGE_URL`` (or ``AIRFLOW__DTRAIN__STORAGE_URL``), e.g. ``https://files.example/{path}``:
   a "Checkpoints" link to the checkpoint directory; none when unset (a ``file://`` link is one no
   browser opens from a web page).
 * ``DTRAIN_TENSORBOARD_URL`` (or ``AIRFLOW__DTRAIN__TENSORBOARD_URL``), e.g.
   ``http://tensorboard:6006/?regexInput={job_id}``; no TensorBoard link when unset.
+
+The template macros (``macros.dtrain.*``) are the plugin's (dtrain.plugin), not the operator's.
 """
 
 from __future__ import annotations
@@ -22,15 +25,7 @@ from urllib.parse import quote
 
 from airflow.sdk import BaseOperatorLink
 
-from dtrain.training.scaling import scaled_lr
-
-
-def global_batch_size(per_rank_batch: int, nodes: int, procs_per_node: int, grad_accum: int = 1) -> int:
-    """Samples per optimizer step across the job: per-rank batch x ranks x accumulation steps."""
-    return int(per_rank_batch) * int(nodes) * int(procs_per_node) * int(grad_accum)
-
-
-MACROS = [scaled_lr, global_batch_size]
+from dtrain.launch.airflow.ui_urls import training_tab_url
 
 
 def _setting(name: str) -> str | None:
@@ -61,8 +56,6 @@ class TrainingLink(BaseOperatorLink):
     name = "Training"
 
     def get_link(self, operator, *, ti_key) -> str:
-        from dtrain.ui import training_tab_url
-
         return training_tab_url(ti_key.dag_id, ti_key.run_id, ti_key.task_id, ti_key.map_index)
 
 

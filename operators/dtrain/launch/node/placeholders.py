@@ -1,6 +1,6 @@
 """Per-rank placeholders in a launch ``command``: ``{deepspeed_config}``, ``{local_rank}``, ...
 
-The rank wrapper (dtrain.launch.rank_entry) replaces each one with this rank's literal value
+The rank wrapper (dtrain.launch.node.rank_entry) replaces each one with this rank's literal value
 just before it starts the command, so a DeepSpeed script can take
 ``--deepspeed_config {deepspeed_config}`` without the config being given twice. There is no
 shell and no other expansion: only exactly ``{name}`` with ``name`` below is replaced (inside an

@@ -6,7 +6,7 @@ submitting process) can be deferred. The operator calls three functions:
 * :func:`defer_job` (from ``execute``): prepares the job, ``submit(detached=True)``, records
   the handle in the run directory, checks whether the job already ended (a short job, or a
   retry finding it done) and only then defers to
-  :class:`~dtrain.launch.trigger.DistributedJobTrigger`.
+  :class:`~dtrain.launch.airflow.trigger.DistributedJobTrigger`.
 * :func:`resume_job` (from ``execute_complete``): validates the trigger event against the
   submission record, cancels what may still run after a failure (the trigger only polls),
   and raises :class:`LaunchError` with the failing rank's (or the job's) last lines; on
@@ -23,9 +23,9 @@ from typing import Any, Mapping
 
 from dtrain.errors import DTrainError, LaunchError, SpecError
 from dtrain.launch.backends import JobHandle, backend_for, detachable_backend_names, get_backend_class
-from dtrain.launch.hang import HANG_EXIT_CODE
-from dtrain.launch.spec import LaunchSpec
-from dtrain.launch.submission import DEFAULT_POLL_INTERVAL, check_submitted, write_submission
+from dtrain.launch.engine.hang import HANG_EXIT_CODE
+from dtrain.launch.engine.spec import LaunchSpec
+from dtrain.launch.engine.submission import DEFAULT_POLL_INTERVAL, check_submitted, write_submission
 
 SUBMISSION_KEY = "_dtrain_submission"  # attribute on the operator: the handle on_kill cancels
 EVENT_STATUSES = ("success", "failed", "error", "hung")
@@ -41,7 +41,7 @@ def defer_job(operator, spec: LaunchSpec, context: Mapping | None = None, sink=N
         raise SpecError("deferrable", True, f"a backend whose jobs outlive the worker ({', '.join(detachable_backend_names())}); "
                                             f"backend={spec.backend!r} with distribution={spec.distribution!r} "
                                             f"runs on {backend_cls.name!r}, which cannot")
-    from dtrain.launch.launcher import Launcher
+    from dtrain.launch.engine.launcher import Launcher
 
     sink = sink or operator.log.info
     # The launcher prepares the job as a durable submission does (the ranks' env included).
@@ -51,7 +51,7 @@ def defer_job(operator, spec: LaunchSpec, context: Mapping | None = None, sink=N
     ti = (context or {}).get("ti")
     if ti is not None:
         ti.xcom_push(key=f"{handle.backend}_job_id", value=handle.backend_job_id)
-    from dtrain.launch.trigger import DistributedJobTrigger
+    from dtrain.launch.airflow.trigger import DistributedJobTrigger
 
     trigger = DistributedJobTrigger(handle=handle.to_dict(),
                                     poll_interval=float(handle.data.get("poll_interval", DEFAULT_POLL_INTERVAL)),
@@ -78,7 +78,7 @@ def _validated(event: Any) -> tuple[dict[str, Any], JobHandle]:
 
 def resume_job(operator, event: Any) -> dict[str, Any]:
     """Turn the trigger's event into the task's result, or raise with the job's last lines."""
-    from dtrain.launch.launcher import LaunchResult
+    from dtrain.launch.engine.launcher import LaunchResult
 
     event, handle = _validated(event)
     if operator is not None:

@@ -2,8 +2,10 @@
 
 Deferrable mode checks a trigger event against it, and durable mode (a retry re-attaching
 after a worker crash) checks the task state store's value against it: either way, only a
-job this run directory really submitted is followed. Shared by :mod:`dtrain.launch.deferrable`
-and :mod:`dtrain.launch.resumable`, which the launcher also uses (so it imports neither).
+job this run directory really submitted is followed. Shared by the operator's two modes,
+:mod:`dtrain.launch.airflow.deferrable` and :mod:`dtrain.launch.airflow.resumable`; here, on the
+launcher's side, because the launcher follows a re-attached job too (:mod:`.following`) and must
+import neither.
 """
 
 from __future__ import annotations

@@ -199,7 +199,7 @@ class NodeSupervisor:
             except subprocess.TimeoutExpired:
                 node.proc.kill()
         if self.job_id:
-            from dtrain.launch.proctree import kill_job
+            from dtrain.launch.node.proctree import kill_job
 
             kill_job(self.job_id, grace)
         self._drain()

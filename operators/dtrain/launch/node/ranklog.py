@@ -2,7 +2,7 @@
 
 The task log interleaves every rank; a person looking at one rank (the Training tab's live
 tails, ``tail -f`` on the shared filesystem) wants that rank alone. The per-rank wrapper
-(dtrain.launch.rank_entry) writes every line it forwards here too.
+(dtrain.launch.node.rank_entry) writes every line it forwards here too.
 
 Bounded: past :data:`MAX_BYTES` the file is rotated to ``rank<R>.log.1`` (one old file kept),
 so a rank printing without end cannot fill the shared filesystem. Opened without following a

@@ -1,5 +1,5 @@
 """The ranks' exit records (``<run_dir>/exits/rank<R>.restart<N>.json``, written by
-dtrain.launch.rank_entry as each rank ends): which ranks ended since a moment, and which rank
+dtrain.launch.node.rank_entry as each rank ends): which ranks ended since a moment, and which rank
 failed first.
 
 No Airflow or torch import: the launcher, the backends and the Training tab's API all read
@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any, Iterable
 
-from dtrain.launch.retry import communication_error  # the one list of those patterns
+from dtrain.launch.engine.retry import communication_error  # the one list of those patterns
 from dtrain.rundir import EXIT_FILE, EXITS, MAX_RECORD_BYTES, RunDir, UnsafeRunDir
 
 

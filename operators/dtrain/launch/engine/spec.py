@@ -18,8 +18,8 @@ from dtrain import grammar
 from dtrain.args import coerce_argv, coerce_env, coerce_int
 from dtrain.errors import SpecError
 from dtrain.launch.backends import backend_for, get_backend_class
-from dtrain.launch.deepspeed_config import resolve_deepspeed_config
-from dtrain.launch.placement import Placement
+from dtrain.launch.engine.deepspeed_config import resolve_deepspeed_config
+from dtrain.launch.engine.placement import Placement
 
 DISTRIBUTIONS = ("pytorch", "deepspeed", "mpi", "tensorflow")
 PYTHON_NAMES = ("python", "python3")
@@ -42,7 +42,7 @@ class LaunchSpec:
     """What to run, on how many nodes and processes, with which distribution.
 
     The placement (nodes, procs_per_node, backend, backend_options, device, gpus_per_node) is a
-    :class:`~dtrain.launch.placement.Placement`: give its fields, or ``placement=`` one already
+    :class:`~dtrain.launch.engine.placement.Placement`: give its fields, or ``placement=`` one already
     built (an operator's), whose values then fill them.
 
     Args:
@@ -86,7 +86,7 @@ class LaunchSpec:
         secret_env: environment for every rank that is a secret (an Airflow connection's AWS
             credentials): given to the ranks as ``env`` is, never shown in the spec's repr; a backend
             that would write it into an argv, a script or the dry-run output refuses it.
-        placement: a checked :class:`~dtrain.launch.placement.Placement` (see above).
+        placement: a checked :class:`~dtrain.launch.engine.placement.Placement` (see above).
     """
 
     command: Sequence[str]
@@ -210,7 +210,7 @@ class LaunchSpec:
             raise SpecError("command", self.command[0], "an executable on PATH or an existing .py script")
 
     def _check_placeholders(self) -> None:
-        from dtrain.launch import placeholders
+        from dtrain.launch.node import placeholders
 
         if "deepspeed_config" in placeholders.used(self.command) and self.distribution != "deepspeed":
             index = next(i for i, arg in enumerate(self.command) if "{deepspeed_config}" in arg)

@@ -22,7 +22,10 @@ stalled, or one rank stuck while others wait for it or run ahead -- :func:`hang_
 3. hands a :class:`HangVerdict` to its driver, which tears the job down; the task fails with
    :data:`HANG_EXIT_CODE`.
 
-Stdlib only: the per-rank wrapper and the training helper import this module.
+The ranks' side of the exchange (where they mark progress, where they find the request and write
+their stacks) is :mod:`dtrain.launch.node.hang_files`: the per-rank wrapper and the training
+helper import that module, never this one. This one is the watcher's (the launcher, the
+deferrable trigger). Stdlib only.
 """
 
 from __future__ import annotations
@@ -35,14 +38,15 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import Any, Callable, Generator
 
+from dtrain.launch.node.hang_files import (
+    HANG_DIR_ENV, MAX_STACK_CHARS, flight_recorder_path, hang_dir, request_path, stack_path, write_private,
+)
 from dtrain.rundir import HANG, METRICS, PROGRESS, STACK_FILE, RunDir, UnsafeRunDir
 
 #: exit code of a launch torn down because it hung (as timeout(1) reports a command it stopped)
 HANG_EXIT_CODE = 124
 #: how long the watcher waits for the ranks' stack dumps before it gives up on the missing ones
 DUMP_WAIT_S = 20.0
-#: a rank's wrapper waits this long for the in-process dump before it falls back to py-spy
-HELPER_DUMP_WAIT_S = 5.0
 #: seconds a hung job's ranks get after SIGTERM: their stacks are on disk, and a stuck rank
 #: will not reach a checkpoint (stop_grace is for ranks that can)
 TEARDOWN_GRACE_S = 5.0
@@ -52,31 +56,6 @@ FLIGHT_RECORDER_ENTRIES = "2000"
 SILENCE_TIE_S = 2.0
 #: a flight recorder dump larger than this is not read (a rank's files are untrusted input)
 MAX_RECORDER_BYTES = 32 * 1024 * 1024
-#: an outside stack dump (py-spy) keeps at most this many characters
-MAX_STACK_CHARS = 256 * 1024
-
-HANG_DIR_ENV = "DTRAIN_HANG_DIR"
-PROGRESS_DIR_ENV = "DTRAIN_PROGRESS_DIR"
-
-
-def hang_dir(run_dir: str) -> str:
-    return os.path.join(run_dir, HANG)
-
-
-def progress_dir(run_dir: str) -> str:
-    return os.path.join(run_dir, PROGRESS)
-
-
-def request_path(directory: str) -> str:
-    return os.path.join(directory, "request")
-
-
-def stack_path(directory: str, rank: int | str) -> str:
-    return os.path.join(directory, f"rank{rank}.txt")
-
-
-def flight_recorder_path(directory: str, rank: int | str) -> str:
-    return os.path.join(directory, f"rank{rank}.fr.json")
 
 
 def rank_env(run_dir: str, environ: dict[str, str]) -> dict[str, str]:
@@ -98,12 +77,6 @@ def rank_env(run_dir: str, environ: dict[str, str]) -> dict[str, str]:
     return {name: value for name, value in env.items() if name not in environ}
 
 
-def write_private(path: str, data: bytes) -> None:
-    """Write ``data`` to ``path`` atomically, never through a symlink someone planted (the file
-    and its directory): :meth:`dtrain.rundir.RunDir.write`, private to the user."""
-    RunDir(os.path.dirname(path)).write(os.path.basename(path), data=data, mode=0o600)
-
-
 def read_bounded(path: str, limit: int) -> bytes | None:
     """A rank-written file's bytes, or None when it is missing, a symlink (the file or its
     directory), not a regular file, or over ``limit``."""
@@ -111,41 +84,6 @@ def read_bounded(path: str, limit: int) -> bytes | None:
         return RunDir(os.path.dirname(path)).read(os.path.basename(path), limit=limit)
     except UnsafeRunDir:
         return None
-
-
-def exists(path: str) -> bool:
-    """Whether ``path`` (a file in a hang directory) exists, itself not followed, its directory
-    opened without following a link: how a rank sees the request and its own dump."""
-    if not os.path.isabs(path):
-        return False
-    try:
-        return RunDir(os.path.dirname(os.path.normpath(path))).stat(os.path.basename(path)) is not None
-    except UnsafeRunDir:
-        return False
-
-
-class ProgressToucher:
-    """Marks a rank as making progress: touches ``<progress dir>/rank<R>`` at most once per
-    ``every`` seconds (an mtime the watcher reads), so a chatty rank costs one syscall a second."""
-
-    def __init__(self, directory: str, rank: int | str, every: float = 1.0):
-        self.path = os.path.join(directory, f"rank{rank}")
-        self.every = every
-        self._last = float("-inf")
-        self._lock = threading.Lock()
-
-    def touch(self) -> None:
-        now = time.monotonic()
-        with self._lock:
-            if now - self._last < self.every:
-                return
-            self._last = now
-        try:
-            directory = RunDir(os.path.dirname(self.path))
-            directory.ensure_dir(owned=False)
-            directory.touch(os.path.basename(self.path))
-        except (OSError, ValueError):
-            pass  # progress marking must never break a rank
 
 
 def last_progress(run_dir: str, rank: int) -> float | None:

@@ -4,7 +4,7 @@ Descendants are signalled one by one rather than by process group, because torch
 each worker a session of its own. A process that left the tree (``setsid`` and its parent
 gone: re-parented to init) is still found by the ``DTRAIN_JOB_ID`` it inherited in its
 environment. Used by the local supervisor, the SSH agents, the detached nodes and every
-Slurm node task (``python -m dtrain.launch.proctree reap JOB_ID``).
+Slurm node task (``python -m dtrain.launch.node.proctree reap JOB_ID``).
 """
 
 from __future__ import annotations
@@ -135,7 +135,7 @@ def _signal(proc, signum: int) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m dtrain.launch.proctree")
+    parser = argparse.ArgumentParser(prog="python -m dtrain.launch.node.proctree")
     sub = parser.add_subparsers(dest="verb", required=True)
     reap = sub.add_parser("reap", help="stop every process of a job left on this host")
     reap.add_argument("job_id")

@@ -6,9 +6,9 @@ import os
 import uuid
 from dataclasses import dataclass, field
 
-from dtrain.launch.net import free_port  # noqa: F401 (re-exported: where callers look for it)
-from dtrain.launch.spec import LaunchSpec
-from dtrain.launch.torchrun import AGENT_ENV
+from dtrain.launch.engine.net import free_port  # noqa: F401 (re-exported: where callers look for it)
+from dtrain.launch.engine.spec import LaunchSpec
+from dtrain.launch.engine.torchrun import AGENT_ENV
 from dtrain.rundir import CHECKPOINTS, DEEPSPEED_CONFIG, EXITS, METRICS, RunDir, UnsafeRunDir
 
 

@@ -1,12 +1,12 @@
-"""Where a job's ranks go, resolved once: :class:`Placement`, and :class:`PlacementArgs`, the
-arguments every operator that places work shares (train, preflight, autotune).
+"""Where a job's ranks go, resolved once: :class:`Placement`.
 
 A placement is nodes x procs_per_node on a backend, with that backend's options and the device.
 Building one checks all of it (a :class:`SpecError` naming field, value and what is allowed) and
 keeps what the backend resolved from its options, typed, in :attr:`Placement.resolved` (the ssh
 backend's host entries and settings, Slurm's :class:`SlurmOptions`); everything after reads that
-value, never the options again. A :class:`~dtrain.launch.spec.LaunchSpec` is a job on a placement;
-preflight and autotuning need only the placement, so they never build a spec.
+value, never the options again. A :class:`~dtrain.launch.engine.spec.LaunchSpec` is a job on a placement;
+preflight and autotuning need only the placement, so they never build a spec. The operators that
+place work take their placement arguments through :class:`dtrain.launch.airflow.placement_args.PlacementArgs`.
 
 Imports neither Airflow nor torch.
 """
@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field
-from typing import Any, Mapping, Sequence
+from typing import Any, Mapping
 
 from dtrain.args import coerce_int, mapping_arg
 from dtrain.errors import SpecError
@@ -118,26 +118,3 @@ class Placement:
                 self.procs_per_node,
                 f"at most the {capacity} GPU(s) per node on this host (use device='cpu' to run on CPU)",
             )
-
-
-#: the templated arguments of :class:`PlacementArgs`
-PLACEMENT_FIELDS: Sequence[str] = ("nodes", "procs_per_node", "backend", "backend_options")
-
-
-class PlacementArgs:
-    """The placement arguments of every operator that places work (train, preflight, autotune):
-    stored at parse time (no I/O, no check: they may be templates), resolved into one
-    :class:`Placement` when the task runs. List :data:`PLACEMENT_FIELDS` in ``template_fields``."""
-
-    def init_placement(self, *, nodes: int | str = 1, procs_per_node: int | str = 1, backend: str = "local",
-                       backend_options: Mapping[str, Any] | str | None = None, device: str = "auto",
-                       gpus_per_node: int | None = None) -> None:
-        self.nodes, self.procs_per_node, self.backend = nodes, procs_per_node, backend
-        self.backend_options = backend_options or {}
-        self.device, self.gpus_per_node = device, gpus_per_node
-
-    def resolve_placement(self) -> Placement:
-        """The rendered arguments, checked, with the backend's options completed (once per task)."""
-        return Placement.for_operator(nodes=self.nodes, procs_per_node=self.procs_per_node, backend=self.backend,
-                                      backend_options=self.backend_options, device=self.device,
-                                      gpus_per_node=self.gpus_per_node)

@@ -9,12 +9,13 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from dtrain.errors import LaunchError
-from dtrain.launch import hang
 from dtrain.launch.backends import Backend, BackendOutcome, JobHandle, backend_for
-from dtrain.launch.exits import first_failure
-from dtrain.launch.job import Job, prepare_job
-from dtrain.launch.processes import LineSink, print_sink
-from dtrain.launch.spec import LaunchSpec
+from dtrain.launch.engine import hang
+from dtrain.launch.engine.exits import first_failure
+from dtrain.launch.engine.following import Following
+from dtrain.launch.engine.job import Job, prepare_job
+from dtrain.launch.engine.processes import LineSink, print_sink
+from dtrain.launch.engine.spec import LaunchSpec
 from dtrain.rundir import CHECKPOINTS, METRICS, RunDir, UnsafeRunDir
 
 STOPPED_EXIT_CODE = 143  # 128 + SIGTERM, as a shell reports a job stopped by SIGTERM
@@ -134,7 +135,7 @@ class Launcher:
 
     def _watch_for_hangs(self, job: Job) -> hang.HangWatch | None:
         """With ``hang_timeout`` set, give every rank the dump/flight-recorder env and watch
-        its progress; a hang tears the job down (see dtrain.launch.hang)."""
+        its progress; a hang tears the job down (see dtrain.launch.engine.hang)."""
         if self.spec.hang_timeout is None:
             return None
         job.rank_env.update(hang.rank_env(job.run_dir, job.rank_env))
@@ -148,7 +149,7 @@ class Launcher:
     def _report_stalls(self, result: LaunchResult) -> None:
         """Per-rank step time, data-wait fraction and samples/s, with the CPUBottleneck and
         LoadBalancing verdicts, from the metrics the training helper wrote (if any)."""
-        from dtrain.training.stall_report import format_report, summarize
+        from dtrain.stall_report import format_report, summarize
 
         try:
             result.stall = summarize(result.metrics_dir)
@@ -177,8 +178,6 @@ class Launcher:
     def attach(self, handle: JobHandle) -> LaunchResult:
         """Follow the job ``handle`` names until it ends, with :meth:`run`'s watch, teardown and
         result; output and failure records are read from its run directory."""
-        from dtrain.launch.resumable import Following
-
         backend = self.backend.backend if isinstance(self.backend, Following) else self.backend
         following = self.backend = Following(backend, handle)
         result = self.run(job=Job(spec=self.spec, job_id=handle.job_id, run_dir=handle.run_dir))

@@ -1,6 +1,6 @@
 """Which failures a retry can fix: a pure classification of the exception a training task raised.
 
-No Airflow import: :mod:`dtrain.launch.retry_policy` turns a :class:`Verdict` into Airflow's
+No Airflow import: :mod:`dtrain.launch.airflow.retry_policy` turns a :class:`Verdict` into Airflow's
 ``RetryDecision``; the CLI or another orchestrator can use :func:`classify` as it is.
 
 * ``fail`` -- bad input (:class:`~dtrain.errors.SpecError`: a bad field, a refused DeepSpeed
@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from typing import Sequence
 
 from dtrain.errors import LaunchError, SpecError
-from dtrain.launch.hang import HANG_EXIT_CODE  # a hung job torn down (also Slurm's TIMEOUT: a time limit)
+from dtrain.launch.engine.hang import HANG_EXIT_CODE  # a hung job torn down (also Slurm's TIMEOUT: a time limit)
 
 FAIL, RETRY, DEFAULT = "fail", "retry", "default"
 

@@ -1,0 +1,65 @@
+"""Follow a job submitted earlier, by this process or by one that is gone: the launcher's side of
+durable mode (:meth:`dtrain.launch.engine.launcher.Launcher.attach`).
+
+A retry after a worker crash re-attaches to the job its earlier try submitted (the operator's
+bookkeeping: :mod:`dtrain.launch.airflow.resumable`); the launcher then follows it as if it had
+started it, through :class:`Following`. No Airflow import.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+from dtrain.errors import DTrainError, LaunchError
+from dtrain.launch.backends import Backend, BackendOutcome, JobHandle
+from dtrain.launch.engine.submission import DEFAULT_POLL_INTERVAL
+
+LOST_EXIT_CODE = 255  # as ssh reports a connection it lost: retry.py reads it as a lost node
+TAIL_LINES = 40
+
+
+class Following:
+    """A backend whose ``run(job)`` follows the submitted job ``handle`` names instead of starting
+    one: :meth:`Backend.watch` of that handle (what :meth:`Backend.run` does after its submit). Everything
+    else is the wrapped backend's, so
+    :class:`~dtrain.launch.engine.launcher.Launcher` (its watch, ``terminate``, result) works unchanged."""
+
+    def __init__(self, backend: Backend, handle: JobHandle):
+        self.backend = backend
+        self.handle = handle
+        self.state = ""  # the job's final state, once it ended
+        self.lines = 0  # output lines the backend streamed while following
+        self.grace: float | None = None  # set by terminate(grace): how long the ranks get at the cancel
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.backend, name)
+
+    def terminate(self, grace: float | None = None) -> None:
+        self.grace = grace
+        self.backend.terminate(grace)
+
+    def run(self, job: Any = None) -> BackendOutcome:
+        backend, handle = self.backend, self.handle
+        # Remote polls (scontrol, ssh to every host) at the pace the submission chose, not the
+        # local default: the re-attaching backend never ran submit().
+        backend.poll_interval = float(handle.data.get("poll_interval", DEFAULT_POLL_INTERVAL))
+        sink = backend.sink
+        backend.sink = self._counting(sink)
+        try:
+            outcome = backend.watch(handle, self.grace)
+        except DTrainError as e:  # lost track: the backend could not be asked, poll after poll
+            self.state = "LOST"
+            raise LaunchError(str(e), LOST_EXIT_CODE, state=self.state) from e
+        finally:
+            backend.sink = sink
+        self.state = outcome.state
+        if not outcome.stopped and not self.lines:  # a backend that does not stream (detached SSH): its last lines
+            for line in backend.logs(handle, TAIL_LINES):
+                sink(line)
+        return outcome
+
+    def _counting(self, sink: Callable[[str], Any]) -> Callable[[str], Any]:
+        def emit(line: str) -> None:
+            self.lines += 1
+            sink(line)
+        return emit

@@ -1,0 +1,90 @@
+"""The one renderer of the torchrun agent command line (the agent itself: :mod:`dtrain.launch.node.torchrun_agent`).
+
+Every backend that starts torchrun agents renders them here; only the rendezvous differs:
+
+* :class:`C10d` (local backend): dynamic c10d rendezvous at ``host:port``; node ranks are
+  assigned by the rendezvous.
+* :class:`Static` (ssh, slurm): membership is fixed by the backend, so a static rendezvous
+  with ``--node-rank`` makes NODE_RANK (and so RANK) follow the backend's node order.
+  ``endpoint``/``node_rank`` None leave them to torchrun's ``PET_MASTER_ADDR``,
+  ``PET_MASTER_PORT`` and ``PET_NODE_RANK`` variables (Slurm sets them per node at run time).
+
+Either way the agent is ``python -m dtrain.launch.node.torchrun_agent`` (:data:`AGENT`): torchrun
+itself, with the ``dtrain-static`` rendezvous registered, run on each node.
+
+Each worker runs the per-rank wrapper (:mod:`dtrain.launch.node.rank_entry`) around the user's argv.
+
+Restarts (``max_restarts``; docs/restarts.md). A restarted worker must not find the previous
+attempt's keys in its rendezvous store: with torch 2.13 and gloo, init_process_group reads the
+dead ranks' addresses from them and fails ("Gloo connectFullMesh failed ... Connection
+refused") or hangs. torchrun's c10d rendezvous gets a fresh store per round when
+``TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1`` (:data:`AGENT_ENV`); its static rendezvous ignores
+that variable and hands the workers the same store at every restart, hence ``dtrain-static``
+(:data:`~dtrain.launch.node.torchrun_agent.RESTARTABLE_STATIC`).
+
+Pure (tested by exact comparison), and no torch import.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Union
+
+from dtrain.launch.node.torchrun_agent import RESTARTABLE_STATIC
+
+if TYPE_CHECKING:
+    from dtrain.launch.engine.spec import LaunchSpec
+
+RANK_ENTRY = ("-m", "dtrain.launch.node.rank_entry")
+AGENT = ("-m", "dtrain.launch.node.torchrun_agent")  # torchrun, with RESTARTABLE_STATIC and its clean-ups
+
+# Environment every torchrun agent gets (through Job.rank_env, which every backend puts into the
+# agents' environment; a spec's own ``env`` may override it). By default torchrun's c10d
+# rendezvous shares its TCP store with the workers and keeps it across worker restarts; with
+# torch 2.13 and gloo the restarted ranks then read the previous attempt's addresses from it and
+# die in init_process_group ("Gloo connectFullMesh failed ... Connection refused") or hang there.
+# With this set, rank 0 of each restart round hosts a fresh store, so ``max_restarts`` really
+# restarts the workers and they resume from their checkpoint (tests/faults/test_restart.py).
+AGENT_ENV = {"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}
+
+
+@dataclass(frozen=True)
+class C10d:
+    host: str
+    port: int
+    is_host: bool
+
+
+@dataclass(frozen=True)
+class Static:
+    endpoint: tuple[str, int] | None = None
+    node_rank: int | None = None
+
+
+Rendezvous = Union[C10d, Static]
+
+
+def rendezvous_args(spec: "LaunchSpec", job_id: str, rdzv: Rendezvous) -> list[str]:
+    timeout = int(spec.rdzv_timeout)
+    if isinstance(rdzv, C10d):
+        return ["--rdzv-backend=c10d", f"--rdzv-endpoint={rdzv.host}:{rdzv.port}", f"--rdzv-id={job_id}",
+                f"--rdzv-conf=is_host={int(rdzv.is_host)},join_timeout={timeout}"]
+    args = [f"--rdzv-backend={RESTARTABLE_STATIC}"]
+    if rdzv.endpoint is not None:
+        args.append(f"--rdzv-endpoint={rdzv.endpoint[0]}:{rdzv.endpoint[1]}")
+    args += [f"--rdzv-id={job_id}", f"--rdzv-conf=timeout={timeout}"]
+    if rdzv.node_rank is not None:
+        args.append(f"--node-rank={rdzv.node_rank}")
+    return args
+
+
+def agent_argv(spec: "LaunchSpec", *, python: str, job_id: str, rdzv: Rendezvous) -> list[str]:
+    """The argv that starts one node's torchrun agent."""
+    return [
+        python, *AGENT,
+        f"--nnodes={spec.nodes}",
+        f"--nproc-per-node={spec.procs_per_node}",
+        *rendezvous_args(spec, job_id, rdzv),
+        f"--max-restarts={spec.max_restarts}",
+        "--no-python",
+        python, *RANK_ENTRY, *spec.command,
+    ]
