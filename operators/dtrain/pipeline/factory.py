@@ -54,6 +54,8 @@ from dtrain.pipeline.gate import Gate
 from dtrain.pipeline.params import DATASET_VERSION_PATTERN, FINITE, MAX_RANKS_ENV, OVERSUBSCRIPTION
 from dtrain.pipeline.placeholders import LITERAL_MACRO, literal_text, to_jinja
 from dtrain.pipeline.registry import DirectoryRegistry, ModelRegistry, Pipeline, RunRef
+from dtrain.pipeline.task_ids import (APPROVE, CHECK_PARAMS, DECISION_KEY, EVALUATE, FINALIZE_DATASET, GATE,
+                                      LIST_RAW_INPUTS, PREFLIGHT, PREPROCESS, PUBLISH, STAGE, TRAIN, pull)
 from dtrain.preflight.operator import PreflightOperator
 from dtrain.preprocess.operator import PreprocessFinalizeOperator, PreprocessOperator
 from dtrain.preprocess.packing import packing_option
@@ -280,7 +282,7 @@ def retraining_pipeline(
     output = os.path.join(run_dir, model_name)
     processed_url = f"{processed.rstrip('/')}/{dag_id}/{VERSION}/{PART}"
     templates = {
-        "shards": "{{ ti.xcom_pull(task_ids='stage')['destination'] }}",
+        "shards": "{{ " + pull(STAGE) + "['destination'] }}",
         "output": output,
         "init_from": "{{ dtrain_previous_model(params.dataset_version, dtrain_partition(dag_run)) }}",
         "run_dir": run_dir,
@@ -298,7 +300,7 @@ def retraining_pipeline(
             for i, arg in enumerate(command)]
     model = model_asset(dag_id)
     staged = dataset_asset(dag_id)
-    next_step = "approve" if approval else "publish"
+    next_step = APPROVE if approval else PUBLISH
 
     rendered_init_from: dict[tuple[str, str], str] = {}  # what this process rendered as {init_from}
 
@@ -341,13 +343,13 @@ def retraining_pipeline(
         return ds_json if params["distribution"] == "deepspeed" else ""
 
     def train_env(ti) -> str:
-        recommended = (ti.xcom_pull(task_ids="preflight") or {}).get("nccl_env") or {}
+        recommended = (ti.xcom_pull(task_ids=PREFLIGHT) or {}).get("nccl_env") or {}
         return json.dumps({**recommended, **extra_env})
 
     def approval_body(ti) -> str:
         from dtrain.pipeline.report import approval_markdown
 
-        return approval_markdown(ti.xcom_pull(task_ids="evaluate"), ti.xcom_pull(task_ids="gate", key="decision"))
+        return approval_markdown(ti.xcom_pull(task_ids=EVALUATE), ti.xcom_pull(task_ids=GATE, key=DECISION_KEY))
 
     with DAG(
         dag_id=dag_id,
@@ -365,7 +367,7 @@ def retraining_pipeline(
     ) as dag:
 
         # No retry: bad params stay bad. Runs before any data is read, preprocessed or staged.
-        @task(retries=0)
+        @task(task_id=CHECK_PARAMS, retries=0)
         def check_params() -> dict:
             """Check the run's params beyond their schemas, on this worker, before anything else runs."""
             from dtrain.pipeline.params import check_launch
@@ -378,7 +380,7 @@ def retraining_pipeline(
 
         # No retry: a partition with no data skips its run at once (a run on unpause, a date
         # without data in a backfill: not a failure) and frees the run slot.
-        @task(retries=0)
+        @task(task_id=LIST_RAW_INPUTS, retries=0)
         def list_raw_inputs(raw_url: str) -> list[str]:
             """The raw files of this run's partition: one mapped preprocessing task each."""
             from airflow.sdk.exceptions import AirflowSkipException
@@ -395,20 +397,20 @@ def retraining_pipeline(
         checked = check_params()
         raw_inputs = list_raw_inputs(f"{raw.rstrip('/')}/{VERSION}/{PART}/")
         preprocess = PreprocessOperator.partial(
-            task_id="preprocess", transform=transform, output_path=processed_url, aws_conn_id=aws_conn_id,
+            task_id=PREPROCESS, transform=transform, output_path=processed_url, aws_conn_id=aws_conn_id,
             pack=packing and packing.as_dict(),
         ).expand(input=raw_inputs)
-        dataset = PreprocessFinalizeOperator(task_id="finalize_dataset", output_path=processed_url,
+        dataset = PreprocessFinalizeOperator(task_id=FINALIZE_DATASET, output_path=processed_url,
                                              partitions=preprocess.output, aws_conn_id=aws_conn_id)
         stage = StageToSharedFSOperator(
-            task_id="stage", source=f"{processed_url}/", destination=os.path.join(shared_fs, "datasets", dag_id, VERSION),
+            task_id=STAGE, source=f"{processed_url}/", destination=os.path.join(shared_fs, "datasets", dag_id, VERSION),
             dataset_version=PART, aws_conn_id=aws_conn_id, epoch_seconds=epoch_seconds,
             nodes="{{ params.nodes | int }}", outlets=[staged],
         )
         common = {"nodes": "{{ params.nodes | int }}", "procs_per_node": "{{ params.procs_per_node | int }}",
                   "backend": "{{ params.backend }}", "backend_options": backend_options}
         preflight = PreflightOperator(
-            task_id="preflight", manifest_path="{{ ti.xcom_pull(task_ids='stage')['manifest_path'] }}",
+            task_id=PREFLIGHT, manifest_path="{{ " + pull(STAGE) + "['manifest_path'] }}",
             checkpoint_dir=run_dir, min_free_gb=min_free_gb, **common,
         )
         tracked = {"registry": registry} if registry.tracks_runs else {}
@@ -416,13 +418,13 @@ def retraining_pipeline(
         if tracked:
             from dtrain.pipeline.tracked_training import TrackedTrainingOperator as train_class
         train = train_class(
-            task_id="train", command=argv, distribution="{{ params.distribution }}",
+            task_id=TRAIN, command=argv, distribution="{{ params.distribution }}",
             deepspeed_config="{{ dtrain_deepspeed_config(params) }}", env="{{ dtrain_train_env(ti) }}",
             run_dir=run_dir, aws_conn_id=aws_conn_id, pre_execute=wait_for_earlier_dates, **common, **tracked,
             **train_options,
         )
 
-        @task(task_id="evaluate")
+        @task(task_id=EVALUATE)
         def evaluate_model(result: dict, model_path: str, heldout_location: str | None) -> dict:
             """Run the pipeline's evaluate(model_path, heldout) on the trained model."""
             from dtrain.pipeline.steps import evaluate_model as run
@@ -439,7 +441,7 @@ def retraining_pipeline(
             registry.record_evaluation(run_ref(get_current_context()), evaluation)
             return evaluation
 
-        @task.branch(task_id="gate")
+        @task.branch(task_id=GATE)
         def gate_model(evaluation: dict) -> str | None:
             """Compare the metric with the bar and the published model; publish (or ask) only if it passes."""
             from dtrain.pipeline.steps import decide_with
@@ -448,10 +450,10 @@ def retraining_pipeline(
             decision = decide_with(gate, evaluation["metrics"], registry, context["params"]["dataset_version"],
                                    partition_of(context["dag_run"]))
             print(decision.summary)
-            context["ti"].xcom_push(key="decision", value=decision.as_dict())
+            context["ti"].xcom_push(key=DECISION_KEY, value=decision.as_dict())
             return next_step if decision.publish else None
 
-        @task(task_id="publish", outlets=[model])
+        @task(task_id=PUBLISH, outlets=[model])
         def publish_model(evaluation: dict) -> dict:
             """Publish the model with the registry (default: atomically under <models>/<dag_id>/<version>/<partition>/)
             and update the asset."""
@@ -460,11 +462,11 @@ def retraining_pipeline(
             version, partition = context["params"]["dataset_version"], partition_of(context["dag_run"])
             record = {"pipeline": dag_id, "dataset_version": version, "partition": partition,
                       "run_id": context["dag_run"].run_id, "evaluation": evaluation["metrics"],
-                      "gate": ti.xcom_pull(task_ids="gate", key="decision"), "training": evaluation["training"],
+                      "gate": ti.xcom_pull(task_ids=GATE, key=DECISION_KEY), "training": evaluation["training"],
                       "run_dir": evaluation["run_dir"], "heldout": evaluation["heldout"],
                       "world_size": evaluation["world_size"], "trained_model": evaluation["model_path"]}
             if approval:
-                answer = ti.xcom_pull(task_ids="approve") or {}
+                answer = ti.xcom_pull(task_ids=APPROVE) or {}
                 record["approval"] = {"chosen_options": answer.get("chosen_options"),
                                       "responded_by": answer.get("responded_by_user")}
             published = registry.publish(run_ref(context), evaluation["model_path"], record)
@@ -481,7 +483,7 @@ def retraining_pipeline(
             from dtrain.pipeline.approval import ApprovalStep
 
             approve = ApprovalStep(
-                task_id="approve", subject=f"Publish the {dag_id} model for {PART}?",
+                task_id=APPROVE, subject=f"Publish the {dag_id} model for {PART}?",
                 body="{{ dtrain_approval_body(ti) }}", response_timeout=approval_timeout,
             )
             decided >> approve >> published

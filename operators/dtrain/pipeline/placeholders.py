@@ -28,6 +28,7 @@ from typing import Iterable, Mapping
 from dtrain.errors import SpecError
 from dtrain.launch.node.placeholders import PLACEHOLDERS as PER_RANK
 from dtrain.launch.node.placeholders import literal
+from dtrain.pipeline.task_ids import CHECK_PARAMS, pull
 
 #: the DAG macro that writes a value for a launch command (the factory registers :func:`literal_text`)
 LITERAL_MACRO = "dtrain_literal"
@@ -71,7 +72,7 @@ def to_jinja(text: str, field: str, templates: Mapping[str, str], params: Iterab
         if name.startswith("params."):
             param = name.split(".", 1)[1]
             if param in param_names:
-                value = "ti.xcom_pull(task_ids='check_params')[" + repr(param) + "]"
+                value = pull(CHECK_PARAMS) + "[" + repr(param) + "]"
                 return "{{ " + (f"{LITERAL_MACRO}({value})" if for_ranks else value) + " }}"
             raise SpecError(field, text, f"{{params.NAME}} with NAME a param of this pipeline "
                                          f"({', '.join(sorted(param_names)) or 'none'}); {match.group(0)} is not")

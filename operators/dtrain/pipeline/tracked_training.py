@@ -17,6 +17,7 @@ from typing import Any
 from dtrain.launch.airflow.operator import DistributedTrainingOperator
 from dtrain.pipeline.config import partition_of
 from dtrain.pipeline.registry import ModelRegistry
+from dtrain.pipeline.task_ids import CHECK_PARAMS
 from dtrain.tracking import RUN_XCOM_KEY
 
 #: the job's shape, as logged params
@@ -54,7 +55,7 @@ class TrackedTrainingOperator(DistributedTrainingOperator):
             run, resumed = start_or_resume(client, self.registry.experiment_name, key, self._run_tags(context, spec))
             shape = run_record(spec)
             params = {name: shape[name] for name in SHAPE}
-            params.update(context["ti"].xcom_pull(task_ids="check_params") or {})
+            params.update(context["ti"].xcom_pull(task_ids=CHECK_PARAMS) or {})
             log_params(client, run, params)
         self._tracked = (server, run)
         spec.env = {**spec.env, **run_env(server, run)}
