@@ -3,6 +3,7 @@ train task renders (exact comparison), and publishing/finding models."""
 
 from __future__ import annotations
 
+import copy
 import json
 import os
 
@@ -139,17 +140,35 @@ def test_a_run_renders_the_argv_its_ranks_get():
                                   "heldout_location": ""}
 
 
+def test_every_param_a_task_gets_is_the_runs_own_never_a_patched_xcom():
+    """A run's params are fixed when it is triggered; an XCom is not (the REST API's PATCH, for whoever
+    may edit the DAG), and check_params' limits and the schemas would not hold for a value changed
+    there. Built-in and user params alike render from the run's params, converted as check_params does."""
+    dag = build("patched", heldout="s3://b/heldout/{version}/{params.epochs}.csv")
+    patched = {"check_params": {"nodes": 64, "procs_per_node": 16, "backend": "ssh", "distribution": "deepspeed",
+                                "dataset_version": "v9", "epochs": 10 ** 6, "lr": 0.5}}
+    conf = {"nodes": 2.0, "epochs": 3.0}
+    train = render(dag.get_task("train"), conf, patched)
+    assert train.command[train.command.index("--epochs") + 1] == "3"
+    assert (train.nodes, train.procs_per_node, train.backend, train.distribution) == ("2", "1", "local", "pytorch")
+    assert train.run_dir == "/shared/runs/patched/v1/2026-01-01/run-0" and train.deepspeed_config == ""
+    assert render(dag.get_task("stage"), conf, patched).nodes == "2"
+    assert render(dag.get_task("evaluate"), conf, patched).op_kwargs["heldout_location"] == \
+        "s3://b/heldout/v1/3.csv"
+
 
 def test_a_copy_of_train_checks_the_warm_start_the_dags_macro_rendered():
     """DAG.partial_subset deep-copies tasks but not the DAG's macros: train's pre_execute must still
-    read what dtrain_previous_model recorded (the *Ordering* check)."""
-    from dtrain.pipeline.factory import WarmStart
+    read what dtrain_previous_model recorded (the *Ordering* check), and the MLflow train task's params."""
+    from dtrain.pipeline.factory import PipelineArgs, WarmStart
 
     dag = build("copied")
     macro = dag.user_defined_macros["dtrain_previous_model"].__self__
     assert isinstance(macro, WarmStart)
     copied = dag.partial_subset(["train"], include_upstream=False).get_task("train")
     assert copied._pre_execute_hook.__self__ is macro
+    args = dag.user_defined_macros["dtrain_params"].__self__
+    assert isinstance(args, PipelineArgs) and copy.deepcopy(args) is args
 
 
 def test_the_heldout_location_fills_its_own_placeholders():

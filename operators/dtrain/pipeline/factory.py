@@ -29,7 +29,7 @@ Guarantees, whatever the model:
 * a partition with no raw data skips its run with a message saying so (nothing trained or published);
 * run params are validated by JSON schema when a run is triggered (UI, REST, backfill), then by
   ``check_params`` (types converted, unknown keys and too many local ranks refused) before any
-  data is read;
+  data is read; every task gets them from the run itself (:func:`retraining_pipeline`, *Params*);
 * publish is atomic and updates the pipeline's model asset (:func:`model_asset`).
 
 How it is built: :func:`retraining_pipeline` checks its arguments once into a frozen
@@ -58,8 +58,9 @@ from dtrain.errors import SpecError
 from dtrain.launch.airflow.operator import DistributedTrainingOperator
 from dtrain.pipeline.config import partition_of
 from dtrain.pipeline.gate import Gate
-from dtrain.pipeline.params import DATASET_VERSION_PATTERN, FINITE, MAX_RANKS_ENV, OVERSUBSCRIPTION
-from dtrain.pipeline.placeholders import LITERAL_MACRO, literal_text, to_jinja
+from dtrain.pipeline.params import DATASET_VERSION_PATTERN, FINITE, MAX_RANKS_ENV, OVERSUBSCRIPTION, checked_values
+from dtrain.pipeline.placeholders import (LITERAL_MACRO, PARAMS_MACRO, RUN_PARAMS, literal_text, param_jinja,
+                                          param_value, to_jinja)
 from dtrain.pipeline.registry import DirectoryRegistry, ModelRegistry, Pipeline, RunRef
 from dtrain.pipeline.task_ids import (APPROVE, CHECK_PARAMS, DECISION_KEY, EVALUATE, FINALIZE_DATASET, GATE,
                                       LIST_RAW_INPUTS, PREFLIGHT, PREPROCESS, PUBLISH, STAGE, TRAIN, pull)
@@ -78,7 +79,7 @@ SET_BY_FACTORY = frozenset({"task_id", "command", "nodes", "procs_per_node", "di
 MODEL_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.+-]{0,127}")
 PARAM_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,63}")
 
-VERSION = "{{ params.dataset_version }}"
+VERSION = param_jinja("dataset_version")
 PART = "{{ dtrain_partition(dag_run) }}"
 
 
@@ -221,6 +222,14 @@ class PipelineArgs:
     train_options: Mapping[str, Any]
     warm_start: WarmStart
 
+    def __deepcopy__(self, memo) -> PipelineArgs:
+        return self  # frozen, and what a task's copy holds (a bound method) must be the pipeline's own
+
+    def run_params(self, params: Mapping[str, Any]) -> dict[str, Any]:
+        """The ``dtrain_params`` macro: the run's params checked and converted as ``check_params`` does
+        (``2.0`` -> ``2``), from the run's params themselves (see *Params* in :func:`retraining_pipeline`)."""
+        return checked_values(params, self.schemas)
+
     def deepspeed_config(self, params: Mapping[str, Any]) -> str:
         """The ``dtrain_deepspeed_config`` macro: the config's JSON when the run chose DeepSpeed, else ''."""
         return self.deepspeed_json if params["distribution"] == "deepspeed" else ""
@@ -246,13 +255,10 @@ def _macros(a: PipelineArgs) -> dict[str, Any]:
 
     return {"dtrain_partition": partition_of, "dtrain_previous_model": a.warm_start.previous,
             "dtrain_deepspeed_config": a.deepspeed_config, "dtrain_train_env": train_env,
-            "dtrain_approval_body": approval_body, LITERAL_MACRO: literal_text}
+            "dtrain_approval_body": approval_body, LITERAL_MACRO: literal_text, PARAMS_MACRO: a.run_params}
 
 
 # -- the steps: one builder per task, in the DAG's order; retraining_pipeline chains them --------------
-
-BUILT_IN_NODES = "{{ params.nodes | int }}"
-
 
 def add_check_params(a: PipelineArgs):
     """check_params: the run's params checked beyond their schemas, on this worker, before anything else."""
@@ -314,14 +320,14 @@ def add_stage(a: PipelineArgs):
         task_id=STAGE, source=f"{a.processed_url}/", destination=os.path.join(a.shared_fs, "datasets", a.dag_id,
                                                                               VERSION),
         dataset_version=PART, aws_conn_id=a.aws_conn_id, epoch_seconds=a.epoch_seconds,
-        nodes=BUILT_IN_NODES, outlets=[dataset_asset(a.dag_id)],
+        nodes=param_jinja("nodes"), outlets=[dataset_asset(a.dag_id)],
     )
 
 
 def _placement(a: PipelineArgs) -> dict[str, Any]:
     """What preflight and train share: where the ranks run."""
-    return {"nodes": BUILT_IN_NODES, "procs_per_node": "{{ params.procs_per_node | int }}",
-            "backend": "{{ params.backend }}", "backend_options": a.backend_options}
+    return {"nodes": param_jinja("nodes"), "procs_per_node": param_jinja("procs_per_node"),
+            "backend": param_jinja("backend"), "backend_options": a.backend_options}
 
 
 def add_preflight(a: PipelineArgs):
@@ -334,13 +340,13 @@ def add_preflight(a: PipelineArgs):
 
 def add_train(a: PipelineArgs):
     """train: the distributed job (an MLflow run too when the registry tracks runs); waits for earlier dates."""
-    tracked = {"registry": a.registry} if a.registry.tracks_runs else {}
+    tracked = {"registry": a.registry, "run_params": a.run_params} if a.registry.tracks_runs else {}
     train_class = DistributedTrainingOperator
     if tracked:
         from dtrain.pipeline.tracked_training import TrackedTrainingOperator as train_class
     return train_class(
-        task_id=TRAIN, command=list(a.argv), distribution="{{ params.distribution }}",
-        deepspeed_config="{{ dtrain_deepspeed_config(params) }}", env="{{ dtrain_train_env(ti) }}",
+        task_id=TRAIN, command=list(a.argv), distribution=param_jinja("distribution"),
+        deepspeed_config="{{ dtrain_deepspeed_config(" + RUN_PARAMS + ") }}", env="{{ dtrain_train_env(ti) }}",
         run_dir=a.run_dir, aws_conn_id=a.aws_conn_id, pre_execute=a.warm_start.wait_for_earlier_dates,
         **_placement(a), **tracked, **a.train_options,
     )
@@ -536,6 +542,13 @@ def retraining_pipeline(
     downstream only, not at the previous date's ``publish``. An earlier run that failed, or one
     still queued (which a waiting run could starve of its run slot), fails ``train`` at once with
     a message saying how to go on (:func:`dtrain.pipeline.steps.check_earlier_dates`).
+
+    Params: built-in and user params reach every template one way, ``{{ dtrain_params(params)[NAME] }}``
+    (:func:`dtrain.pipeline.placeholders.param_jinja`): the run's params, fixed when it was
+    triggered, converted as ``check_params`` converts them (:func:`dtrain.pipeline.params.checked_values`;
+    ``2.0`` -> ``2``). Not from ``check_params``' XCom: the REST API lets whoever may edit the DAG
+    change an XCom, and a value changed there would skip the schemas and ``check_params``' limits.
+    ``check_params`` still runs first, on its worker, and fails the run before any data is touched.
     """
     command = _check_command(train_command)
     transform = _import_path("transform", transform)
@@ -562,7 +575,7 @@ def retraining_pipeline(
     templates = {
         "shards": "{{ " + pull(STAGE) + "['destination'] }}",
         "output": os.path.join(run_dir, model_name),
-        "init_from": "{{ dtrain_previous_model(params.dataset_version, dtrain_partition(dag_run)) }}",
+        "init_from": "{{ dtrain_previous_model(" + param_value("dataset_version") + ", dtrain_partition(dag_run)) }}",
         "run_dir": run_dir,
         "checkpoint_dir": os.path.join(run_dir, "checkpoints"),
         "version": VERSION,
