@@ -3,6 +3,7 @@ train task renders (exact comparison), and publishing/finding models."""
 
 from __future__ import annotations
 
+import copy
 import json
 import os
 
@@ -73,6 +74,55 @@ def test_the_dag_chains_every_step_and_approval_sits_between_gate_and_publish():
     assert [o.name for o in reviewed.get_task("publish").outlets] == ["r_model"]
 
 
+
+#: each step builder of the factory and the task ids it adds, in the DAG's order
+STEP_BUILDERS = {"add_check_params": {"check_params"}, "add_list_raw_inputs": {"list_raw_inputs"},
+                 "add_preprocess": {"preprocess"}, "add_finalize_dataset": {"finalize_dataset"},
+                 "add_stage": {"stage"}, "add_preflight": {"preflight"}, "add_train": {"train"},
+                 "add_evaluate": {"evaluate"}, "add_gate": {"gate"}, "add_publish": {"publish"},
+                 "add_approve": {"approve"}}
+
+
+def test_each_step_builder_adds_exactly_its_tasks(monkeypatch):
+    from airflow.sdk.definitions._internal.contextmanager import DagContext
+
+    from dtrain.pipeline import factory
+
+    assert {name for name in vars(factory) if name.startswith("add_")} == set(STEP_BUILDERS)  # a new step: list it
+    added: dict[str, set[str]] = {}
+
+    def watched(name, builder):
+        def call(*args):
+            dag = DagContext.get_current()
+            before = set(dag.task_dict)
+            result = builder(*args)
+            added[name] = set(dag.task_dict) - before
+            return result
+        return call
+
+    for name in STEP_BUILDERS:
+        monkeypatch.setattr(factory, name, watched(name, getattr(factory, name)))
+    build("steps", approval=True)
+    assert added == STEP_BUILDERS
+    added.clear()
+    build("steps_unreviewed")
+    assert added == {name: ids for name, ids in STEP_BUILDERS.items() if name != "add_approve"}
+
+
+def test_the_chain_is_the_documented_order_and_nothing_more():
+    """Every task's upstream tasks, as the factory has always wired them (data edges included)."""
+    chain = {"check_params": [], "list_raw_inputs": ["check_params"], "preprocess": ["list_raw_inputs"],
+             "finalize_dataset": ["preprocess"], "stage": ["finalize_dataset"], "preflight": ["stage"],
+             "train": ["preflight"], "evaluate": ["train"], "gate": ["evaluate"], "publish": ["evaluate", "gate"]}
+    dag = build()
+    assert list(dag.task_dict) == list(chain)
+    assert {t: sorted(dag.get_task(t).upstream_task_ids) for t in dag.task_dict} == chain
+    reviewed = build("r", approval=True)
+    assert list(reviewed.task_dict) == [*chain, "approve"]
+    assert {t: sorted(reviewed.get_task(t).upstream_task_ids) for t in reviewed.task_dict} == {
+        **chain, "approve": ["gate"], "publish": ["approve", "evaluate"]}
+
+
 def test_a_run_renders_the_argv_its_ranks_get():
     dag = build("tab")
     train = render(dag.get_task("train"), {"epochs": 3.0})
@@ -88,6 +138,37 @@ def test_a_run_renders_the_argv_its_ranks_get():
     evaluate = render(dag.get_task("evaluate"), {})
     assert evaluate.op_kwargs == {"model_path": "/shared/runs/tab/v1/2026-01-01/run-0/model.pt",
                                   "heldout_location": ""}
+
+
+def test_every_param_a_task_gets_is_the_runs_own_never_a_patched_xcom():
+    """A run's params are fixed when it is triggered; an XCom is not (the REST API's PATCH, for whoever
+    may edit the DAG), and check_params' limits and the schemas would not hold for a value changed
+    there. Built-in and user params alike render from the run's params, converted as check_params does."""
+    dag = build("patched", heldout="s3://b/heldout/{version}/{params.epochs}.csv")
+    patched = {"check_params": {"nodes": 64, "procs_per_node": 16, "backend": "ssh", "distribution": "deepspeed",
+                                "dataset_version": "v9", "epochs": 10 ** 6, "lr": 0.5}}
+    conf = {"nodes": 2.0, "epochs": 3.0}
+    train = render(dag.get_task("train"), conf, patched)
+    assert train.command[train.command.index("--epochs") + 1] == "3"
+    assert (train.nodes, train.procs_per_node, train.backend, train.distribution) == ("2", "1", "local", "pytorch")
+    assert train.run_dir == "/shared/runs/patched/v1/2026-01-01/run-0" and train.deepspeed_config == ""
+    assert render(dag.get_task("stage"), conf, patched).nodes == "2"
+    assert render(dag.get_task("evaluate"), conf, patched).op_kwargs["heldout_location"] == \
+        "s3://b/heldout/v1/3.csv"
+
+
+def test_a_copy_of_train_checks_the_warm_start_the_dags_macro_rendered():
+    """DAG.partial_subset deep-copies tasks but not the DAG's macros: train's pre_execute must still
+    read what dtrain_previous_model recorded (the *Ordering* check), and the MLflow train task's params."""
+    from dtrain.pipeline.factory import PipelineArgs, WarmStart
+
+    dag = build("copied")
+    macro = dag.user_defined_macros["dtrain_previous_model"].__self__
+    assert isinstance(macro, WarmStart)
+    copied = dag.partial_subset(["train"], include_upstream=False).get_task("train")
+    assert copied._pre_execute_hook.__self__ is macro
+    args = dag.user_defined_macros["dtrain_params"].__self__
+    assert isinstance(args, PipelineArgs) and copy.deepcopy(args) is args
 
 
 def test_the_heldout_location_fills_its_own_placeholders():

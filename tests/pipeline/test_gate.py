@@ -139,8 +139,7 @@ TEMPLATES = {"shards": "{{ S }}", "output": "/runs/{{ P }}/model.pt", "version":
 def test_placeholders_become_their_templates_and_nothing_else_changes():
     assert to_jinja("--data={shards}", "train_command[1]", TEMPLATES, ["epochs"]) == "--data={{ S }}"
     assert to_jinja("{output}", "f", TEMPLATES, []) == "/runs/{{ P }}/model.pt"
-    assert to_jinja("{params.epochs}", "f", TEMPLATES, ["epochs"]) == \
-        "{{ ti.xcom_pull(task_ids='check_params')['epochs'] }}"
+    assert to_jinja("{params.epochs}", "f", TEMPLATES, ["epochs"]) == "{{ dtrain_params(params)['epochs'] }}"
     # The launcher's per-rank placeholders are left for the rank wrapper to fill.
     assert to_jinja("--deepspeed_config={deepspeed_config}", "f", TEMPLATES, []) == "--deepspeed_config={deepspeed_config}"
     assert to_jinja("{local_rank}/{rank}", "f", TEMPLATES, []) == "{local_rank}/{rank}"

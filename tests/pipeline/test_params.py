@@ -65,8 +65,9 @@ def trigger_error(dag, conf) -> str | None:
     return None
 
 
-def render(task, conf: dict):
-    """A copy of ``task`` with its template fields rendered as a run with ``conf`` renders them."""
+def render(task, conf: dict, xcoms: dict | None = None):
+    """A copy of ``task`` with its template fields rendered as a run with ``conf`` renders them
+    (``xcoms``: task id -> return value, replacing the usual ones)."""
     params = copy.deepcopy(task.dag.params)
     params.update(conf)  # validates each value, as the SDK does for context["params"]
     checked = P.check_params(server_params(task.dag).deep_merge(conf).validate(),
@@ -77,7 +78,7 @@ def render(task, conf: dict):
         def xcom_pull(self, task_ids=None, **_):
             return {"stage": {"manifest_path": "/shared/d/manifest.json", "destination": "/shared/d"},
                     "preflight": {"nccl_env": {}}, "check_params": checked,
-                    "train": {"run_dir": "/shared/runs/x", "metrics": {}}}[task_ids]
+                    "train": {"run_dir": "/shared/runs/x", "metrics": {}}, **(xcoms or {})}[task_ids]
 
     dag_run = types.SimpleNamespace(logical_date=dt.datetime(2026, 1, 1, tzinfo=dt.timezone.utc), clear_number=0)
     rendered = copy.copy(task)

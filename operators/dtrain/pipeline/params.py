@@ -122,16 +122,15 @@ def _on_this_worker(backend: Any) -> bool:
         return False  # an unknown backend is refused by the schema or the spec, with its own message
 
 
-def check_params(params: Mapping[str, Any], schemas: Mapping[str, Mapping[str, Any]], *,
-                 environ: Mapping[str, str] | None = None, cpus: int | None = None,
-                 gpus: int | None = None) -> dict[str, Any]:
-    """The run's params checked and converted (``2.0`` -> ``2``); :class:`ParamError` on the first problem.
+def checked_values(params: Mapping[str, Any], schemas: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
+    """The run's params checked against their schemas and converted (``2.0`` -> ``2``): the values
+    every task of the pipeline uses. :class:`ParamError` on the first problem.
 
     ``schemas``: each param's JSON schema (the DAG's Params). Checks, in order: no key the DAG
     does not declare (a typo would be ignored silently); each value against its schema with
     the project's own grammar (integral floats converted, NaN/Infinity refused, patterns
-    matched in full); then what depends on this worker: backend=local starts all
-    nodes x procs_per_node ranks here, at most :func:`local_rank_limit`.
+    matched in full). Depends on its arguments only: the same params give the same values on
+    every worker (:func:`check_params` adds what depends on the worker).
     """
     unknown = sorted(set(params) - set(schemas))
     if unknown:
@@ -143,6 +142,16 @@ def check_params(params: Mapping[str, Any], schemas: Mapping[str, Mapping[str, A
             values[name] = _check_one(name, params.get(name), schema)
         except SpecError as e:
             raise ParamError(e.field, e.value, e.allowed) from None
+    return values
+
+
+def check_params(params: Mapping[str, Any], schemas: Mapping[str, Mapping[str, Any]], *,
+                 environ: Mapping[str, str] | None = None, cpus: int | None = None,
+                 gpus: int | None = None) -> dict[str, Any]:
+    """:func:`checked_values`, then what depends on this worker: backend=local starts all
+    nodes x procs_per_node ranks here, at most :func:`local_rank_limit`. :class:`ParamError` on
+    the first problem."""
+    values = checked_values(params, schemas)
     nodes, procs = values.get("nodes"), values.get("procs_per_node")
     if _on_this_worker(values.get("backend")) and nodes is not None and procs is not None:
         limit, why = local_rank_limit(environ, cpus=cpus, gpus=gpus)

@@ -31,6 +31,12 @@ from dtrain.launch.node.placeholders import literal
 
 #: the DAG macro that writes a value for a launch command (the factory registers :func:`literal_text`)
 LITERAL_MACRO = "dtrain_literal"
+#: the DAG macro that gives the run's params checked and converted (the factory registers
+#: :func:`dtrain.pipeline.params.checked_values` on the DAG's schemas)
+PARAMS_MACRO = "dtrain_params"
+#: the Jinja expression of the run's checked params: read from the run's params (fixed when the run
+#: is triggered), never from check_params' XCom (which the REST API lets its editors change)
+RUN_PARAMS = f"{PARAMS_MACRO}(params)"
 
 #: what each placeholder means (the README's table is generated from the same text in tests)
 PLACEHOLDERS: dict[str, str] = {
@@ -52,13 +58,25 @@ def literal_text(value: object) -> str:
     return literal(str(value))
 
 
+def param_value(name: str) -> str:
+    """The Jinja expression of the run's param ``name``, as :data:`RUN_PARAMS` gives it."""
+    return f"{RUN_PARAMS}[{name!r}]"
+
+
+def param_jinja(name: str, for_ranks: bool = False) -> str:
+    """The template rendering the run's param ``name`` (built-in or the pipeline's own): one path
+    for every param a task gets. ``for_ranks``: written with :data:`LITERAL_MACRO` (see :func:`to_jinja`)."""
+    value = param_value(name)
+    return "{{ " + (f"{LITERAL_MACRO}({value})" if for_ranks else value) + " }}"
+
+
 def to_jinja(text: str, field: str, templates: Mapping[str, str], params: Iterable[str],
              for_ranks: bool = False) -> str:
     """``text`` with each placeholder replaced by its Jinja template.
 
     ``templates``: placeholder name -> Jinja text giving its value, for the names valid in
-    this field; ``params``: the pipeline's param names (``{params.NAME}``: the value
-    ``check_params`` returned, so ``2.0`` arrives as ``2``). ``for_ranks``: the text is part of a
+    this field; ``params``: the pipeline's param names (``{params.NAME}``: :func:`param_jinja`, the
+    run's value as ``check_params`` converts it, so ``2.0`` arrives as ``2``). ``for_ranks``: the text is part of a
     launch command, whose per-rank placeholders the rank wrapper fills: param values are written
     with :data:`LITERAL_MACRO` so that it never fills anything inside them.
     """
@@ -71,8 +89,7 @@ def to_jinja(text: str, field: str, templates: Mapping[str, str], params: Iterab
         if name.startswith("params."):
             param = name.split(".", 1)[1]
             if param in param_names:
-                value = "ti.xcom_pull(task_ids='check_params')[" + repr(param) + "]"
-                return "{{ " + (f"{LITERAL_MACRO}({value})" if for_ranks else value) + " }}"
+                return param_jinja(param, for_ranks)
             raise SpecError(field, text, f"{{params.NAME}} with NAME a param of this pipeline "
                                          f"({', '.join(sorted(param_names)) or 'none'}); {match.group(0)} is not")
         if name in templates:

@@ -12,7 +12,7 @@ RUNNING again). Training scripts need no MLflow code.
 from __future__ import annotations
 
 import time
-from typing import Any
+from typing import Any, Callable, Mapping
 
 from dtrain.launch.airflow.operator import DistributedTrainingOperator
 from dtrain.pipeline.config import partition_of
@@ -29,9 +29,11 @@ RESULT_PARAMS = {"global_batch": "global_batch", "global_batch_size": "global_ba
 class TrackedTrainingOperator(DistributedTrainingOperator):
     """:class:`DistributedTrainingOperator` whose job is an experiment run of ``registry``."""
 
-    def __init__(self, *, registry: ModelRegistry, **kwargs: Any) -> None:
+    def __init__(self, *, registry: ModelRegistry, run_params: Callable[[Mapping[str, Any]], Mapping[str, Any]],
+                 **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.registry = registry
+        self.run_params = run_params  # the run's params as its tasks use them (the factory's dtrain_params)
         self._tracked: tuple[Any, Any] | None = None  # (server, run) while this try runs
 
     def _run_tags(self, context, spec) -> dict[str, str]:
@@ -54,7 +56,7 @@ class TrackedTrainingOperator(DistributedTrainingOperator):
             run, resumed = start_or_resume(client, self.registry.experiment_name, key, self._run_tags(context, spec))
             shape = run_record(spec)
             params = {name: shape[name] for name in SHAPE}
-            params.update(context["ti"].xcom_pull(task_ids="check_params") or {})
+            params.update(self.run_params(context["params"]))
             log_params(client, run, params)
         self._tracked = (server, run)
         spec.env = {**spec.env, **run_env(server, run)}

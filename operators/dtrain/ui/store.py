@@ -15,6 +15,7 @@ from sqlalchemy.orm import Session
 
 from dtrain.launch.engine.job import RUN_RECORD_KEY
 from dtrain.pipeline.config import partition_of
+from dtrain.pipeline.task_ids import DECISION_KEY, EVALUATE, GATE, PUBLISH
 
 #: the tag the pipeline factory gives every retraining DAG (dtrain.pipeline.factory)
 RETRAINING_TAG = "retraining"
@@ -73,12 +74,12 @@ def pipeline_runs(session: Session, dag_id: str) -> list[dict[str, Any]]:
                            .order_by(DagRun.run_after.desc()).limit(MAX_RUNS)).all()
     if not runs:
         return []
-    wanted = ((("gate", "decision"), "decision"), (("evaluate", "return_value"), "evaluation"),
-              (("publish", "return_value"), "published"))
+    wanted = (((GATE, DECISION_KEY), "decision"), ((EVALUATE, "return_value"), "evaluation"),
+              ((PUBLISH, "return_value"), "published"))
     rows = session.execute(select(XComModel.run_id, XComModel.task_id, XComModel.map_index, XComModel.key,
                                   XComModel.value).where(
         XComModel.dag_id == dag_id, XComModel.run_id.in_([r.run_id for r in runs]),
-        XComModel.key.in_(["decision", "return_value", RUN_RECORD_KEY]))).all()
+        XComModel.key.in_([DECISION_KEY, "return_value", RUN_RECORD_KEY]))).all()
     found: dict[str, dict[str, Any]] = {r.run_id: {"training_tasks": []} for r in runs}
     for row in rows:
         entry = found[row.run_id]
