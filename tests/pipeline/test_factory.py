@@ -157,6 +157,21 @@ def test_every_param_a_task_gets_is_the_runs_own_never_a_patched_xcom():
         "s3://b/heldout/v1/3.csv"
 
 
+def test_a_patched_preflight_xcom_puts_nothing_but_its_nccl_settings_in_the_ranks_env():
+    """Preflight's recommendation reaches every rank's environment through its XCom, which whoever may
+    edit the DAG can PATCH: only preflight's own NCCL variables, each with a value of its grammar, pass."""
+    dag = build("nccl")
+    good = {"preflight": {"nccl_env": {"NCCL_IB_DISABLE": "1", "NCCL_SOCKET_IFNAME": "eth0"}}}
+    assert json.loads(render(dag.get_task("train"), {}, good).env) == {"NCCL_IB_DISABLE": "1",
+                                                                        "NCCL_SOCKET_IFNAME": "eth0"}
+    for nccl, field in (({"LD_PRELOAD": "/shared/evil.so"}, "preflight nccl_env"),
+                        ({"NCCL_SOCKET_IFNAME": "eth0; rm -rf /"}, "preflight nccl_env['NCCL_SOCKET_IFNAME']"),
+                        ({"NCCL_IB_DISABLE": "0\nLD_PRELOAD=/x"}, "preflight nccl_env['NCCL_IB_DISABLE']")):
+        with pytest.raises(SpecError) as info:
+            render(dag.get_task("train"), {}, {"preflight": {"nccl_env": nccl}})
+        assert info.value.field == field
+
+
 def test_a_copy_of_train_checks_the_warm_start_the_dags_macro_rendered():
     """DAG.partial_subset deep-copies tasks but not the DAG's macros: train's pre_execute must still
     read what dtrain_previous_model recorded (the *Ordering* check), and the MLflow train task's params."""

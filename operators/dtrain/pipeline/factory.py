@@ -245,7 +245,9 @@ def _macros(a: PipelineArgs) -> dict[str, Any]:
     """The DAG's user-defined macros, which the steps' templates call."""
 
     def train_env(ti) -> str:
-        recommended = (ti.xcom_pull(task_ids=PREFLIGHT) or {}).get("nccl_env") or {}
+        from dtrain.preflight.checks import checked_nccl_env
+
+        recommended = checked_nccl_env((ti.xcom_pull(task_ids=PREFLIGHT) or {}).get("nccl_env"))
         return json.dumps({**recommended, **a.env})
 
     def approval_body(ti) -> str:

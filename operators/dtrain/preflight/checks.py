@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import re
 import shutil
 import socket
 from typing import Any
@@ -58,6 +59,36 @@ def nccl_env(ib_devices: list[str], interfaces: list[str], single_host: bool) ->
         return {"NCCL_IB_DISABLE": "0", "NCCL_IB_HCA": ",".join(ib_devices)}
     iface = "lo" if single_host or interfaces == ["lo"] else interfaces[0]
     return {"NCCL_IB_DISABLE": "1", "NCCL_SOCKET_IFNAME": iface}
+
+
+#: what :func:`nccl_env` may recommend, each with the grammar of its value (device and interface names)
+NCCL_ENV_GRAMMAR = {
+    "NCCL_IB_DISABLE": re.compile(r"[01]"),
+    "NCCL_IB_HCA": re.compile(r"[A-Za-z0-9_.:-]{1,64}(,[A-Za-z0-9_.:-]{1,64}){0,63}"),
+    "NCCL_SOCKET_IFNAME": re.compile(r"[A-Za-z0-9_.:@-]{1,64}"),
+}
+
+
+def checked_nccl_env(value: Any) -> dict[str, str]:
+    """A recommendation as preflight's XCom carries it to the training task, checked: that XCom can be
+    PATCHed by anyone who may edit the DAG, and the ranks would run with it (an ``LD_PRELOAD`` there
+    runs their code in every rank). Only :func:`nccl_env`'s variables, with values of their grammar;
+    anything else is a :class:`~dtrain.errors.SpecError` naming the key or value."""
+    from dtrain.errors import SpecError
+
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise SpecError("preflight nccl_env", value, "a mapping of NCCL variable to value")
+    out = {}
+    for key, item in value.items():
+        grammar = NCCL_ENV_GRAMMAR.get(key)
+        if grammar is None:
+            raise SpecError("preflight nccl_env", key, f"one of {', '.join(NCCL_ENV_GRAMMAR)} (what preflight sets)")
+        if not isinstance(item, str) or grammar.fullmatch(item) is None:
+            raise SpecError(f"preflight nccl_env[{key!r}]", item, f"text matching {grammar.pattern}")
+        out[key] = item
+    return out
 
 
 def gpu_count() -> int:
