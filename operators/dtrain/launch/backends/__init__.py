@@ -27,7 +27,7 @@ if TYPE_CHECKING:
     from dtrain.launch.engine.spec import LaunchSpec
 
 __all__ = ["Backend", "BackendOutcome", "DryRunRequest", "JobHandle", "JobStatus", "ENTRY_POINT_GROUP",
-           "backend_names", "get_backend_class", "backend_for", "register_backend", "reload_entry_points"]
+           "backend_names", "get_backend_class", "backend_for", "runner_for", "register_backend", "reload_entry_points"]
 
 ENTRY_POINT_GROUP = "dtrain.backends"
 BUILTIN: dict[str, str] = {
@@ -96,11 +96,17 @@ def _cached_load(name: str, target) -> type[Backend]:
     return _load(name, target)
 
 
-def backend_for(spec: "LaunchSpec") -> type[Backend]:
-    """The backend class that runs ``spec`` (the named one, or the one it hands the job to)."""
-    cls = get_backend_class(spec.backend)
-    runner = cls.runner(spec.distribution)
+def runner_for(backend: str, distribution: str) -> type[Backend]:
+    """The backend class that runs a job of ``distribution`` placed on ``backend`` (the named one,
+    or the one it hands the distribution to)."""
+    cls = get_backend_class(backend)
+    runner = cls.runner(distribution)
     return cls if runner == cls.name else get_backend_class(runner)
+
+
+def backend_for(spec: "LaunchSpec") -> type[Backend]:
+    """The backend class that runs ``spec``."""
+    return runner_for(spec.backend, spec.distribution)
 
 
 def detachable_backend_names() -> list[str]:

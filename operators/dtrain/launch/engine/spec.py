@@ -17,7 +17,7 @@ from typing import Any, Mapping, Sequence
 from dtrain import grammar
 from dtrain.args import coerce_argv, coerce_env, coerce_int
 from dtrain.errors import SpecError
-from dtrain.launch.backends import backend_for, get_backend_class
+from dtrain.launch.backends import backend_for, get_backend_class, runner_for
 from dtrain.launch.engine.deepspeed_config import resolve_deepspeed_config
 from dtrain.launch.engine.placement import Placement
 
@@ -224,8 +224,8 @@ def check_distribution(placement: Placement, distribution: Any) -> str:
     name = str(distribution).strip().lower()
     if name not in DISTRIBUTIONS:
         raise SpecError("distribution", name, f"one of {', '.join(DISTRIBUTIONS)}")
-    named = get_backend_class(placement.backend)
-    runner = get_backend_class(named.runner(name))
+    runner = runner_for(placement.backend, name)
     if name not in runner.distributions:
-        raise SpecError("distribution", name, f"one of {', '.join(runner.distributions)} on backend {placement.backend!r}")
+        raise SpecError("distribution", name,
+                        f"one of {', '.join(runner.distributions)} on backend {placement.backend!r}")
     return name
