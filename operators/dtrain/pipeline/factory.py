@@ -273,8 +273,8 @@ def add_check_params(a: PipelineArgs):
         from dtrain.pipeline.params import check_params as check
 
         values = check(get_current_context()["params"], a.schemas)
-        spec = check_launch(values, a.backend_options, a.deepspeed_config(values))
-        print(f"check_params: {json.dumps(values)}; world size {spec.world_size} on backend={spec.backend}")
+        placement = check_launch(values, a.backend_options, a.deepspeed_config(values))
+        print(f"check_params: {json.dumps(values)}; world size {placement.world_size} on backend={placement.backend}")
         return values
 
     return check_params()
