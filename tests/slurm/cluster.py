@@ -223,12 +223,13 @@ def _environ(proc: psutil.Process) -> dict[str, str]:
 
 
 def processes_with_marker(root: str, conf: str) -> set[int]:
-    # Not this test process, its parents, or its own children: the environment it hands down carries
-    # SLURM_CONF, so a helper it started (multiprocessing's resource tracker, which lives as long as the
-    # test process) would otherwise count as a job's process. Slurm starts a job's processes under
-    # slurmstepd, never under the test process.
+    # Not this test process, its parents, or anything below it: the environment it hands down carries
+    # SLURM_CONF, so a helper it or one of its children started (multiprocessing's resource tracker,
+    # which lives as long as the process that started it, e.g. an Airflow process a fixture runs)
+    # would otherwise count as a job's process. Slurm starts a job's processes under slurmstepd,
+    # never under the test process.
     me = psutil.Process()
-    skip = {me.pid, *(p.pid for p in me.parents()), *(p.pid for p in me.children())}
+    skip = {me.pid, *(p.pid for p in me.parents()), *(p.pid for p in me.children(recursive=True))}
     found = set()
     for proc in psutil.process_iter():
         if proc.pid in skip:
