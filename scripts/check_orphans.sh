@@ -3,6 +3,8 @@
 # job created may be left in shared memory. Prints what is left and exits 1 if anything is.
 # Processes: every process that carries a job id (DTRAIN_JOB_ID) in its environment, and the test
 # daemons by the arguments the fixtures start them with (a system sshd or munged is not ours).
+# The namespace test cluster (tests/netcluster.py): network namespaces, links (bridge, veths) and
+# cgroups whose names start with its prefix, dtn.
 # Shared memory (/dev/shm, or CHECK_ORPHANS_SHM_DIR): the names the product's jobs create that no
 # running process maps any more (a name still mapped belongs to a run in progress):
 #   sem.mp-*                      Python multiprocessing's named semaphores (its queues and locks)
@@ -30,6 +32,12 @@ for path in "$shm_dir"/*; do
   grep -qxF -- "$path" <<<"$mapped" || shm_left+="$path"$'\n'
 done
 
+net_left=$( { ip netns list 2>/dev/null | awk '$1 ~ /^dtn/ {print "netns " $1}'
+              ip -o link show 2>/dev/null | awk -F': ' '$2 ~ /^dtn/ {sub(/@.*/, "", $2); print "link " $2}'
+              for controller in freezer cpu; do
+                for dir in /sys/fs/cgroup/$controller/dtn*; do [ -d "$dir" ] && echo "cgroup $controller/${dir##*/}"; done
+              done; } )
+
 status=0
 if [ -n "$left" ]; then
   echo "check_orphans: processes of the project are still running after the tests:"
@@ -37,6 +45,13 @@ if [ -n "$left" ]; then
   status=1
 else
   echo "check_orphans: no process of the project is left"
+fi
+if [ -n "$net_left" ]; then
+  echo "check_orphans: the namespace test cluster left these behind:"
+  printf '%s\n' "$net_left"
+  status=1
+else
+  echo "check_orphans: no network namespace, link or cgroup of the test cluster is left"
 fi
 if [ -n "$shm_left" ]; then
   echo "check_orphans: shared memory of the project is left in $shm_dir (no process maps it):"

@@ -37,13 +37,16 @@ import subprocess  # noqa: E402
 import pytest  # noqa: E402
 
 # The suite's daemons, defined once (tests/services.py): one moto S3, one sshd cluster, one Slurm cluster.
-from tests.services import moto_endpoint, s3_bucket, slurm, slurm_cluster, ssh_cluster  # noqa: E402,F401
+from tests.services import (  # noqa: E402,F401
+    CLUSTER_FIXTURES, OWN_CLUSTER_FIXTURES, faulty_cluster, moto_endpoint, net_cluster, s3_bucket, slurm, slurm_cluster,
+    ssh_cluster,
+)
 
 #: session fixtures that start something expensive, in priority order: under pytest-xdist
 #: (``--dist loadgroup``, scripts/test.sh) every test using one runs on the same worker, so each starts
 #: once per suite; every other test goes with its module (module fixtures start once too).
 SHARED_DAEMONS = (
-    ("cluster", frozenset({"ssh_cluster", "slurm_cluster", "slurm"})),  # sshd hosts and Slurm: tests/services.py
+    ("cluster", CLUSTER_FIXTURES),                                       # sshd hosts, Slurm: tests/services.py
     ("airflow-standalone", frozenset({"standalone"})),                   # tests/pipeline/conftest.py
     ("fresh-install", frozenset({"fresh_install"})),                     # tests/packaging/conftest.py
 )
@@ -51,7 +54,8 @@ SHARED_DAEMONS = (
 #: daemon, Airflow or a training job: those folders and fixtures, and the tests that took longer than
 #: QUICK_SECONDS in the run that wrote tests/durations.json (``pytest --store-durations``)
 SLOW_FOLDERS = ("faults", "packaging", "pipeline", "remote", "slurm", "deepspeed", "backends", "mlflow")
-SLOW_FIXTURES = frozenset({"airflow_db", "api", "moto_endpoint", "s3_bucket", "s3", "s3_endpoint", "pipeline_env",
+SLOW_FIXTURES = frozenset({"airflow_db", "api", "moto_endpoint", "s3_bucket", "s3", "s3_endpoint", "pipeline_env", "net_cluster",
+                           *OWN_CLUSTER_FIXTURES,
                            "mlflow_server", "jobs"})
 QUICK_SECONDS = 1.0
 DURATIONS = os.path.join(REPO, "tests", "durations.json")

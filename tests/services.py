@@ -102,6 +102,38 @@ def ssh_cluster(tmp_path_factory):
         cluster.stop()
 
 
+def _net_ssh_cluster(count: int, directory: str):
+    from tests.netcluster import NetCluster
+    from tests.remote.sshd_cluster import start_cluster
+
+    if os.geteuid() != 0:
+        pytest.skip("network namespaces and sshd need root")
+    net = NetCluster(count).start()
+    try:
+        cluster = start_cluster(directory, net=net)
+        cluster.net = net
+        try:
+            yield cluster
+        finally:
+            cluster.stop()
+    finally:
+        net.stop()
+
+
+@pytest.fixture(scope="session")
+def net_cluster(tmp_path_factory):
+    """Three hosts with their own addresses (tests/netcluster.py: network namespaces on a bridge; host 0
+    with a decoy interface listed first), an sshd on each (port 22 of its address). The sshd cluster it
+    yields has the hosts' network as ``.net`` (its faults). Everything is removed at teardown."""
+    yield from _net_ssh_cluster(3, str(tmp_path_factory.mktemp("net-sshd")))
+
+
+@pytest.fixture
+def faulty_cluster(tmp_path_factory):
+    """Two such hosts of this test's own, for a test that breaks one (crash, partition, freeze)."""
+    yield from _net_ssh_cluster(2, str(tmp_path_factory.mktemp("faulty-sshd")))
+
+
 @pytest.fixture(scope="session")
 def slurm_cluster():
     """A real two-node Slurm cluster (tests/slurm/cluster.py); SLURM_CONF points at it meanwhile.
@@ -146,4 +178,6 @@ def slurm(slurm_cluster):
 
 
 #: the fixtures that start a cluster: tests using any of them share one xdist worker
-CLUSTER_FIXTURES = frozenset({"ssh_cluster", "slurm_cluster", "slurm"})
+CLUSTER_FIXTURES = frozenset({"ssh_cluster", "net_cluster", "slurm_cluster", "slurm"})
+#: fixtures that make a cluster of the test's own (network namespaces: fine on any worker)
+OWN_CLUSTER_FIXTURES = frozenset({"faulty_cluster"})

@@ -57,12 +57,16 @@ class BackendContract:
     def extra_spec(self) -> dict:
         return {}
 
-    def spec(self, infra, tmp_path, *args: str, **kwargs) -> LaunchSpec:
+    def expected_ifname(self, infra, node_index: int) -> str:
+        """The interface node ``node_index`` reaches MASTER_ADDR through (every node is this host: ``lo``)."""
+        return "lo"
+
+    def spec(self, infra, tmp_path, *args: str, env: dict | None = None, **kwargs) -> LaunchSpec:
         out = tmp_path / "out"
         out.mkdir(exist_ok=True)
         fields = dict(command=[SCRIPT, *args], nodes=self.nodes, procs_per_node=self.procs_per_node,
                       backend=self.backend, device="cpu", workdir=REPO, run_dir=str(tmp_path / "run"),
-                      env={"OUT_DIR": str(out), "GLOO_SOCKET_IFNAME": "lo"}, backend_options=self.options(infra))
+                      env={"OUT_DIR": str(out), **(env or {})}, backend_options=self.options(infra))
         return LaunchSpec(**{**fields, **self.extra_spec(), **kwargs})
 
     def assert_nothing_left(self, infra, job_id: str) -> None:
@@ -101,17 +105,20 @@ class BackendContract:
 
     def test_every_rank_gets_the_node_env_of_the_contract(self, infra, tmp_path):
         """The same node environment on every backend: what a stop gives the ranks, which node each
-        runs on, the job's own variables, and TF_CONFIG wherever the backend serves tensorflow."""
-        spec = self.spec(infra, tmp_path, stop_grace=4.5)
+        runs on, the socket interface each node chose (the user's choice kept), the job's own variables,
+        and TF_CONFIG wherever the backend serves tensorflow."""
+        user = {"NCCL_SOCKET_IFNAME": "ib9"}  # set by the user: kept; GLOO_SOCKET_IFNAME is left to each node
+        spec = self.spec(infra, tmp_path, stop_grace=4.5, env=user)
         tensorflow = spec.distribution == "pytorch" and "tensorflow" in backend_for(spec).distributions
         if tensorflow:
-            spec = self.spec(infra, tmp_path, stop_grace=4.5, distribution="tensorflow")
+            spec = self.spec(infra, tmp_path, stop_grace=4.5, env=user, distribution="tensorflow")
         result, got, world = self.run_to_success(spec, tmp_path)
         by_node: dict[str, set[str]] = {}
         for rank, record in got.items():
             env = record["env"]
             assert (env["DTRAIN_STOP_GRACE"], env["TORCH_ELASTIC_SHUTDOWN_TIMEOUT"]) == ("4.5", "5"), (rank, env)
-            assert env["GLOO_SOCKET_IFNAME"] == "lo"  # the spec's env: the user's value wins
+            expected = self.expected_ifname(infra, int(env["NODE_RANK"]))
+            assert (env["GLOO_SOCKET_IFNAME"], env["NCCL_SOCKET_IFNAME"]) == (expected, "ib9"), (rank, env)
             assert (env["DTRAIN_DISTRIBUTION"], env["DTRAIN_DEVICE"], env["PYTHONUNBUFFERED"]) == (
                 spec.distribution, "cpu", "1")
             by_node.setdefault(env["DTRAIN_NODE_INDEX"], set()).add(env["NODE_RANK"])

@@ -72,7 +72,6 @@ ALLOWED = {
     "launch/backends/ssh/control.py:remove_dir": "ssh control sockets: the job's own 0700 temp directory",
     "preflight/checks.py:file_sha256": "the staged dataset's files",
     "preflight/checks.py:infiniband_devices": "/sys/class/infiniband",
-    "preflight/checks.py:socket_interfaces": "/sys/class/net",
     "preflight/checks.py:check_node": "the staged dataset directory on the node",
     "pipeline/steps.py:evaluate_model": "the model path the pipeline computed ({output})",
     "pipeline/publish.py:_published_partitions": "the models root (written by publish, not by ranks)",

@@ -7,7 +7,7 @@ import json
 import pytest
 
 from dtrain.launch.engine.placement import Placement
-from dtrain.preflight.checks import file_sha256, nccl_env
+from dtrain.preflight.checks import check_node, file_sha256, nccl_env
 from dtrain.preflight.runner import run_preflight
 
 @pytest.fixture
@@ -24,8 +24,10 @@ def test_every_node_ready(manifest, tmp_path):
                            checkpoint_dir=str(tmp_path / "ckpt"), min_free_gb=0.001)
     assert report["ok"], report["summary"]
     assert [n["node"] for n in report["nodes"]] == [0, 1]
-    assert report["nccl_env"] == {"NCCL_IB_DISABLE": "1", "NCCL_SOCKET_IFNAME": "lo"}
+    assert report["nccl_env"] == {"NCCL_IB_DISABLE": "1"}
+    assert [n["facts"]["socket_ifname"] for n in report["nodes"]] == ["lo", "lo"]  # every node is this host
     assert report["summary"][0] == "preflight: 2/2 node(s) ready"
+    assert all(" iface=lo -> ok" in line for line in report["summary"][1:3])
 
 
 @pytest.mark.parametrize("case, problem", [
@@ -52,6 +54,12 @@ def test_each_problem_fails_with_a_clear_summary(manifest, tmp_path, case, probl
 
 
 def test_nccl_settings_follow_infiniband():
-    assert nccl_env(["mlx5_0", "mlx5_1"], ["eth0", "lo"], single_host=False) == {
-        "NCCL_IB_DISABLE": "0", "NCCL_IB_HCA": "mlx5_0,mlx5_1"}
-    assert nccl_env([], ["ens5", "lo"], single_host=False) == {"NCCL_IB_DISABLE": "1", "NCCL_SOCKET_IFNAME": "ens5"}
+    assert nccl_env(["mlx5_0", "mlx5_1"]) == {"NCCL_IB_DISABLE": "0", "NCCL_IB_HCA": "mlx5_0,mlx5_1"}
+    assert nccl_env([]) == {"NCCL_IB_DISABLE": "1"}  # the socket interface is each node's own choice
+
+
+def test_a_node_without_a_route_to_node_0_is_not_ready():
+    report = check_node(master_addr="no-such-host.invalid")
+    assert not report["ok"] and report["facts"]["socket_ifname"] is None
+    assert report["problems"] == ["no route from this node to node 0 at no-such-host.invalid (MASTER_ADDR): "
+                                  "the ranks could not rendezvous"]

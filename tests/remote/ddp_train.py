@@ -17,7 +17,8 @@ import os
 import sys
 import time
 
-CONTRACT = ("MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE", "RANK", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "NODE_RANK")
+CONTRACT = ("MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE", "RANK", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "NODE_RANK",
+            "GLOO_SOCKET_IFNAME")
 
 
 def write_json(path: str, data: dict) -> None:

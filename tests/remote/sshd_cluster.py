@@ -1,4 +1,5 @@
-"""Real OpenSSH sshd instances on 127.0.0.1, one per simulated host, for tests and the benchmark.
+"""Real OpenSSH sshd instances, one per simulated host, for tests and the benchmark: on 127.0.0.1
+(one port each), or each on its own host of a namespace cluster (tests/netcluster.py, port 22).
 
 Each "host" is an sshd with its own port, host key, pid file and config in a
 temp directory, accepting one generated ed25519 client key (AuthorizedKeysFile,
@@ -42,7 +43,7 @@ def _keygen(path: str) -> str:
 
 CONFIG = """\
 Port {port}
-ListenAddress 127.0.0.1
+ListenAddress {address}
 HostKey {host_key}
 PidFile {pid_file}
 AuthorizedKeysFile {authorized_keys}
@@ -64,11 +65,16 @@ class SSHHost:
     port: int
     directory: str
     proc: subprocess.Popen | None = None
+    address: str = "127.0.0.1"
 
     @property
     def line(self) -> str:
         """This host as a hostfile entry (without slots)."""
-        return f"127.0.0.1:{self.port}"
+        return f"{self.address}:{self.port}"
+
+    @property
+    def known_hosts_name(self) -> str:
+        return self.address if self.port == 22 else f"[{self.address}]:{self.port}"
 
 
 @dataclass
@@ -77,9 +83,10 @@ class SSHCluster:
     key_file: str
     known_hosts: str
     hosts: list[SSHHost] = field(default_factory=list)
+    net: object = None  # the tests.netcluster.NetCluster the hosts live on (None: 127.0.0.1)
 
     def hostfile(self, slots: int, path: str | None = None, user: str = "root") -> str:
-        """Write a hostfile naming every host (``user@127.0.0.1:PORT slots=N``); return its path."""
+        """Write a hostfile naming every host (``user@ADDRESS:PORT slots=N``); return its path."""
         path = path or os.path.join(self.directory, f"hostfile-{slots}")
         with open(path, "w", encoding="utf-8") as fh:
             fh.write("# written by tests/remote/sshd_cluster.py\n")
@@ -141,8 +148,10 @@ def _same_code() -> str:
     return f'SetEnv "PYTHONPATH={path}"\n'
 
 
-def start_cluster(directory: str, count: int = 2, timeout: float = 10.0) -> SSHCluster:
-    """Start ``count`` sshd daemons on 127.0.0.1 (separate ports) and wait until each accepts connections."""
+def start_cluster(directory: str, count: int = 2, timeout: float = 10.0, net=None) -> SSHCluster:
+    """Start ``count`` sshd daemons on 127.0.0.1 (separate ports), or with ``net`` (a started
+    :class:`tests.netcluster.NetCluster`) one on each of its hosts (its address, port 22, in its
+    namespace and cgroups), and wait until each accepts connections."""
     os.makedirs(PRIVSEP_DIR, mode=0o755, exist_ok=True)
     os.makedirs(directory, exist_ok=True)
     key_file = os.path.join(directory, "id_ed25519")
@@ -154,23 +163,26 @@ def start_cluster(directory: str, count: int = 2, timeout: float = 10.0) -> SSHC
     cluster = SSHCluster(directory=directory, key_file=key_file, known_hosts=os.path.join(directory, "known_hosts"))
     known = []
     try:
-        for index in range(count):
+        for index in range(len(net.hosts) if net is not None else count):
             host_dir = os.path.join(directory, f"host{index}")
             os.makedirs(host_dir)
-            port = _free_port()
+            host = SSHHost(port=22, directory=host_dir, address=net.hosts[index].address) if net is not None \
+                else SSHHost(port=_free_port(), directory=host_dir)
             host_key = os.path.join(host_dir, "ssh_host_ed25519_key")
             host_pub = _keygen(host_key)
-            known.append(f"[127.0.0.1]:{port} {' '.join(host_pub.split()[:2])}")
+            known.append(f"{host.known_hosts_name} {' '.join(host_pub.split()[:2])}")
             config = os.path.join(host_dir, "sshd_config")
             with open(config, "w", encoding="utf-8") as fh:
-                fh.write(CONFIG.format(port=port, host_key=host_key, pid_file=os.path.join(host_dir, "sshd.pid"),
-                                       authorized_keys=authorized) + _same_code())
+                fh.write(CONFIG.format(port=host.port, address=host.address, host_key=host_key,
+                                       pid_file=os.path.join(host_dir, "sshd.pid"), authorized_keys=authorized)
+                         + _same_code())
             log = open(os.path.join(host_dir, "sshd.log"), "wb")
             # -D: stay in the foreground, so this Popen is the daemon and stop() can reach it.
-            proc = subprocess.Popen([SSHD, "-D", "-e", "-f", config], stdout=log, stderr=log,
-                                    stdin=subprocess.DEVNULL, start_new_session=True)
+            argv = [SSHD, "-D", "-e", "-f", config]
+            kwargs = dict(stdout=log, stderr=log, stdin=subprocess.DEVNULL, start_new_session=True)
+            host.proc = net.hosts[index].popen(argv, **kwargs) if net is not None else subprocess.Popen(argv, **kwargs)
             log.close()
-            cluster.hosts.append(SSHHost(port=port, directory=host_dir, proc=proc))
+            cluster.hosts.append(host)
         with open(cluster.known_hosts, "w", encoding="utf-8") as fh:
             fh.write("\n".join(known) + "\n")
         for host in cluster.hosts:
@@ -186,11 +198,11 @@ def _wait_listening(host: SSHHost, timeout: float) -> None:
     while time.monotonic() < deadline:
         if host.proc.poll() is not None:
             with open(os.path.join(host.directory, "sshd.log"), encoding="utf-8", errors="replace") as fh:
-                raise RuntimeError(f"sshd on port {host.port} exited with {host.proc.returncode}: {fh.read()}")
+                raise RuntimeError(f"sshd on {host.line} exited with {host.proc.returncode}: {fh.read()}")
         try:
-            with socket.create_connection(("127.0.0.1", host.port), timeout=0.5) as s:
+            with socket.create_connection((host.address, host.port), timeout=0.5) as s:
                 if s.recv(4).startswith(b"SSH-"):
                     return
         except OSError:
             time.sleep(0.05)
-    raise RuntimeError(f"sshd on port {host.port} did not accept connections within {timeout}s")
+    raise RuntimeError(f"sshd on {host.line} did not accept connections within {timeout}s")

@@ -118,7 +118,7 @@ def test_ssh_settings_normalise_and_serialise(tmp_path):
     settings = SSHSettings.from_mapping('{"user": "bob", "port": "2222", "key_file": "%s"}' % key)
     assert settings.to_dict() == {"user": "bob", "port": 2222, "key_file": str(key),
                                   "strict_host_key_checking": "accept-new", "connect_timeout": 10,
-                                  "fanout": 32, "poll_interval": 2.0, "max_poll_interval": 30.0}
+                                  "fanout": 32, "poll_interval": 2.0, "max_poll_interval": 30.0, "lost_after": 30.0}
     with pytest.raises(SpecError, match="without blanks"):
         SSHSettings.from_mapping({"known_hosts_file": str(tmp_path / "known hosts")})
 
@@ -129,6 +129,7 @@ def test_ssh_settings_normalise_and_serialise(tmp_path):
     ({"fanout": "all"}, "ssh.fanout", "integer"),
     ({"poll_interval": -1}, "ssh.poll_interval", "between 0 and 3600"),
     ({"poll_interval": 10, "max_poll_interval": 5}, "ssh.max_poll_interval", "at least poll_interval (10 s)"),
+    ({"lost_after": 10}, "ssh.lost_after", "greater than 10"),
 ])
 def test_fanout_and_poll_settings_are_bounded(settings, field, allowed):
     with pytest.raises(SpecError) as err:

@@ -1,4 +1,5 @@
-"""distribution=mpi with real OpenMPI: DDP over gloo on 2 sshd "hosts" x 2 ranks, the
+"""distribution=mpi with real OpenMPI: DDP over gloo on 2 sshd hosts x 2 ranks (hosts with their own
+addresses: the namespace cluster, tests/netcluster.py), the
 OMPI_COMM_WORLD_* variables mapped to the contract, user options passed through; and a
 failing rank ends the job everywhere with its exit code."""
 
@@ -33,10 +34,10 @@ def mpi_spec(cluster, tmp_path, command, **kw) -> LaunchSpec:
                       mpi_options=["--oversubscribe", "-x TEST_MPI_OPTION=passed-through"], **kw)
 
 
-def test_mpirun_trains_ddp_on_two_hosts_with_the_env_mapped(ssh_cluster, tmp_path):
+def test_mpirun_trains_ddp_on_two_hosts_with_the_env_mapped(net_cluster, tmp_path):
     t0 = time.time()
     lines: list[str] = []
-    launcher = Launcher(mpi_spec(ssh_cluster, tmp_path, train_command("--steps", "6")), sink=lines.append)
+    launcher = Launcher(mpi_spec(net_cluster, tmp_path, train_command("--steps", "6")), sink=lines.append)
     result = run_within(launcher, lines)
     assert result.exit_code == 0, "\n".join(lines[-40:])
     assert any(line.startswith("[dtrain] mpirun: mpirun --hostfile") for line in lines)
@@ -44,9 +45,10 @@ def test_mpirun_trains_ddp_on_two_hosts_with_the_env_mapped(ssh_cluster, tmp_pat
     assert sorted(got) == [0, 1, 2, 3]
     for rank, rep in got.items():
         # rank_entry mapped OMPI_COMM_WORLD_RANK/SIZE/LOCAL_RANK/LOCAL_SIZE; NODE_RANK = rank // local size.
-        assert rep["env"] == {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": rep["env"]["MASTER_PORT"],
+        assert rep["env"] == {"MASTER_ADDR": net_cluster.net.hosts[0].address, "MASTER_PORT": rep["env"]["MASTER_PORT"],
                               "WORLD_SIZE": "4", "RANK": str(rank), "LOCAL_RANK": str(rank % 2),
-                              "LOCAL_WORLD_SIZE": "2", "NODE_RANK": str(rank // 2)}
+                              "LOCAL_WORLD_SIZE": "2", "NODE_RANK": str(rank // 2),
+                              "GLOO_SOCKET_IFNAME": net_cluster.net.hosts[rank // 2].interface}
         assert rep["env"]["MASTER_PORT"].isdigit()
         assert rep["mpi_option"] == "passed-through"
     grads = [got[r]["grad_sums"] for r in range(4)]
@@ -54,18 +56,18 @@ def test_mpirun_trains_ddp_on_two_hosts_with_the_env_mapped(ssh_cluster, tmp_pat
     assert got[0]["losses"][-1] < got[0]["losses"][0] * 0.9
     assert any(line.startswith("[node1 rank3] rank 3 done") for line in lines)
     assert still_alive(job_processes(result.job_id)) == []
-    assert wait_for(lambda: orteds_since(t0) == [] and ssh_cluster.session_pids() == set(), timeout=10)
+    assert wait_for(lambda: orteds_since(t0) == [] and net_cluster.session_pids() == set(), timeout=10)
 
 
-def test_mpi_failing_rank_stops_every_rank_with_its_exit_code(ssh_cluster, tmp_path):
+def test_mpi_failing_rank_stops_every_rank_with_its_exit_code(net_cluster, tmp_path):
     t0 = time.time()
     lines: list[str] = []
-    spec = mpi_spec(ssh_cluster, tmp_path, train_command("--steps", "50", "--fail-rank", "2", "--hang"))
+    spec = mpi_spec(net_cluster, tmp_path, train_command("--steps", "50", "--fail-rank", "2", "--hang"))
     result = run_within(Launcher(spec, sink=lines.append), lines)
     assert result.exit_code == 3 and result.failed_rank == 2, "\n".join(lines[-40:])
     assert result.failed_node == 1
     assert still_alive(job_processes(result.job_id)) == []
-    assert wait_for(lambda: orteds_since(t0) == [] and ssh_cluster.session_pids() == set(), timeout=10)
+    assert wait_for(lambda: orteds_since(t0) == [] and net_cluster.session_pids() == set(), timeout=10)
 
 
 def test_dtrain_launch_mpi_on_this_host_passes_options_and_exit_status(tmp_path):
@@ -98,12 +100,12 @@ def test_dtrain_launch_mpi_on_this_host_passes_options_and_exit_status(tmp_path)
     assert refused.returncode != 0 and "plm_rsh_agent" in refused.stderr
 
 
-def test_a_run_dir_with_blanks_is_refused_before_anything_is_created(ssh_cluster, tmp_path):
+def test_a_run_dir_with_blanks_is_refused_before_anything_is_created(net_cluster, tmp_path):
     from dtrain.errors import SpecError
 
     run_dir = tmp_path / "with blank"
     with pytest.raises(SpecError) as err:
         LaunchSpec(command=["true"], nodes=2, procs_per_node=2, backend="ssh", distribution="mpi", device="cpu",
-                   backend_options={"hostfile": ssh_cluster.hostfile(2), **ssh_cluster.ssh_settings()},
+                   backend_options={"hostfile": net_cluster.hostfile(2), **net_cluster.ssh_settings()},
                    run_dir=str(run_dir))
     assert err.value.field == "run_dir" and not run_dir.exists()

@@ -30,11 +30,25 @@ def test_ssh_argv_per_host_user_and_port_win_over_the_settings():
     host = HostEntry("[fd00::3]", 2, "alice", 2222)
     assert ssh_argv(settings, host, "echo hi") == [
         "ssh", "-T", "-o", "BatchMode=yes", "-o", "StrictHostKeyChecking=yes", "-o", "ConnectTimeout=7",
-        "-o", "ServerAliveInterval=15", "-o", "ServerAliveCountMax=4", "-o", "LogLevel=ERROR",
+        "-o", "ServerAliveInterval=5", "-o", "ServerAliveCountMax=6", "-o", "LogLevel=ERROR",
         "-o", "UserKnownHostsFile=/k/known", "-i", "/k/id", "-o", "IdentitiesOnly=yes",
         "-p", "2222", "-l", "alice", "--", "fd00::3", "echo hi",
     ]
     assert ssh_argv(SSHSettings(), HostEntry("w1"), "x")[-3:] == ["--", "w1", "x"]
+
+
+def test_the_keepalive_gives_up_on_a_host_after_lost_after_seconds():
+    """ssh's keepalive every 5 s, as many unanswered as lost_after allows (rounded up)."""
+    def keepalive(settings):
+        argv = ssh_argv(settings, HostEntry("w1"), "x")
+        return [argv[i + 1] for i, word in enumerate(argv) if word == "-o" and argv[i + 1].startswith("ServerAlive")]
+
+    assert keepalive(SSHSettings.from_mapping({"lost_after": 12})) == ["ServerAliveInterval=5", "ServerAliveCountMax=3"]
+    assert keepalive(SSHSettings.from_mapping({})) == ["ServerAliveInterval=5", "ServerAliveCountMax=6"]
+    for bad in (5, "x", float("nan"), 10**6):
+        with pytest.raises(SpecError) as e:
+            SSHSettings.from_mapping({"lost_after": bad})
+        assert e.value.field == "ssh.lost_after"
 
 
 def test_static_agent_argv_fixes_the_node_rank():
@@ -51,10 +65,10 @@ def test_static_agent_argv_fixes_the_node_rank():
 def test_remote_command_is_one_quoted_string_that_splits_back_verbatim():
     hostile = ["$(touch /tmp/pwned); x", "`id`", "a b", "'", '"', "\\", "*", "\n"]
     command = remote_agent_command(PY, job_id="j", node_index=0, pgid_file="/runs/j/remote/node0.pgid",
-                                   workdir="/work dir", grace=5.0, agent=["torchrun", *hostile])
+                                   workdir="/work dir", grace=5.0, lease=30.0, agent=["torchrun", *hostile])
     assert shlex.split(command) == [PY, "-m", "dtrain.launch.backends.ssh.remote_agent", "--job-id", "j", "--node", "0",
                                     "--pgid-file", "/runs/j/remote/node0.pgid", "--workdir", "/work dir",
-                                    "--grace", "5", "--", "torchrun", *hostile]
+                                    "--grace", "5", "--lease", "30", "--", "torchrun", *hostile]
 
 
 def test_mpirun_argv_over_ssh_hosts():

@@ -1,6 +1,7 @@
-"""The SSH backend against two real sshd "hosts" on loopback: DDP trains 2 hosts x 2 processes,
-a hostile argument stays inert, a failing rank and SIGTERM to `dtrain launch` leave no process
-on any host (checked by PID), exit codes propagate."""
+"""The SSH backend against real sshd hosts with their own addresses (the namespace cluster,
+tests/netcluster.py: node 0's first interface is a decoy, and nobody sets GLOO_SOCKET_IFNAME): DDP
+trains 2 hosts x 2 processes, a hostile argument stays inert, a failing rank and SIGTERM to `dtrain
+launch` leave no process on any host (checked by PID), exit codes propagate."""
 
 from __future__ import annotations
 
@@ -32,19 +33,19 @@ def ssh_spec(cluster, tmp_path, command, fanout=32, **kw) -> LaunchSpec:
 
 
 @pytest.fixture(scope="module")
-def ddp_run(ssh_cluster, tmp_path_factory):
+def ddp_run(net_cluster, tmp_path_factory):
     """One 2x2 DDP job over ssh, shared by the assertions below (each job costs ~20 s on 2 cores).
     With fanout 1: the second host's session opens only once the first host's agent is up."""
     tmp = tmp_path_factory.mktemp("ddp")
     assert not os.path.exists(MARKER)
     lines: list[str] = []
-    spec = ssh_spec(ssh_cluster, tmp, train_command("--steps", "6", "--", *HOSTILE), fanout=1)
+    spec = ssh_spec(net_cluster, tmp, train_command("--steps", "6", "--", *HOSTILE), fanout=1)
     launcher = Launcher(spec, sink=lines.append)
     result = run_within(launcher, lines)
     return result, lines, launcher
 
 
-def test_ddp_trains_on_two_hosts_with_node_rank_in_host_order(ddp_run):
+def test_ddp_trains_on_two_hosts_with_node_rank_in_host_order(ddp_run, net_cluster):
     result, lines, launcher = ddp_run
     assert result.exit_code == 0, "\n".join(lines[-40:])
     got = reports(result.run_dir)
@@ -55,7 +56,9 @@ def test_ddp_trains_on_two_hosts_with_node_rank_in_host_order(ddp_run):
         assert env["LOCAL_RANK"] == str(rank % 2)
         # Node rank follows the hostfile's order: the node index the backend gave the host.
         assert env["NODE_RANK"] == str(rank // 2) == rep["node_index"]
-        assert env["MASTER_ADDR"] in ("127.0.0.1", os.uname().nodename) or env["MASTER_ADDR"].startswith("127.")
+        assert env["MASTER_ADDR"] == net_cluster.net.hosts[0].address
+        # each node's own interface toward MASTER_ADDR (node 0: eth1, after its decoy eth0)
+        assert env["GLOO_SOCKET_IFNAME"] == net_cluster.net.hosts[rank // 2].interface
     # DDP all-reduced the gradients: every rank saw the same averaged gradient at every step,
     # although each trained on its own data; the weights stayed identical; the loss fell.
     grads = [got[r]["grad_sums"] for r in range(4)]
@@ -84,10 +87,10 @@ def test_hostile_argument_reaches_the_script_verbatim_and_stays_inert(ddp_run):
     assert not os.path.exists(MARKER)
 
 
-def test_failing_rank_tears_down_every_host_and_propagates_its_exit_code(ssh_cluster, tmp_path):
+def test_failing_rank_tears_down_every_host_and_propagates_its_exit_code(net_cluster, tmp_path):
     lines: list[str] = []
     # Rank 3 (on the second host) exits 3 after one step; the others would block in all-reduce.
-    spec = ssh_spec(ssh_cluster, tmp_path, train_command("--steps", "50", "--fail-rank", "3", "--hang"))
+    spec = ssh_spec(net_cluster, tmp_path, train_command("--steps", "50", "--fail-rank", "3", "--hang"))
     launcher = Launcher(spec, sink=lines.append)
     seen: dict[int, object] = {}
     cmdlines: list[str] = []
@@ -119,17 +122,17 @@ def test_failing_rank_tears_down_every_host_and_propagates_its_exit_code(ssh_clu
     assert still_alive(job_processes(result.job_id)) == []
 
 
-def hanging_launch_argv(ssh_cluster, run_dir, steps: int) -> list[str]:
+def hanging_launch_argv(net_cluster, run_dir, steps: int) -> list[str]:
     """`dtrain launch` of a 2-host x 2-process job whose ranks train ``steps`` steps, then hang."""
-    return [DTRAIN, "launch", "--backend", "ssh", "--hostfile", ssh_cluster.hostfile(2), "--nodes", "2",
+    return [DTRAIN, "launch", "--backend", "ssh", "--hostfile", net_cluster.hostfile(2), "--nodes", "2",
             "--procs-per-node", "2", "--device", "cpu", "--run-dir", str(run_dir),
-            "--ssh-key", ssh_cluster.key_file, "--ssh-known-hosts", ssh_cluster.known_hosts,
+            "--ssh-key", net_cluster.key_file, "--ssh-known-hosts", net_cluster.known_hosts,
             "--ssh-strict-host-key-checking", "yes", "--", *train_command("--steps", str(steps), "--hang")]
 
 
-def test_sigterm_to_dtrain_launch_leaves_no_process_on_any_host(ssh_cluster, tmp_path):
+def test_sigterm_to_dtrain_launch_leaves_no_process_on_any_host(net_cluster, tmp_path):
     run_dir = tmp_path / "run"
-    argv = hanging_launch_argv(ssh_cluster, run_dir, steps=2)
+    argv = hanging_launch_argv(net_cluster, run_dir, steps=2)
     log = open(tmp_path / "launch.log", "wb")
     cli = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     log.close()
@@ -162,28 +165,29 @@ def _job_processes_by_env_dir(run_dir: str):
     return out
 
 
-def test_tensorflow_ranks_get_their_tf_config_over_ssh(ssh_cluster, tmp_path):
+def test_tensorflow_ranks_get_their_tf_config_over_ssh(net_cluster, tmp_path):
     """distribution=tensorflow with one parameter server: each rank's TF_CONFIG, compared exactly."""
     import json
 
     lines: list[str] = []
-    spec = ssh_spec(ssh_cluster, tmp_path, train_command("--start-only"), distribution="tensorflow",
+    spec = ssh_spec(net_cluster, tmp_path, train_command("--start-only"), distribution="tensorflow",
                     parameter_servers=1)
     result = run_within(Launcher(spec, sink=lines.append), lines)
     assert result.exit_code == 0, "\n".join(lines[-40:])
     got = reports(result.run_dir)
     port = int(json.loads(got[0]["tf_config"])["cluster"]["worker"][0].split(":")[1])
-    cluster = {"worker": [f"127.0.0.1:{port}", f"127.0.0.1:{port + 1}", f"127.0.0.1:{port + 2}"],
-               "ps": [f"127.0.0.1:{port + 3}"]}
+    first, second = (host.address for host in net_cluster.net.hosts[:2])
+    cluster = {"worker": [f"{first}:{port}", f"{first}:{port + 1}", f"{second}:{port + 2}"],
+               "ps": [f"{second}:{port + 3}"]}
     for rank, task in enumerate([("worker", 0), ("worker", 1), ("worker", 2), ("ps", 0)]):
         assert json.loads(got[rank]["tf_config"]) == {
             "cluster": cluster, "task": {"type": task[0], "index": task[1]}, "environment": "cloud"}
 
 
-def test_sigkill_of_the_launcher_still_leaves_no_process(ssh_cluster, tmp_path):
+def test_sigkill_of_the_launcher_still_leaves_no_process(net_cluster, tmp_path):
     """No handler runs on SIGKILL: the stdin lifeline closes, every remote agent stops its tree."""
     run_dir = tmp_path / "run"
-    argv = hanging_launch_argv(ssh_cluster, run_dir, steps=1)
+    argv = hanging_launch_argv(net_cluster, run_dir, steps=1)
     cli = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     try:
         assert wait_for(lambda: len(reports(str(run_dir))) == 4, timeout=150)
@@ -198,25 +202,22 @@ def test_sigkill_of_the_launcher_still_leaves_no_process(ssh_cluster, tmp_path):
     assert wait_for(lambda: still_alive(procs) == [], timeout=20), still_alive(procs)
 
 
-def test_unreachable_host_fails_with_ssh_status_and_stops_the_others(ssh_cluster, tmp_path):
-    import socket
-
-    with socket.socket() as s:  # a port nobody listens on: connection refused
-        s.bind(("127.0.0.1", 0))
-        closed = s.getsockname()[1]
+def test_unreachable_host_fails_with_ssh_status_and_stops_the_others(net_cluster, tmp_path):
+    closed = 2222  # nobody listens there on host 1: connection refused
+    other = net_cluster.hosts[1].address
     lines: list[str] = []
     spec = LaunchSpec(command=train_command("--steps", "1", "--hang"), nodes=2, procs_per_node=1, backend="ssh",
                       device="cpu", run_dir=str(tmp_path / "run"),
-                      backend_options={"hosts": [f"root@{ssh_cluster.hosts[0].line} slots=1", f"root@127.0.0.1:{closed}"],
-                                       **ssh_cluster.ssh_settings()})
+                      backend_options={"hosts": [f"root@{net_cluster.hosts[0].line} slots=1", f"root@{other}:{closed}"],
+                                       **net_cluster.ssh_settings()})
     result = run_within(Launcher(spec, sink=lines.append), lines)
     assert result.exit_code == 255 and result.failed_node == 1, "\n".join(lines[-20:])
     assert any("Connection refused" in line for line in result.tail), result.tail
-    assert any("ssh to 127.0.0.1 failed (exit 255)" in line for line in lines)
+    assert any(f"ssh to {other} failed (exit 255)" in line for line in lines)
     assert wait_for(lambda: still_alive(job_processes(result.job_id)) == [], timeout=10)
 
 
-def test_rank_output_never_steers_teardown(ssh_cluster, tmp_path):
+def test_rank_output_never_steers_teardown(net_cluster, tmp_path):
     """A rank printing the agent's announcement (with the victim's process group) must not get
     that group killed: the pgid comes only from the nonce-bearing line of the agent itself."""
     victim = subprocess.Popen(["sleep", "300"], start_new_session=True)
@@ -224,7 +225,7 @@ def test_rank_output_never_steers_teardown(ssh_cluster, tmp_path):
         forge = os.path.join(os.path.dirname(os.path.abspath(__file__)), "forge_announce.py")
         spec = LaunchSpec(command=[forge], nodes=2, procs_per_node=1, backend="ssh", device="cpu",
                           env={"VICTIM_PGID": str(victim.pid)}, run_dir=str(tmp_path / "run"),
-                          backend_options={"hostfile": ssh_cluster.hostfile(1), **ssh_cluster.ssh_settings()})
+                          backend_options={"hostfile": net_cluster.hostfile(1), **net_cluster.ssh_settings()})
         lines: list[str] = []
         launcher = Launcher(spec, sink=lines.append)
         result = run_within(launcher, lines)

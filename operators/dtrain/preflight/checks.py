@@ -4,8 +4,10 @@
 * the staged dataset's manifest is visible here and is the one the staging step wrote;
 * there is free disk for checkpoints;
 * the GPU count covers procs_per_node when GPUs are expected;
-* NCCL network settings, as the AzureML guide advises: InfiniBand devices present ->
-  keep IB enabled; none -> disable IB and pick the socket interface.
+* the interface this node reaches node 0 (MASTER_ADDR) through: the one its ranks will use
+  (GLOO_SOCKET_IFNAME, NCCL_SOCKET_IFNAME: dtrain.launch.node.netif); no route is a problem;
+* NCCL's InfiniBand settings, as the AzureML guide advises: InfiniBand devices present -> keep IB
+  enabled on them; none -> disable IB.
 """
 
 from __future__ import annotations
@@ -18,7 +20,6 @@ import socket
 from typing import Any
 
 IB_CLASS = "/sys/class/infiniband"
-NET_CLASS = "/sys/class/net"
 
 
 def file_sha256(path: str) -> str:
@@ -36,32 +37,17 @@ def infiniband_devices(root: str = IB_CLASS) -> list[str]:
         return []
 
 
-def socket_interfaces(root: str = NET_CLASS) -> list[str]:
-    """Interfaces that are up, the loopback last (only useful when every rank is on this host)."""
-    found = []
-    try:
-        names = sorted(os.listdir(root))
-    except OSError:
-        return ["lo"]
-    for name in names:
-        try:
-            with open(os.path.join(root, name, "operstate")) as fh:
-                state = fh.read().strip()
-        except OSError:
-            continue
-        if name != "lo" and state in ("up", "unknown") and not name.startswith(("docker", "veth", "virbr")):
-            found.append(name)
-    return found + ["lo"]
-
-
-def nccl_env(ib_devices: list[str], interfaces: list[str], single_host: bool) -> dict[str, str]:
+def nccl_env(ib_devices: list[str]) -> dict[str, str]:
+    """NCCL's InfiniBand settings for a node with ``ib_devices``. The socket interface is not one of
+    them: it can differ between nodes, and each node's rank wrapper sets its own."""
     if ib_devices:
         return {"NCCL_IB_DISABLE": "0", "NCCL_IB_HCA": ",".join(ib_devices)}
-    iface = "lo" if single_host or interfaces == ["lo"] else interfaces[0]
-    return {"NCCL_IB_DISABLE": "1", "NCCL_SOCKET_IFNAME": iface}
+    return {"NCCL_IB_DISABLE": "1"}
 
 
-#: what :func:`nccl_env` may recommend, each with the grammar of its value (device and interface names)
+#: what the training task takes from preflight's XCom, each with the grammar of its value (device and
+#: interface names). NCCL_SOCKET_IFNAME is no longer recommended (see nccl_env) but still accepted, as
+#: a run's XCom written by an earlier release holds it.
 NCCL_ENV_GRAMMAR = {
     "NCCL_IB_DISABLE": re.compile(r"[01]"),
     "NCCL_IB_HCA": re.compile(r"[A-Za-z0-9_.:-]{1,64}(,[A-Za-z0-9_.:-]{1,64}){0,63}"),
@@ -99,7 +85,7 @@ def gpu_count() -> int:
 
 def check_node(*, manifest_path: str | None = None, manifest_sha256: str | None = None,
                checkpoint_dir: str | None = None, min_free_gb: float = 1.0, expect_gpus: bool = False,
-               procs_per_node: int = 1, single_host: bool = False) -> dict[str, Any]:
+               procs_per_node: int = 1, master_addr: str | None = None) -> dict[str, Any]:
     """Run every check on this node; return facts and the list of problems (empty = ready)."""
     problems: list[str] = []
     facts: dict[str, Any] = {"host": socket.gethostname()}
@@ -124,7 +110,15 @@ def check_node(*, manifest_path: str | None = None, manifest_sha256: str | None 
     facts["gpus"] = gpus
     if expect_gpus and gpus < procs_per_node:
         problems.append(f"{gpus} GPU(s) visible, procs_per_node={procs_per_node} needs one each")
+    if master_addr:
+        from dtrain.launch.node.netif import interface_to
+
+        interface = interface_to(master_addr)
+        facts["socket_ifname"] = interface
+        if interface is None:
+            problems.append(f"no route from this node to node 0 at {master_addr} (MASTER_ADDR): "
+                            f"the ranks could not rendezvous")
     ib = infiniband_devices()
     facts["infiniband"] = ib
-    facts["nccl_env"] = nccl_env(ib, socket_interfaces(), single_host)
+    facts["nccl_env"] = nccl_env(ib)
     return {"ok": not problems, "problems": problems, "facts": facts}

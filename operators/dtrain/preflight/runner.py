@@ -57,7 +57,7 @@ def run_preflight(placement: Placement, *, manifest_path: str | None = None, man
     expect = placement.uses_gpu() if expect_gpus is None else expect_gpus
     kwargs = {"manifest_path": manifest_path, "manifest_sha256": manifest_sha256, "checkpoint_dir": checkpoint_dir,
               "min_free_gb": min_free_gb, "expect_gpus": expect, "procs_per_node": placement.procs_per_node,
-              "single_host": backend.single_host}
+              "master_addr": backend.node_access(placement).addresses[0]}
     commands = node_commands(placement, kwargs)
     fanout = backend.node_fanout(placement)
 
@@ -78,6 +78,7 @@ def run_preflight(placement: Placement, *, manifest_path: str | None = None, man
         facts = n["facts"]
         status = "ok" if n["ok"] else "FAILED: " + "; ".join(n["problems"])
         summary.append(f"  node{n['node']} {n['host']}: gpus={facts.get('gpus', '?')} free_gb={facts.get('free_gb', '?')} "
-                       f"ib={','.join(facts.get('infiniband', [])) or 'none'} -> {status}")
+                       f"ib={','.join(facts.get('infiniband', [])) or 'none'} "
+                       f"iface={facts.get('socket_ifname') or '?'} -> {status}")
     summary.append(f"  NCCL settings: {' '.join(f'{k}={v}' for k, v in nccl.items()) or 'n/a'}")
     return {"ok": all(n["ok"] for n in nodes), "nodes": nodes, "nccl_env": nccl, "summary": summary}

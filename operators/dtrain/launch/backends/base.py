@@ -35,7 +35,6 @@ import asyncio
 import dataclasses
 import hashlib
 import importlib
-import os
 import threading
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar, Mapping, Sequence
@@ -134,6 +133,8 @@ class JobStatus:
     reason: str = ""
     tail: Sequence[str] = ()
     reachable: bool = True
+    #: a node the backend lost (dtrain.launch.engine.lost.LostNode.to_dict: primitives, for a trigger's event)
+    lost: Mapping[str, Any] | None = None
 
     @property
     def ok(self) -> bool:
@@ -188,6 +189,7 @@ class BackendOutcome:
     tail: list[str] = field(default_factory=list)
     stopped: bool = False
     state: str = ""  # the backend's final state (COMPLETED, FAILED, ...); "" when stopped
+    lost: Mapping[str, Any] | None = None  # the node the job lost (JobStatus.lost)
 
 
 class Backend(abc.ABC):
@@ -299,8 +301,6 @@ class Backend(abc.ABC):
         on every backend (tests/backends/contract.py); a backend adds only its extras to this.
 
         * the stop grace: torchrun's SIGTERM-to-SIGKILL wait and the ranks' ``DTRAIN_STOP_GRACE``;
-        * ``GLOO_SOCKET_IFNAME``: when every node is this machine, this machine's setting, else ``lo``
-          (simulated nodes talk over loopback whatever the host's interfaces are);
         * distribution ``tensorflow``: the TF cluster (node addresses, ports from ``port`` + 1), from
           which each rank's wrapper writes its ``TF_CONFIG``;
         * the job's rank environment (the spec's ``env`` last: the user's value wins);
@@ -308,10 +308,8 @@ class Backend(abc.ABC):
           node is known (at start here, from SLURM_NODEID, from the rank's NODE_RANK under mpirun).
         """
         spec = job.spec
-        on_this_host = self.on_this_host(spec.placement)
         addresses = self.node_access(spec.placement).addresses if spec.distribution == "tensorflow" else ()
-        return contract_node_env(job, node_index, grace=self.stop_grace(spec), on_this_host=on_this_host,
-                                 addresses=addresses, port=port)
+        return contract_node_env(job, node_index, grace=self.stop_grace(spec), addresses=addresses, port=port)
 
     # -- the job lifecycle -----------------------------------------------------------------------
 
@@ -370,7 +368,7 @@ class Backend(abc.ABC):
             return BackendOutcome(exit_code=-1, stopped=True)
         code = status.exit_code if status.exit_code is not None else (0 if status.ok else 1)
         return BackendOutcome(exit_code=code, node_index=status.failed_node,
-                              tail=[] if status.ok else list(status.tail), state=status.state)
+                              tail=[] if status.ok else list(status.tail), state=status.state, lost=status.lost)
 
     def _end(self, handle: JobHandle, *, cancel: bool, grace: float | None) -> None:
         if cancel:
@@ -403,13 +401,12 @@ class Backend(abc.ABC):
         self._stop.set()
 
 
-def contract_node_env(job: "Job", node_index: int | None, *, grace: float, on_this_host: bool,
+def contract_node_env(job: "Job", node_index: int | None, *, grace: float,
                       addresses: Sequence[str] = (), port: int | None = None) -> dict[str, str]:
-    """:meth:`Backend.node_env` from values: pure (a renderer without a backend instance uses it)."""
+    """:meth:`Backend.node_env` from values: pure (a renderer without a backend instance uses it). The socket
+    interface is not in it: each node picks its own (:mod:`dtrain.launch.node.netif`)."""
     spec = job.spec
     env = stop_grace_env(grace)
-    if on_this_host:
-        env["GLOO_SOCKET_IFNAME"] = os.environ.get("GLOO_SOCKET_IFNAME", "lo")
     if spec.distribution == "tensorflow":
         from dtrain.launch.node.tf_config import DEFAULT_PORT, backend_env
 

@@ -110,8 +110,11 @@ def run(args: argparse.Namespace) -> int:
     result = launcher.run()
     if result.hang:
         print(f"[dtrain] {result.hang['message']}", file=sys.stderr)
+    if result.lost:
+        print(f"[dtrain] {result.lost['message']}", file=sys.stderr)
     if not result.ok and result.tail:
-        print(f"[dtrain] last lines of rank {result.failed_rank}:", file=sys.stderr)
+        source = f"rank {result.failed_rank}" if result.failed_rank is not None else f"node {result.failed_node}"
+        print(f"[dtrain] last lines of {source}:", file=sys.stderr)
         for line in result.tail[-20:]:
             print(f"    {line}", file=sys.stderr)
     return result.exit_code

@@ -12,9 +12,9 @@ from typing import Any, Callable
 
 from dtrain.errors import DTrainError, LaunchError
 from dtrain.launch.backends import Backend, BackendOutcome, JobHandle
+from dtrain.launch.engine.lost import LOST_EXIT_CODE
 from dtrain.launch.engine.submission import DEFAULT_POLL_INTERVAL
 
-LOST_EXIT_CODE = 255  # as ssh reports a connection it lost: retry.py reads it as a lost node
 TAIL_LINES = 40
 
 

@@ -14,6 +14,7 @@ from dtrain.launch.engine import hang
 from dtrain.launch.engine.exits import first_failure
 from dtrain.launch.engine.following import Following
 from dtrain.launch.engine.job import Job, prepare_job
+from dtrain.launch.engine.lost import LOST_EXIT_CODE
 from dtrain.launch.engine.processes import LineSink, print_sink
 from dtrain.launch.engine.spec import LaunchSpec
 from dtrain.rundir import CHECKPOINTS, METRICS, RunDir, UnsafeRunDir
@@ -37,6 +38,7 @@ class LaunchResult:
     stall: dict[str, Any] = field(default_factory=dict)
     stopped: bool = False
     hang: dict[str, Any] = field(default_factory=dict)
+    lost: dict[str, Any] = field(default_factory=dict)  # the node the job lost (dtrain.launch.engine.lost)
     state: str = ""  # the backend's final job state when it reports one (PREEMPTED, NODE_FAIL...)
 
     @classmethod
@@ -66,6 +68,9 @@ class LaunchResult:
         if self.hang:
             raise LaunchError(f"job {self.job_id} {self.hang['message']}", self.exit_code,
                               (self.hang["stuck_ranks"] or [None])[0], self.tail)
+        if self.lost:
+            raise LaunchError(f"job {self.job_id} {self.lost['message']}", self.exit_code, None, self.tail,
+                              self.state or None)
         if self.stopped:
             raise LaunchError(f"job {self.job_id} was stopped", self.exit_code, state=self.state or None)
         if not self.ok:
@@ -126,10 +131,14 @@ class Launcher:
             result.failed_rank = (self.hang_verdict.stuck_ranks or [None])[0]
         elif outcome.stopped or self._terminated.is_set():
             result.exit_code, result.stopped = STOPPED_EXIT_CODE, True
+        elif outcome.lost:  # the ranks that failed after it lost their peers: not the cause
+            result.exit_code, result.lost = LOST_EXIT_CODE, dict(outcome.lost)
+            result.failed_node, result.tail = outcome.lost["node"], outcome.tail
         elif outcome.exit_code != 0 and not result.take_first_failure():
             result.failed_node, result.tail = outcome.node_index, outcome.tail
         self.sink(f"[dtrain] job {job.job_id} finished: exit_code={result.exit_code} in {result.duration_s:.1f}s"
                   + (f" (hung: rank(s) {', '.join(map(str, result.hang['stuck_ranks']))} stuck)" if result.hang
+                     else f" ({result.lost['message']})" if result.lost
                      else f" (rank {result.failed_rank} failed first)" if result.failed_rank is not None else ""))
         return result
 

@@ -25,11 +25,11 @@ from typing import Sequence
 
 from dtrain.errors import LaunchError, SpecError
 from dtrain.launch.engine.hang import HANG_EXIT_CODE  # a hung job torn down (also Slurm's TIMEOUT: a time limit)
+from dtrain.launch.engine.lost import LOST_EXIT_CODE  # ssh's code for a lost connection, and a lost node's
 
 FAIL, RETRY, DEFAULT = "fail", "retry", "default"
 
 SIGTERM_EXIT_CODE = 143  # 128 + SIGTERM: stopped from outside (preemption, eviction, spot reclaim)
-SSH_LOST_EXIT_CODE = 255  # the ssh client's own failure: the host or the connection went away
 
 PREEMPTED_STATES = frozenset({"PREEMPTED"})
 LOST_NODE_STATES = frozenset({"NODE_FAIL", "BOOT_FAIL", "LOST"})
@@ -88,7 +88,7 @@ def classify_launch(exit_code: int | None, state: str | None, tail: Sequence[str
         return Verdict(RETRY, f"transient: the job {what} (exit {exit_code}); a retry resumes from its checkpoint")
     if state in PREEMPTED_STATES or exit_code == SIGTERM_EXIT_CODE:
         return Verdict(RETRY, f"transient: preempted, the job was stopped by SIGTERM ({_where(exit_code, state)})")
-    if state in LOST_NODE_STATES or exit_code == SSH_LOST_EXIT_CODE:
+    if state in LOST_NODE_STATES or exit_code == LOST_EXIT_CODE:
         return Verdict(RETRY, f"transient: a node or its connection was lost ({_where(exit_code, state)})")
     line = communication_error(tail)
     if line is not None:

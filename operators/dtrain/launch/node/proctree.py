@@ -85,16 +85,30 @@ def job_processes(job_id: str, node: int | None = None) -> list:
     return processes_where(lambda environ: of_job(environ, job_id, node))
 
 
+def network_namespace(pid: int | str = "self") -> str | None:
+    """The network namespace of process ``pid`` (``net:[inode]``; None when it cannot be read)."""
+    try:
+        return os.readlink(f"/proc/{pid}/ns/net")
+    except OSError:
+        return None
+
+
 def processes_where(predicate) -> list:
     """This user's live processes on this host whose environment satisfies ``predicate``, except
-    this process and its ancestors."""
+    this process and its ancestors. "This host" is this network namespace: hosts simulated as
+    namespaces of one machine share its process table, and a host's cleanup must not reach what runs
+    on another (on separate machines it cannot)."""
     import psutil
 
     me = psutil.Process()
     spared = {me.pid, *(p.pid for p in me.parents())}
+    here = network_namespace()
     found = []
     for proc in psutil.process_iter(["pid"]):
         if proc.pid in spared:
+            continue
+        elsewhere = network_namespace(proc.pid)
+        if here is not None and elsewhere is not None and elsewhere != here:
             continue
         environ = environ_of(proc.pid)
         try:

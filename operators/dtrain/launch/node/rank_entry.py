@@ -4,6 +4,8 @@ torchrun (or mpirun) starts this in place of the user's command, on every rank. 
 
 * completes the env contract (NODE_RANK, and the OMPI_* mapping for mpirun), plus the
   ``deepspeed`` launcher's LOCAL_SIZE, CROSS_RANK and CROSS_SIZE;
+* sets GLOO_SOCKET_IFNAME and NCCL_SOCKET_IFNAME, unless set, to the interface this node reaches
+  MASTER_ADDR through (dtrain.launch.node.netif);
 * fills the command's placeholders (``{deepspeed_config}``, ``{local_rank}``...; see
   dtrain.launch.node.placeholders) and appends ``--local_rank=N`` when the launch asked for it;
 * runs the command as an argv list (no shell), in this process group, and makes the
@@ -18,7 +20,8 @@ torchrun (or mpirun) starts this in place of the user's command, on every rank. 
   stack dumps (a hang), makes sure this rank's dump exists: the training helper's own, or
   ``py-spy dump`` of the command, or a note saying why there is none (see dtrain.launch.engine.hang).
 
-Stdlib only, and imported by nothing heavy: it is on every rank's start-up path.
+Stdlib only (and psutil, when it must find the socket interface: dtrain.launch.node.netif), and imported by
+nothing heavy: it is on every rank's start-up path.
 """
 
 from __future__ import annotations
@@ -35,6 +38,7 @@ import time
 
 from dtrain.launch.node import ds_shm, hang_files, placeholders
 from dtrain.launch.node.env_contract import contract_from_env, deepspeed_launcher_env
+from dtrain.launch.node.netif import socket_ifname_env
 from dtrain.launch.node.ranklog import RankLog
 from dtrain.rundir import EXITS, RunDir
 
@@ -200,6 +204,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     environ = dict(os.environ)
     environ.update(contract_from_env(environ))
+    environ.update(socket_ifname_env(environ))  # after the contract: MASTER_ADDR may come from mpirun's variables
     if "NODE_RANK" in environ:  # mpirun's ranks share one environment: their node index is their NODE_RANK
         environ.setdefault("DTRAIN_NODE_INDEX", environ["NODE_RANK"])
     environ.setdefault("PYTHONUNBUFFERED", "1")

@@ -319,7 +319,7 @@ def render_sbatch(job: Job, options: SlurmOptions, *, workdir: str | None = None
                       "--option or --option=value (letters, digits, _ . , : = @ / + % -) on an #SBATCH line")
     q = shlex.quote
     if node_env is None:  # the contract's default for Slurm: its nodes are machines of their own
-        node_env = contract_node_env(job, None, grace=spec.stop_grace, on_this_host=False)
+        node_env = contract_node_env(job, None, grace=spec.stop_grace)
     # Secrets stay out of the script: sbatch's environment carries them.
     env = {name: value for name, value in node_env.items() if name not in spec.secret_env}
     exports = [export_line(name, value) for name, value in sorted(env.items())]

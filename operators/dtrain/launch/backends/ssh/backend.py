@@ -50,9 +50,10 @@ from dtrain.launch.backends.base import SECRET_KEY, Backend, DryRunRequest, JobH
 from dtrain.launch.backends.ssh import control
 from dtrain.launch.backends.ssh import detached as nodes
 from dtrain.launch.backends.ssh.fanout import run_bounded, run_bounded_async
-from dtrain.launch.backends.ssh.hostfile import (HOST_OPTIONS, SETTINGS_OPTIONS, HostEntry, SSHPlacement,
-                                                 SSHSettings, resolve_options, ssh_argv)
+from dtrain.launch.backends.ssh.hostfile import (HOST_OPTIONS, KEEPALIVE_S, SETTINGS_OPTIONS, HostEntry,
+                                                 SSHPlacement, SSHSettings, resolve_options, ssh_argv)
 from dtrain.launch.engine.job import Job
+from dtrain.launch.engine.lost import LOST_EXIT_CODE, PROBE_TIMEOUT_S, lost_node
 from dtrain.launch.engine.placement import Placement
 from dtrain.launch.engine.processes import NodeProcess, NodeSupervisor
 from dtrain.launch.engine.spec import LaunchSpec
@@ -67,10 +68,11 @@ LOOPBACK_PREFIXES = ("127.", "localhost", "::1")
 
 
 def remote_agent_command(python: str, *, job_id: str, node_index: int, pgid_file: str, workdir: str,
-                         grace: float, agent: Sequence[str]) -> str:
+                         grace: float, lease: float, agent: Sequence[str]) -> str:
     """The single string the host's login shell runs: every word shlex-quoted."""
     return shlex.join([python, "-m", REMOTE_AGENT, "--job-id", job_id, "--node", str(node_index),
-                       "--pgid-file", pgid_file, "--workdir", workdir, "--grace", f"{grace:g}", "--", *agent])
+                       "--pgid-file", pgid_file, "--workdir", workdir, "--grace", f"{grace:g}",
+                       "--lease", f"{lease:g}", "--", *agent])
 
 
 def is_loopback(address: str) -> bool:
@@ -124,6 +126,7 @@ class SSHNodeSupervisor(NodeSupervisor):
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         self.started_at: dict[int, float] = {}  # node index -> when its ssh client started
+        self._leases_done = threading.Event()
 
     def start_with_input(self, argvs: Sequence[Sequence[str]], payloads: Sequence[bytes], *, limit: int,
                          connected: Callable[[int], bool], connect_wait: float) -> None:
@@ -148,6 +151,11 @@ class SSHNodeSupervisor(NodeSupervisor):
                 self.nodes.append(node)
                 self.started_at[index] = time.monotonic()
 
+    def lost_connection(self) -> NodeProcess | None:
+        """The first node whose ssh client ended with ssh's own failure (255: the connection or the
+        host went away), if any."""
+        return next((n for n in list(self.nodes) if n.proc.poll() == LOST_EXIT_CODE), None)
+
     def _wait_for_slot(self, limit: int, connected: Callable[[int], bool], connect_wait: float) -> None:
         def connecting() -> int:
             now = time.monotonic()
@@ -158,11 +166,27 @@ class SSHNodeSupervisor(NodeSupervisor):
             time.sleep(0.02)
 
     def close_lifelines(self) -> None:
+        self._leases_done.set()
         for node in list(self.nodes):
             try:
                 node.proc.stdin.close()
             except (OSError, AttributeError):
                 pass
+
+    def renew_leases(self, every: float) -> None:
+        """Start renewing every node's lease (remote_agent ``--lease``): a newline down each lifeline
+        every ``every`` seconds, until :meth:`close_lifelines`. A node that stops receiving them (cut
+        off, or this host gone without closing the connections) fences itself."""
+        def renew() -> None:
+            while not self._leases_done.wait(every):
+                for node in list(self.nodes):
+                    try:
+                        node.proc.stdin.write(b"\n")
+                        node.proc.stdin.flush()
+                    except (OSError, ValueError, AttributeError):
+                        continue  # that node's ssh ended (its exit status reports it) or the lifeline was closed
+
+        threading.Thread(target=renew, name="dtrain-ssh-leases", daemon=True).start()
 
 
 class SSHBackend(Backend):
@@ -265,7 +289,7 @@ class SSHBackend(Backend):
             else:
                 command = remote_agent_command(python, job_id=job.job_id, node_index=i,
                                                pgid_file=os.path.join(job.run_dir, "remote", f"node{i}.pgid"),
-                                               workdir=workdir, grace=grace, agent=agent)
+                                               workdir=workdir, grace=grace, lease=settings.lost_after, agent=agent)
             argvs.append(tuple(ssh_argv(settings, host, command)))
             secret = {"secret": self.secret} if detached else {"nonce": self.nonce}
             payloads.append(json.dumps({"env": dict(common, DTRAIN_NODE_INDEX=str(i)), **secret}) + "\n")
@@ -290,6 +314,7 @@ class SSHBackend(Backend):
                       f"logs in {os.path.join(job.run_dir, 'detached')}")
         else:
             self.sink(f"[dtrain] ssh: {len(self.hosts)} host(s) {names}; rendezvous {rendezvous}")
+            self.supervisor.renew_leases(KEEPALIVE_S)
             self.supervisor.start_with_input(request.argvs, [p.encode() for p in request.stdin],
                                              limit=self.settings.fanout, connected=self.pgids.__contains__,
                                              connect_wait=self.settings.connect_timeout + 30)
@@ -309,8 +334,17 @@ class SSHBackend(Backend):
         done, code, node = self.supervisor.check(expected=len(handle.data["hosts"]))
         if not done:
             return JobStatus(state="RUNNING", done=False)
-        if node is not None and code == 255:
-            self.sink(f"[dtrain] ssh to {self.hosts[node.index].host} failed (exit 255): see its lines above")
+        lost = self.supervisor.lost_connection() if code != 0 else None
+        if lost is not None:  # before the peers it left behind, whose failures it caused
+            node, code = lost, LOST_EXIT_CODE
+            host = self.hosts[node.index]
+            self.sink(f"[dtrain] ssh to {host.host} failed (exit {LOST_EXIT_CODE}): see its lines above")
+            verdict = lost_node(node.index, host.address, host.port or self.settings.port or 22,
+                                timeout=min(PROBE_TIMEOUT_S, self.settings.connect_timeout))
+            self.sink(f"[dtrain] {verdict.message()}: its ranks fence themselves within "
+                      f"{self.settings.lost_after:g} s of losing the launcher; stopping the other nodes")
+            return JobStatus(state="LOST", done=True, exit_code=code, failed_node=node.index,
+                             reason=verdict.message(), tail=list(node.tail), lost=verdict.to_dict())
         return JobStatus(state="COMPLETED" if code == 0 else "FAILED", done=True, exit_code=code,
                          failed_node=None if node is None else node.index, tail=[] if node is None else list(node.tail))
 

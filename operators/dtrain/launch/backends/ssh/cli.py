@@ -31,6 +31,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                      help="seconds before the first poll of a detached job (default 2)")
     ssh.add_argument("--ssh-max-poll-interval", type=float, metavar="S",
                      help="the poll interval grows by half each poll up to this (default 30)")
+    ssh.add_argument("--ssh-lost-after", type=float, metavar="S",
+                     help="a host silent this long is lost, and a node cut off from the launcher this long "
+                          "fences itself (default 30, more than 10)")
 
 
 def options_from_args(args: argparse.Namespace) -> dict[str, Any]:
@@ -39,5 +42,6 @@ def options_from_args(args: argparse.Namespace) -> dict[str, Any]:
         "known_hosts_file": args.ssh_known_hosts, "strict_host_key_checking": args.ssh_strict_host_key_checking,
         "connect_timeout": args.ssh_connect_timeout, "python": args.ssh_python, "fanout": args.ssh_fanout,
         "poll_interval": args.ssh_poll_interval, "max_poll_interval": args.ssh_max_poll_interval,
+        "lost_after": args.ssh_lost_after,
     }
     return {k: v for k, v in options.items() if v is not None}

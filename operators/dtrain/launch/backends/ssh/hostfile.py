@@ -17,6 +17,7 @@ defaults. Every error names the source, the line number and the offending value.
 
 from __future__ import annotations
 
+import math
 import os
 from dataclasses import dataclass
 from typing import Any, Iterable, Mapping, Sequence
@@ -114,6 +115,15 @@ def coerce_hosts(value: Any) -> list[HostEntry]:
     return parse_hostfile_text("\n".join(line.strip() for line in lines), source="hosts")
 
 
+#: seconds between ssh's keepalives (ServerAliveInterval) and between the launcher's lease renewals
+KEEPALIVE_S = 5
+#: a host silent this long is lost (SSHSettings.lost_after): detection within it plus the probe, the
+#: node's own fence within it plus the stop grace; the issue's goal is 60 s for both
+DEFAULT_LOST_AFTER_S = 30.0
+#: below this a busy host (a long GC, a loaded link) would be declared lost
+MIN_LOST_AFTER_S = 10.0
+
+
 @dataclass(frozen=True)
 class SSHSettings:
     """How to reach the hosts. Per-host ``user@``/``:port`` in the hostfile win over ``user``/``port``.
@@ -134,6 +144,10 @@ class SSHSettings:
         poll_interval: seconds between the first polls of a deferred job (default 2).
         max_poll_interval: the poll interval grows by half each poll up to this (default 30):
             a long job costs the triggerer a few reads a minute.
+        lost_after: seconds without an answer from a host before it counts as lost (default 30):
+            ssh's keepalive asks every :data:`KEEPALIVE_S` seconds and gives up after this long, and
+            each node of a running job fences itself (stops its ranks) when it has not heard from the
+            launcher for this long (see dtrain.launch.backends.ssh.remote_agent).
     """
 
     user: str | None = None
@@ -146,9 +160,15 @@ class SSHSettings:
     fanout: int = DEFAULT_FANOUT
     poll_interval: float = 2.0
     max_poll_interval: float = 30.0
+    lost_after: float = DEFAULT_LOST_AFTER_S
 
     FIELDS = ("user", "port", "key_file", "known_hosts_file", "strict_host_key_checking", "connect_timeout", "python",
-              "fanout", "poll_interval", "max_poll_interval")
+              "fanout", "poll_interval", "max_poll_interval", "lost_after")
+
+    @property
+    def keepalive_count(self) -> int:
+        """ssh's ServerAliveCountMax: unanswered keepalives, :data:`KEEPALIVE_S` apart, that end a connection."""
+        return max(1, math.ceil(self.lost_after / KEEPALIVE_S))
 
     @classmethod
     def from_mapping(cls, value: Any) -> "SSHSettings":
@@ -192,10 +212,12 @@ class SSHSettings:
         if max_poll < poll:
             raise SpecError("ssh.max_poll_interval", v.get("max_poll_interval"),
                             f"at least poll_interval ({poll:g} s)")
+        lost_after = coerce_float("ssh.lost_after", v.get("lost_after", DEFAULT_LOST_AFTER_S),
+                                  minimum=MIN_LOST_AFTER_S, maximum=3600.0)
         return cls(user=user, port=port, key_file=None if key_file is None else os.path.abspath(os.path.expanduser(key_file)),
                    known_hosts_file=None if known is None else os.path.abspath(os.path.expanduser(known)),
                    strict_host_key_checking=strict, connect_timeout=timeout, python=python,
-                   fanout=fanout, poll_interval=poll, max_poll_interval=max_poll)
+                   fanout=fanout, poll_interval=poll, max_poll_interval=max_poll, lost_after=lost_after)
 
     def to_dict(self) -> dict[str, Any]:
         return {name: getattr(self, name) for name in self.FIELDS if getattr(self, name) is not None}
@@ -285,7 +307,8 @@ def ssh_argv(settings: SSHSettings, host: HostEntry, remote_command: str, mux: S
     ``mux``: connection-reuse options (see :mod:`.control`)."""
     argv = ["ssh", "-T", "-o", "BatchMode=yes", "-o", f"StrictHostKeyChecking={settings.strict_host_key_checking}",
             "-o", f"ConnectTimeout={settings.connect_timeout}",
-            "-o", "ServerAliveInterval=15", "-o", "ServerAliveCountMax=4", "-o", "LogLevel=ERROR", *mux]
+            "-o", f"ServerAliveInterval={KEEPALIVE_S}", "-o", f"ServerAliveCountMax={settings.keepalive_count}",
+            "-o", "LogLevel=ERROR", *mux]
     if settings.known_hosts_file:
         argv += ["-o", f"UserKnownHostsFile={settings.known_hosts_file}"]
     if settings.key_file:

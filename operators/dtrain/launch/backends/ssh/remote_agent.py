@@ -15,7 +15,13 @@ The SSH backend starts this over ssh, once per host. It
   (even SIGKILLed), and then, as on SIGTERM/SIGINT/SIGHUP, it stops every descendant
   (torchrun puts workers in sessions of their own, so the group alone is not enough):
   SIGTERM, the grace period (``--grace``: the spec's stop_grace, the ranks' time to save a
-  checkpoint; over as soon as every descendant is gone), SIGKILL.
+  checkpoint; over as soon as every descendant is gone), SIGKILL;
+* holds a lease (``--lease S``): the launcher writes a newline on stdin every few seconds, and
+  when nothing has arrived for S seconds this node is cut off from its launcher (a partition,
+  a launcher host that died without closing the connection, this host frozen and thawed): it
+  **fences itself**, stopping every descendant as above, so no rank of a job the launcher has
+  given up on runs on (holding GPUs) or collides with the retry when the network heals. It
+  leaves ``fenced-node<N>`` in the pgid file's folder (the run directory) saying when and why.
 
 Stdlib at import; psutil (a dependency of the package) only when tearing down.
 """
@@ -25,11 +31,13 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import select
 import signal
 import socket
 import subprocess
 import sys
 import threading
+import time
 
 from dtrain.launch.node.proctree import kill_tree
 from dtrain.rundir import RunDir
@@ -44,6 +52,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--pgid-file", help="where to write this node's process-group id")
     p.add_argument("--workdir", help="working directory of the agent")
     p.add_argument("--grace", type=float, default=5.0, help="seconds between SIGTERM and SIGKILL")
+    p.add_argument("--lease", type=float, default=0.0,
+                   help="fence this node when the launcher has written nothing on stdin for this many seconds (0: never)")
     p.add_argument("agent", nargs=argparse.REMAINDER)
     args = p.parse_args(argv)
     if args.agent[:1] == ["--"]:
@@ -97,8 +107,15 @@ class RemoteNode:
     def lifeline(self) -> None:
         # The raw fd, not sys.stdin: a daemon thread blocked in a buffered read aborts
         # interpreter shutdown ("could not acquire lock for <stdin>").
+        lease = self.args.lease if self.args.lease > 0 else None
         while True:
             try:
+                readable, _, _ = select.select([0], [], [], lease)
+                if not readable:  # the lease lapsed: nothing from the launcher for that long
+                    if not self.done.is_set():
+                        self.fence(f"no word from the launcher for {lease:g} s (its lease lapsed): "
+                                   f"this node is cut off; fencing it")
+                    return
                 if not os.read(0, 4096):
                     break
             except InterruptedError:
@@ -108,13 +125,28 @@ class RemoteNode:
         if not self.done.is_set():
             self.stop("launcher connection closed")
 
+    def fence(self, reason: str) -> None:
+        """Stop this node's ranks because its launcher cannot be reached; record why in the run directory
+        (the launcher cannot hear it now; whoever looks later can)."""
+        if self.args.pgid_file:
+            path = os.path.abspath(self.args.pgid_file)
+            try:
+                RunDir(os.path.dirname(path)).write(
+                    f"fenced-node{self.args.node}", data=json.dumps({"time": time.time(), "reason": reason}).encode())
+            except (OSError, ValueError):
+                pass  # the fence matters, not its record
+        self.stop(reason)
+
     def stop(self, reason: str) -> None:
         """Stop every descendant; idempotent, callable from a signal handler (work runs in a thread)."""
         if self.stopping.is_set():
             return
         self.stopping.set()
-        print(f"{ANNOUNCE} node={self.args.node} stopping: {reason}", file=sys.stderr, flush=True)
         threading.Thread(target=self._kill_tree, daemon=True).start()
+        try:
+            print(f"{ANNOUNCE} node={self.args.node} stopping: {reason}", file=sys.stderr, flush=True)
+        except OSError:  # nobody reads any more (the session ended: a frozen host thawed late): stop all the same
+            pass
 
     def _kill_tree(self) -> None:
         import psutil

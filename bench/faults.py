@@ -1,0 +1,189 @@
+"""Benchmark: a node lost mid-training, this release against the previous one, on the namespace cluster.
+
+For each fault (partition: the host's link down; freeze: every process of the host stopped; crash:
+every process of the host killed), a 2-host x 1-rank DDP job over the ssh backend (``dtrain launch``,
+as a user runs it; ``tests/remote/ddp_train.py --steps 2 --hang``: two real all-reduces across the
+hosts, then the ranks run on) loses host 1, and the bench measures from the fault:
+
+* **detected**: until ``dtrain launch`` ends with its verdict (its exit status and last line kept);
+* **every rank gone**: until no process of the job is left on any host (the lost one included:
+  a partitioned host stays cut off for the whole measurement; a frozen one thaws at the verdict);
+
+for this checkout and for ``--previous`` (a git revision, checked out in a temporary worktree; its
+launcher and its remote side both run, each on a cluster of its own). Default settings on both.
+Measurements stop at ``--cap`` seconds ("> cap": still not detected / still running then).
+
+Prints one line per fault and release, then one line per fault with both and their ratio. Needs root
+(namespaces, sshd) and a clean clone with history for --previous.
+
+    .venv/bin/python bench/faults.py [--faults partition,freeze,crash] [--previous 2a122e2] [--cap 150]
+
+Not measured yet (issue 25): slurm and mpi, slow CPU and slow link (stragglers), time to resume.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, REPO)
+
+from tests.netcluster import NetCluster  # noqa: E402
+from tests.remote.sshd_cluster import start_cluster  # noqa: E402
+
+SCRIPT = os.path.join(REPO, "tests", "remote", "ddp_train.py")
+FAULTS = ("partition", "freeze", "crash")
+#: the last commit before issue 25's lost-node work: the previous release's behaviour
+PREVIOUS = "2a122e2"
+
+
+def environ_of(pid: int) -> dict[str, str]:
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as fh:
+            pairs = fh.read().split(b"\0")
+    except OSError:
+        return {}
+    return dict(p.decode(errors="replace").split("=", 1) for p in pairs if b"=" in p)
+
+
+def job_pids(run_dir: str) -> set[int]:
+    """Every live process of the job on any host: its environment names the run directory."""
+    found = set()
+    for name in os.listdir("/proc"):
+        if name.isdigit() and environ_of(int(name)).get("DTRAIN_RUN_DIR") == run_dir:
+            try:
+                with open(f"/proc/{name}/stat", encoding="utf-8") as fh:
+                    if fh.read().rsplit(")", 1)[1].split()[0] != "Z":
+                        found.add(int(name))
+            except OSError:
+                continue
+    return found
+
+
+def inject(net: NetCluster, fault: str) -> None:
+    {"partition": net.partition, "freeze": net.freeze, "crash": net.crash}[fault](1)
+
+
+def measure(fault: str, code_dir: str, work: str, cap: float) -> dict:
+    """One lost node on a fresh 2-host cluster whose hosts and launcher run the code in ``code_dir``."""
+    env = dict(os.environ, PYTHONPATH=os.path.join(code_dir, "operators"), DTRAIN_HOME=os.path.join(work, "home"))
+    saved = os.environ.get("PYTHONPATH")
+    os.environ["PYTHONPATH"] = env["PYTHONPATH"]  # the hosts' sshd hands it to their sessions
+    net = NetCluster(2).start()
+    try:
+        ssh = start_cluster(os.path.join(work, "sshd"), net=net)
+    finally:
+        if saved is None:
+            os.environ.pop("PYTHONPATH")
+        else:
+            os.environ["PYTHONPATH"] = saved
+    run_dir = os.path.join(work, "run")
+    argv = [sys.executable, "-m", "dtrain.cli", "launch", "--backend", "ssh", "--hostfile", ssh.hostfile(1),
+            "--nodes", "2", "--procs-per-node", "1", "--device", "cpu", "--run-dir", run_dir,
+            "--ssh-key", ssh.key_file, "--ssh-known-hosts", ssh.known_hosts, "--ssh-strict-host-key-checking", "yes",
+            "--", sys.executable, SCRIPT, "--steps", "2", "--hang"]
+    log = open(os.path.join(work, "launch.log"), "w+b")
+    cli = subprocess.Popen(argv, cwd=code_dir, env=env, stdout=log, stderr=subprocess.STDOUT,
+                           stdin=subprocess.DEVNULL, start_new_session=True)
+    healed = False
+    try:
+        deadline = time.monotonic() + 180
+        reports = os.path.join(run_dir, "reports")
+        while not (os.path.isdir(reports) and len(os.listdir(reports)) == 2):
+            if cli.poll() is not None or time.monotonic() > deadline:
+                raise SystemExit(f"{fault}: the job did not start (exit {cli.poll()}); see {log.name}")
+            time.sleep(0.2)
+        t0 = time.monotonic()
+        inject(net, fault)
+        detected = gone = None
+        while time.monotonic() - t0 < cap and gone is None:
+            now = time.monotonic() - t0
+            if detected is None and cli.poll() is not None:
+                detected = now
+                if fault == "freeze":  # the host comes back: does anything of the old job stay?
+                    net.thaw(1)
+                    healed = True
+            if detected is not None and not job_pids(run_dir):
+                gone = now
+            time.sleep(0.2)
+        log.seek(0)
+        lines = [line for line in log.read().decode(errors="replace").splitlines() if "lost" in line or "exit" in line]
+        return {"detected": detected, "gone": gone, "exit": cli.poll(), "verdict": (lines or [""])[-1].strip()}
+    finally:
+        if cli.poll() is None:
+            cli.terminate()
+            try:
+                cli.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                cli.kill()
+        if not healed and fault == "freeze":
+            net.thaw(1)
+        net.heal(1)
+        ssh.stop()
+        net.stop()
+        for pid in job_pids(run_dir):  # the previous release leaves ranks behind: not the next run's problem
+            try:
+                os.kill(pid, 9)
+            except ProcessLookupError:
+                pass
+        log.close()
+
+
+def worktree(rev: str, where: str) -> str:
+    subprocess.run(["git", "-C", REPO, "worktree", "add", "--detach", where, rev], check=True, capture_output=True)
+    return where
+
+
+def seconds(value: float | None, cap: float) -> str:
+    return f"> {cap:g} s" if value is None else f"{value:.1f} s"
+
+
+def ratio(new: float | None, old: float | None, cap: float) -> str:
+    if new is None:
+        return "n/a"
+    return f"{new / (old if old is not None else cap):.2f}x" + ("" if old is not None else " (at most)")
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--faults", default=",".join(FAULTS))
+    p.add_argument("--previous", default=PREVIOUS, help="the git revision to compare with")
+    p.add_argument("--cap", type=float, default=150.0)
+    args = p.parse_args()
+    faults = [f for f in args.faults.split(",") if f]
+    unknown = sorted(set(faults) - set(FAULTS))
+    if unknown:
+        p.error(f"--faults: {unknown[0]!r} is not one of {', '.join(FAULTS)}")
+    work = tempfile.mkdtemp(prefix="dtrain-bench-faults-")
+    previous = None
+    try:
+        previous = worktree(args.previous, os.path.join(work, "previous"))
+        results: dict[tuple[str, str], dict] = {}
+        for fault in faults:
+            for release, code in (("this", REPO), ("previous", previous)):
+                found = measure(fault, code, tempfile.mkdtemp(dir=work), args.cap)
+                results[fault, release] = found
+                print(f"faults ssh {fault} [{release} release]: detected {seconds(found['detected'], args.cap)}, "
+                      f"every rank gone {seconds(found['gone'], args.cap)}; exit {found['exit']}: {found['verdict']}",
+                      flush=True)
+        for fault in faults:
+            new, old = results[fault, "this"], results[fault, "previous"]
+            print(f"faults ssh {fault}: detected {seconds(new['detected'], args.cap)} vs previous "
+                  f"{seconds(old['detected'], args.cap)} = {ratio(new['detected'], old['detected'], args.cap)}; "
+                  f"every rank gone {seconds(new['gone'], args.cap)} vs previous {seconds(old['gone'], args.cap)} "
+                  f"= {ratio(new['gone'], old['gone'], args.cap)}")
+    finally:
+        if previous is not None:
+            subprocess.run(["git", "-C", REPO, "worktree", "remove", "--force", previous], capture_output=True)
+        shutil.rmtree(work, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
