@@ -10,7 +10,8 @@ hosts, then the ranks run on) loses host 1, and the bench measures from the faul
   a partitioned host stays cut off for the whole measurement; a frozen one thaws at the verdict);
 
 for this checkout and for ``--previous`` (a git revision, checked out in a temporary worktree; its
-launcher and its remote side both run, each on a cluster of its own). Default settings on both.
+launcher and its remote side both run, each on a cluster of its own). Default settings on both, and
+``GLOO_SOCKET_IFNAME=eth0`` (every host's link here), which the previous release needs on such hosts.
 Measurements stop at ``--cap`` seconds ("> cap": still not detected / still running then).
 
 Prints one line per fault and release, then one line per fault with both and their ratio. Needs root
@@ -75,7 +76,7 @@ def measure(fault: str, code_dir: str, work: str, cap: float) -> dict:
     env = dict(os.environ, PYTHONPATH=os.path.join(code_dir, "operators"), DTRAIN_HOME=os.path.join(work, "home"))
     saved = os.environ.get("PYTHONPATH")
     os.environ["PYTHONPATH"] = env["PYTHONPATH"]  # the hosts' sshd hands it to their sessions
-    net = NetCluster(2).start()
+    net = NetCluster(2, decoy=False).start()  # every host's link is eth0: the previous release's workaround works
     try:
         ssh = start_cluster(os.path.join(work, "sshd"), net=net)
     finally:
@@ -87,6 +88,8 @@ def measure(fault: str, code_dir: str, work: str, cap: float) -> dict:
     argv = [sys.executable, "-m", "dtrain.cli", "launch", "--backend", "ssh", "--hostfile", ssh.hostfile(1),
             "--nodes", "2", "--procs-per-node", "1", "--device", "cpu", "--run-dir", run_dir,
             "--ssh-key", ssh.key_file, "--ssh-known-hosts", ssh.known_hosts, "--ssh-strict-host-key-checking", "yes",
+            # the previous release needs it on hosts of their own (this one finds it itself): the same job for both
+            "--env", "GLOO_SOCKET_IFNAME=eth0",
             "--", sys.executable, SCRIPT, "--steps", "2", "--hang"]
     log = open(os.path.join(work, "launch.log"), "w+b")
     cli = subprocess.Popen(argv, cwd=code_dir, env=env, stdout=log, stderr=subprocess.STDOUT,

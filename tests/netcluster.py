@@ -115,6 +115,7 @@ class Host:
 @dataclass
 class NetCluster:
     count: int
+    decoy: bool = True  # host 0's decoy interface (eth0, listed first; its link is eth1)
     tag: str = field(default_factory=lambda: secrets.token_hex(2))
     hosts: list[Host] = field(default_factory=list)
     subnet: ipaddress.IPv4Network | None = None
@@ -144,17 +145,18 @@ class NetCluster:
     def _add_host(self, index: int) -> Host:
         name = f"{PREFIX}{self.tag}h{index}"
         address = str(self.subnet.network_address + HOST_OFFSET + index)
-        inside = "eth1" if index == 0 else "eth0"
+        decoy = index == 0 and self.decoy
+        inside = "eth1" if decoy else "eth0"
         host = Host(index=index, netns=name, address=address, veth=f"{name}v", cgroup=name, interface=inside)
         self.hosts.append(host)  # before anything can fail: stop() removes what was made of it
         ip("netns", "add", name)
         ip("link", "add", host.veth, "type", "veth", "peer", "name", f"{name}p")
-        if index == 0:  # the decoy, created first: it is listed before the interface that works
-            decoy = _free_subnet(DECOY_SUPERNET)
+        if decoy:  # created first: it is listed before the interface that works
+            subnet = _free_subnet(DECOY_SUPERNET)
             # A veth pair with both ends in the namespace (this kernel has no dummy links): up, addressed,
             # and leading nowhere.
             ip("-n", name, "link", "add", "eth0", "type", "veth", "peer", "name", "decoy")
-            ip("-n", name, "addr", "add", f"{decoy.network_address + 2}/24", "dev", "eth0")
+            ip("-n", name, "addr", "add", f"{subnet.network_address + 2}/24", "dev", "eth0")
             ip("-n", name, "link", "set", "decoy", "up")
             ip("-n", name, "link", "set", "eth0", "up")
         ip("link", "set", f"{name}p", "netns", name)
