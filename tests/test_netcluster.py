@@ -3,6 +3,7 @@ each fault it injects is the real thing (the fault tests rely on these)."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import time
@@ -10,6 +11,8 @@ import time
 import pytest
 
 from tests.netcluster import NetCluster, leftovers
+
+pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="network namespaces need root")
 
 #: prints ok when the host's sshd answers (its banner: a frozen host's kernel still completes the TCP
 #: handshake here, as the namespaces share this machine's kernel, but nobody speaks)
@@ -69,7 +72,7 @@ def test_a_frozen_host_stops_every_process_until_thawed(net_cluster, tmp_path):
         proc.wait(timeout=10)
 
 
-def test_a_crashed_host_has_no_process_left(net_cluster):
+def test_a_crashed_host_has_no_process_left():
     """On a cluster of its own (a crash kills the host's sshd, which the shared fixture needs)."""
     net = NetCluster(2).start()
     try:
