@@ -47,6 +47,7 @@ from tests.services import (  # noqa: E402,F401
 #: once per suite; every other test goes with its module (module fixtures start once too).
 SHARED_DAEMONS = (
     ("cluster", CLUSTER_FIXTURES),                                       # sshd hosts, Slurm: tests/services.py
+    ("netcluster", frozenset({"net_cluster"})),                          # namespace hosts: tests/services.py
     ("airflow-standalone", frozenset({"standalone"})),                   # tests/pipeline/conftest.py
     ("fresh-install", frozenset({"fresh_install"})),                     # tests/packaging/conftest.py
 )

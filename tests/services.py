@@ -178,6 +178,6 @@ def slurm(slurm_cluster):
 
 
 #: the fixtures that start a cluster: tests using any of them share one xdist worker
-CLUSTER_FIXTURES = frozenset({"ssh_cluster", "net_cluster", "slurm_cluster", "slurm"})
+CLUSTER_FIXTURES = frozenset({"ssh_cluster", "slurm_cluster", "slurm"})
 #: fixtures that make a cluster of the test's own (network namespaces: fine on any worker)
 OWN_CLUSTER_FIXTURES = frozenset({"faulty_cluster"})

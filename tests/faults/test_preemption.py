@@ -526,23 +526,11 @@ def preempt_and_resume(tmp_path, launch_args: list[str], nodes: int, **train) ->
     assert result["resumed_from_step"] == step and result["steps"] == STEPS
 
 
-def test_local_sigterm_between_checkpoints_saves_that_step_and_the_relaunch_resumes_from_it(tmp_path):
-    preempt_and_resume(tmp_path, [], nodes=1)
-
-
 @needs_sshd
 def test_ssh_sigterm_between_checkpoints_saves_that_step_and_the_relaunch_resumes_from_it(ssh_cluster, tmp_path):
     backend = ["--backend", "ssh", "--hostfile", ssh_cluster.hostfile(2), "--ssh-key", ssh_cluster.key_file,
                "--ssh-known-hosts", ssh_cluster.known_hosts, "--ssh-strict-host-key-checking", "yes"]
     preempt_and_resume(tmp_path, backend, nodes=2)
-
-
-def test_local_deepspeed_sigterm_saves_every_rank_shards_at_that_step_and_the_relaunch_resumes(tmp_path):
-    config = tmp_path / "ds.json"  # micro batch 16 x 2 ranks: 44 steps an epoch
-    config.write_text(json.dumps({"train_micro_batch_size_per_gpu": 16, "gradient_accumulation_steps": 1,
-                                  "zero_optimization": {"stage": 2}, "steps_per_print": 1000}))
-    preempt_and_resume(tmp_path, ["--distribution", "deepspeed", "--deepspeed-config", str(config)], nodes=1,
-                       epochs=1, deepspeed=True)
 
 
 def test_slurm_sigterm_between_checkpoints_saves_that_step_and_the_relaunch_resumes_from_it(slurm, tmp_path):

@@ -204,7 +204,9 @@ def test_a_failed_and_a_hung_job_show_the_rank_its_tail_and_the_stacks(standalon
     wait_idle(standalone)
     trigger_ui_run(standalone, "ui_failed_2x2", nodes=2, procs_per_node=2,
                    args=["--steps", "30", "--fail-rank", "3", "--fail-step", "7"])
-    trigger_ui_run(standalone, "ui_hung_1x2", nodes=1, procs_per_node=2, hang_timeout="20",
+    # 40 s: a rank that has not reported yet counts as silent since the job started, and starting two
+    # ranks under Airflow on a loaded 2-core machine has taken over 20 s (both were then judged stuck)
+    trigger_ui_run(standalone, "ui_hung_1x2", nodes=1, procs_per_node=2, hang_timeout="40",
                    args=["--steps", "200", "--hang-rank", "1", "--hang-step", "4"])
     for run_id in ("ui_failed_2x2", "ui_hung_1x2"):
         assert standalone.wait_run("ui_training", run_id, timeout=300)["state"] == "failed"
