@@ -35,6 +35,7 @@ import time
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
+from dtrain.launch.node.proctree import environ_of  # noqa: E402
 from tests.netcluster import NetCluster  # noqa: E402
 from tests.remote.sshd_cluster import start_cluster  # noqa: E402
 
@@ -44,20 +45,11 @@ FAULTS = ("partition", "freeze", "crash")
 PREVIOUS = "2a122e2"
 
 
-def environ_of(pid: int) -> dict[str, str]:
-    try:
-        with open(f"/proc/{pid}/environ", "rb") as fh:
-            pairs = fh.read().split(b"\0")
-    except OSError:
-        return {}
-    return dict(p.decode(errors="replace").split("=", 1) for p in pairs if b"=" in p)
-
-
 def job_pids(run_dir: str) -> set[int]:
     """Every live process of the job on any host: its environment names the run directory."""
     found = set()
     for name in os.listdir("/proc"):
-        if name.isdigit() and environ_of(int(name)).get("DTRAIN_RUN_DIR") == run_dir:
+        if name.isdigit() and (environ_of(int(name)) or {}).get("DTRAIN_RUN_DIR") == run_dir:
             try:
                 with open(f"/proc/{name}/stat", encoding="utf-8") as fh:
                     if fh.read().rsplit(")", 1)[1].split()[0] != "Z":
