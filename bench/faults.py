@@ -17,14 +17,18 @@ Measurements stop at ``--cap`` seconds ("> cap": still not detected / still runn
 Prints one line per fault and release, then one line per fault with both and their ratio. Needs root
 (namespaces, sshd) and a clean clone with history for --previous.
 
-    .venv/bin/python bench/faults.py [--faults partition,freeze,crash] [--previous 2a122e2] [--cap 150]
+    .venv/bin/python bench/faults.py [--faults partition,freeze,crash] [--modes attached,durable] [--previous 2a122e2] [--cap 150]
 
-Not measured yet (issue 25): slurm and mpi, slow CPU and slow link (stragglers), time to resume.
+Modes: ``attached`` (``dtrain launch``: an ssh session per host holds the job) and ``durable`` (the
+operator's default: a detached daemon per host, followed by polling, as Launcher.submit_detached +
+attach; deferred mode's trigger decides with the same poll). Not measured yet (issue 25): slurm and
+mpi, slow CPU and slow link (stragglers), time to resume.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import shutil
 import subprocess
@@ -41,6 +45,19 @@ from tests.remote.sshd_cluster import start_cluster  # noqa: E402
 
 SCRIPT = os.path.join(REPO, "tests", "remote", "ddp_train.py")
 FAULTS = ("partition", "freeze", "crash")
+#: attached: ``dtrain launch`` (an ssh session per host holds the job); durable: the operator's default mode,
+#: a detached job (a daemon per host) that the launcher follows by polling (:data:`DURABLE`)
+MODES = ("attached", "durable")
+#: the durable mode's launcher, as the operator runs it (submit detached, then follow), for either release
+DURABLE = """
+import json, sys
+from dtrain.launch.engine.launcher import Launcher
+from dtrain.launch.engine.spec import LaunchSpec
+launcher = Launcher(LaunchSpec(**json.loads(sys.argv[1])), sink=lambda line: print(line, flush=True))
+result = launcher.attach(launcher.submit_detached())
+print(f"[bench] exit {result.exit_code}: {(result.lost or {}).get('message', '')}", flush=True)
+sys.exit(min(result.exit_code, 255))
+"""
 #: the last commit before issue 25's lost-node work: the previous release's behaviour
 PREVIOUS = "2a122e2"
 
@@ -63,7 +80,7 @@ def inject(net: NetCluster, fault: str) -> None:
     {"partition": net.partition, "freeze": net.freeze, "crash": net.crash}[fault](1)
 
 
-def measure(fault: str, code_dir: str, work: str, cap: float) -> dict:
+def measure(fault: str, mode: str, code_dir: str, work: str, cap: float) -> dict:
     """One lost node on a fresh 2-host cluster whose hosts and launcher run the code in ``code_dir``."""
     env = dict(os.environ, PYTHONPATH=os.path.join(code_dir, "operators"), DTRAIN_HOME=os.path.join(work, "home"))
     saved = os.environ.get("PYTHONPATH")
@@ -77,12 +94,19 @@ def measure(fault: str, code_dir: str, work: str, cap: float) -> dict:
         else:
             os.environ["PYTHONPATH"] = saved
     run_dir = os.path.join(work, "run")
-    argv = [sys.executable, "-m", "dtrain.cli", "launch", "--backend", "ssh", "--hostfile", ssh.hostfile(1),
-            "--nodes", "2", "--procs-per-node", "1", "--device", "cpu", "--run-dir", run_dir,
-            "--ssh-key", ssh.key_file, "--ssh-known-hosts", ssh.known_hosts, "--ssh-strict-host-key-checking", "yes",
-            # the previous release needs it on hosts of their own (this one finds it itself): the same job for both
-            "--env", "GLOO_SOCKET_IFNAME=eth0",
-            "--", sys.executable, SCRIPT, "--steps", "2", "--hang"]
+    if mode == "durable":
+        spec = {"command": [sys.executable, SCRIPT, "--steps", "2", "--hang"], "nodes": 2, "procs_per_node": 1,
+                "backend": "ssh", "device": "cpu", "run_dir": run_dir, "env": {"GLOO_SOCKET_IFNAME": "eth0"},
+                "backend_options": {"hostfile": ssh.hostfile(1), "key_file": ssh.key_file,  # default settings
+                                    "known_hosts_file": ssh.known_hosts, "strict_host_key_checking": "yes"}}
+        argv = [sys.executable, "-c", DURABLE, json.dumps(spec)]
+    else:
+        argv = [sys.executable, "-m", "dtrain.cli", "launch", "--backend", "ssh", "--hostfile", ssh.hostfile(1),
+                "--nodes", "2", "--procs-per-node", "1", "--device", "cpu", "--run-dir", run_dir,
+                "--ssh-key", ssh.key_file, "--ssh-known-hosts", ssh.known_hosts, "--ssh-strict-host-key-checking", "yes",
+                # the previous release needs it on hosts of their own (this one finds it itself): the same job for both
+                "--env", "GLOO_SOCKET_IFNAME=eth0",
+                "--", sys.executable, SCRIPT, "--steps", "2", "--hang"]
     log = open(os.path.join(work, "launch.log"), "w+b")
     cli = subprocess.Popen(argv, cwd=code_dir, env=env, stdout=log, stderr=subprocess.STDOUT,
                            stdin=subprocess.DEVNULL, start_new_session=True)
@@ -149,8 +173,12 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--faults", default=",".join(FAULTS))
     p.add_argument("--previous", default=PREVIOUS, help="the git revision to compare with")
+    p.add_argument("--modes", default=",".join(MODES), help="attached, durable or both")
     p.add_argument("--cap", type=float, default=150.0)
     args = p.parse_args()
+    modes = [m for m in args.modes.split(",") if m]
+    if not modes or set(modes) - set(MODES):
+        p.error(f"--modes: {args.modes!r} is not a list of {', '.join(MODES)}")
     faults = [f for f in args.faults.split(",") if f]
     unknown = sorted(set(faults) - set(FAULTS))
     if unknown:
@@ -159,20 +187,22 @@ def main() -> int:
     previous = None
     try:
         previous = worktree(args.previous, os.path.join(work, "previous"))
-        results: dict[tuple[str, str], dict] = {}
-        for fault in faults:
-            for release, code in (("this", REPO), ("previous", previous)):
-                found = measure(fault, code, tempfile.mkdtemp(dir=work), args.cap)
-                results[fault, release] = found
-                print(f"faults ssh {fault} [{release} release]: detected {seconds(found['detected'], args.cap)}, "
-                      f"every rank gone {seconds(found['gone'], args.cap)}; exit {found['exit']}: {found['verdict']}",
-                      flush=True)
-        for fault in faults:
-            new, old = results[fault, "this"], results[fault, "previous"]
-            print(f"faults ssh {fault}: detected {seconds(new['detected'], args.cap)} vs previous "
-                  f"{seconds(old['detected'], args.cap)} = {ratio(new['detected'], old['detected'], args.cap)}; "
-                  f"every rank gone {seconds(new['gone'], args.cap)} vs previous {seconds(old['gone'], args.cap)} "
-                  f"= {ratio(new['gone'], old['gone'], args.cap)}")
+        results: dict[tuple[str, str, str], dict] = {}
+        for mode in modes:
+            for fault in faults:
+                for release, code in (("this", REPO), ("previous", previous)):
+                    found = measure(fault, mode, code, tempfile.mkdtemp(dir=work), args.cap)
+                    results[mode, fault, release] = found
+                    print(f"faults ssh {mode} {fault} [{release} release]: detected {seconds(found['detected'], args.cap)}, "
+                          f"every rank gone {seconds(found['gone'], args.cap)}; exit {found['exit']}: {found['verdict']}",
+                          flush=True)
+        for mode in modes:
+            for fault in faults:
+                new, old = results[mode, fault, "this"], results[mode, fault, "previous"]
+                print(f"faults ssh {mode} {fault}: detected {seconds(new['detected'], args.cap)} vs previous "
+                      f"{seconds(old['detected'], args.cap)} = {ratio(new['detected'], old['detected'], args.cap)}; "
+                      f"every rank gone {seconds(new['gone'], args.cap)} vs previous {seconds(old['gone'], args.cap)} "
+                      f"= {ratio(new['gone'], old['gone'], args.cap)}")
     finally:
         if previous is not None:
             subprocess.run(["git", "-C", REPO, "worktree", "remove", "--force", previous], capture_output=True)

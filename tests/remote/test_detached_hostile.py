@@ -170,6 +170,11 @@ def test_bad_input_to_detached_node_exits_2_naming_it_before_anything_is_created
         (["start", "--run-dir", run_dir, "--node", "0", "--job-id", job, "--", "true"],
          b'{"env": {"A": 1}, "secret": "' + b"ab" * 32 + b'"}\n', "env"),
         (["status", "--run-dir", run_dir, "--node", "0", "--job-id", job], b"[1]\n", "stdin"),
+        (["start", "--run-dir", run_dir, "--node", "0", "--job-id", job, "--lease", "1", "--", "true"], b"", "--lease"),
+        (["start", "--run-dir", run_dir, "--node", "0", "--job-id", job, "--peer", "-oProxyCommand=x:22", "--", "true"],
+         b"", "--peer"),
+        (["start", "--run-dir", run_dir, "--node", "0", "--job-id", job, "--peer", "10.0.0.1:0", "--", "true"], b"", "--peer"),
+        (["start", "--run-dir", run_dir, "--node", "0", "--job-id", job, "--peer", "root@h:22", "--", "true"], b"", "--peer"),
     ]
     for argv, stdin, field in cases:
         done = run_node(*argv, stdin=stdin)

@@ -51,6 +51,21 @@ def test_the_keepalive_gives_up_on_a_host_after_lost_after_seconds():
         assert e.value.field == "ssh.lost_after"
 
 
+def test_a_detached_node_leases_against_node_0_and_node_0_against_node_1():
+    from dtrain.launch.backends.ssh.detached import lease_options
+    from dtrain.launch.backends.ssh.hostfile import coerce_hosts
+
+    hosts = coerce_hosts(["10.0.0.11", "root@10.0.0.12:2222", "[fd00::3]"])
+    settings = SSHSettings(port=2200, lost_after=40)
+    assert [lease_options(hosts, i, settings) for i in range(3)] == [
+        ["--lease", "40", "--peer", "10.0.0.12:2222"],
+        ["--lease", "40", "--peer", "10.0.0.11:2200"],
+        ["--lease", "40", "--peer", "10.0.0.11:2200"],
+    ]
+    assert lease_options(hosts[2:], 0, SSHSettings()) == ["--lease", "30"]  # alone: fenced only when frozen
+    assert lease_options([hosts[1], hosts[2]], 0, SSHSettings())[-1] == "[fd00::3]:22"
+
+
 def test_static_agent_argv_fixes_the_node_rank():
     spec = LaunchSpec(command=["train.py", "--lr", "0.1"], nodes=2, procs_per_node=4, backend="ssh",
                       backend_options={"hosts": ["a slots=4", "b slots=4"]}, rdzv_timeout=90)

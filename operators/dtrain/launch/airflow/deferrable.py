@@ -24,6 +24,7 @@ from typing import Any, Mapping
 from dtrain.errors import DTrainError, LaunchError, SpecError
 from dtrain.launch.backends import JobHandle, backend_for, detachable_backend_names, get_backend_class
 from dtrain.launch.engine.hang import HANG_EXIT_CODE
+from dtrain.launch.engine.lost import FAULTS, LOST_EXIT_CODE, LostNode
 from dtrain.launch.engine.spec import LaunchSpec
 from dtrain.launch.engine.submission import DEFAULT_POLL_INTERVAL, check_submitted, write_submission
 
@@ -98,6 +99,9 @@ def resume_job(operator, event: Any) -> dict[str, Any]:
         stuck = [r for r in (event.get("hang") or {}).get("stuck_ranks") or [] if isinstance(r, int)]
         raise LaunchError(f"{where} {event.get('reason')}", HANG_EXIT_CODE, stuck[0] if stuck else None,
                           event["tail"], "HUNG")
+    lost = lost_of(event)
+    if event["status"] == "failed" and lost is not None:  # the nodes it left behind failed after it: not the cause
+        raise LaunchError(f"{where} {lost.message()}", LOST_EXIT_CODE, None, event["tail"], "LOST")
     if event["status"] == "failed":
         summary = f"{where} ended {event.get('state')}"
         if not result.take_first_failure():  # no rank ran to its end (bad interpreter, node failure...): the job log says why
@@ -113,6 +117,19 @@ def resume_job(operator, event: Any) -> dict[str, Any]:
         log.info("%s succeeded: world_size=%s in %.1fs, metrics=%s", where, result.world_size, result.duration_s,
                  result.metrics)
     return result.to_xcom() | {f"{handle.backend}_job_id": handle.backend_job_id}
+
+
+def lost_of(event: Mapping[str, Any]) -> LostNode | None:
+    """The lost node an event names (the trigger's status.lost), checked field by field; None when
+    there is none or it is not one (then the failure is reported as any other)."""
+    value = event.get("lost")
+    if not isinstance(value, Mapping):
+        return None
+    node, address, fault, detail = (value.get(k) for k in ("node", "address", "fault", "detail"))
+    if not (isinstance(node, int) and not isinstance(node, bool) and 0 <= node < (1 << 20) and fault in FAULTS
+            and all(isinstance(text, str) and len(text) <= 1000 for text in (address, detail))):
+        return None
+    return LostNode(node=node, address=address, fault=fault, detail=detail)
 
 
 def _state(event: Mapping[str, Any]) -> str | None:

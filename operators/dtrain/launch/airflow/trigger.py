@@ -45,7 +45,7 @@ def event_payload(handle: JobHandle, status: JobStatus) -> dict[str, Any]:
     """Primitives only: what the task gets back when it resumes."""
     return {"status": "success" if status.ok else "failed", "handle": handle.public(), "state": status.state,
             "exit_code": status.exit_code, "failed_node": status.failed_node, "reason": status.reason,
-            "tail": [str(line) for line in status.tail]}
+            "tail": [str(line) for line in status.tail], "lost": dict(status.lost) if status.lost else None}
 
 
 def hung_payload(handle: JobHandle, verdict: hang.HangVerdict) -> dict[str, Any]:

@@ -44,6 +44,11 @@ class LostNode:
 
 def probe(address: str, port: int, timeout: float = PROBE_TIMEOUT_S) -> tuple[str, str]:
     """(fault, detail) for a host whose connection was lost, from one look at its login port."""
+    return fault_of(address, port, timeout) or ("unreachable", "the connection was lost; the host answers again now")
+
+
+def fault_of(address: str, port: int, timeout: float = PROBE_TIMEOUT_S) -> tuple[str, str] | None:
+    """(fault, detail) if the host's login port shows one of FAULTS, None when its server answers."""
     try:
         conn = socket.create_connection((address, port), timeout=timeout)
     except ConnectionRefusedError:
@@ -60,7 +65,7 @@ def probe(address: str, port: int, timeout: float = PROBE_TIMEOUT_S) -> tuple[st
         return "frozen", f"it accepts connections on port {port} but nothing answers within {timeout:g} s"
     if not banner:
         return "gone", f"port {port} closes every connection at once"
-    return "unreachable", "the connection was lost; the host answers again now"
+    return None
 
 
 def lost_node(node: int, address: str, port: int, timeout: float = PROBE_TIMEOUT_S) -> LostNode:

@@ -285,7 +285,8 @@ class SSHBackend(Backend):
                                rdzv=Static(endpoint=(hosts[0].address, port), node_rank=i))
             if detached:
                 command = nodes.node_command(python, "start", job.run_dir, i, "--job-id", job.job_id,
-                                             "--workdir", workdir, "--grace", f"{grace:g}", "--", *agent)
+                                             "--workdir", workdir, "--grace", f"{grace:g}",
+                                             *nodes.lease_options(hosts, i, settings), "--", *agent)
             else:
                 command = remote_agent_command(python, job_id=job.job_id, node_index=i,
                                                pgid_file=os.path.join(job.run_dir, "remote", f"node{i}.pgid"),

@@ -31,11 +31,12 @@ from typing import Any, Callable, Mapping, Sequence
 from dtrain.errors import LaunchError
 from dtrain.launch.backends.base import JobStatus
 from dtrain.launch.backends.ssh import control
-from dtrain.launch.backends.ssh.detached_node import (HEARTBEAT_S, MODULE, STALE_BEATS, STATES, TAIL_LINES, log_tail,
-                                                      status_from_files)
+from dtrain.launch.backends.ssh.detached_node import (HEARTBEAT_S, MODULE, STALE_BEATS, STATES, TAIL_LINES, beat_age,
+                                                      log_tail, status_from_files)
 from dtrain.launch.backends.ssh.fanout import run_bounded, run_bounded_async
 from dtrain.launch.backends.ssh.hostfile import HostEntry, SSHSettings, coerce_hosts, ssh_argv
-from dtrain.launch.backends.ssh.records import FIELDS, JobKey
+from dtrain.launch.backends.ssh.records import FENCE_REASON_LIMIT, FIELDS, JobKey
+from dtrain.launch.engine.lost import LOST_EXIT_CODE, PROBE_TIMEOUT_S, LostNode, fault_of
 from dtrain.rundir import RunDir
 
 Warn = Callable[[str], Any]
@@ -77,6 +78,18 @@ class Target:
 def node_command(python: str, verb: str, run_dir: str, node: int, *extra: str) -> str:
     """The one string a host's login shell runs: every word shlex-quoted."""
     return shlex.join([python, "-m", MODULE, verb, "--run-dir", run_dir, "--node", str(node), *extra])
+
+
+def lease_options(hosts: Sequence[HostEntry], node: int, settings: SSHSettings) -> list[str]:
+    """``detached_node start``'s lease: the node fences itself after ``lost_after`` seconds cut off
+    from its peer (node 0's login port; node 0's own peer is node 1) or frozen. A job of one node
+    has no peer: it fences only after being frozen that long."""
+    options = ["--lease", f"{settings.lost_after:g}"]
+    if len(hosts) > 1:
+        peer = hosts[1 if node == 0 else 0]
+        address = f"[{peer.address}]" if ":" in peer.address else peer.address
+        options += ["--peer", f"{address}:{peer.port or settings.port or 22}"]
+    return options
 
 
 def status_argvs(target: Target, run_dir: str, indexes: Sequence[int] | None = None,
@@ -144,13 +157,21 @@ def checked_answer(index: int, data: dict[str, Any]) -> dict[str, Any] | None:
         return None
     if (state == "exited") != (code is not None) or not (code is None or FIELDS["exit"]["exit_code"](code)):
         return None
-    return {"node": index, "state": state, "exit_code": code, "tail": tail, "ignored": ignored}
+    fenced = data.get("fenced")
+    if not (fenced is None or isinstance(fenced, str) and len(fenced) <= FENCE_REASON_LIMIT):
+        return None
+    return {"node": index, "state": state, "exit_code": code, "fenced": fenced, "tail": tail, "ignored": ignored}
 
 
-def decide(nodes: Sequence[dict[str, Any]]) -> JobStatus:
+def decide(nodes: Sequence[dict[str, Any]], lost: LostNode | None = None) -> JobStatus:
     """Done when every node exited 0, or as soon as one node failed or was lost (the others
-    are then stopped by whoever resumes the task). An unreachable host is not a verdict. Records
-    that were not believed are named in a failure's last lines."""
+    are then stopped by whoever resumes the task). ``lost`` (:func:`lost_node_of`) comes first: the
+    failures of the nodes it left behind are not the cause. An unreachable host is not a verdict
+    by itself. Records that were not believed are named in a failure's last lines."""
+    if lost is not None:
+        node = nodes[lost.node]
+        return JobStatus("LOST", True, LOST_EXIT_CODE, lost.node, lost.message(),
+                         [lost.message()] + node["ignored"] + node["tail"], lost=lost.to_dict())
     for node in nodes:
         index = node["node"]
         if node["state"] == "exited" and node["exit_code"]:
@@ -223,6 +244,48 @@ def report(nodes: Sequence[dict[str, Any]], warn: Warn | None) -> list[dict[str,
     return list(nodes)
 
 
+def lost_node_of(target: Target, run_dir: str, nodes: Sequence[dict[str, Any]], now: float | None = None) -> LostNode | None:
+    """The node the job lost, when this poll shows a sign of one: a node fenced itself (it could not
+    reach its peer, or was frozen, for the lease), a node failed (its peers' ranks fail when one host
+    crashes), or a node's heartbeat is older than the lease and its host does not answer over ssh.
+    Then every node that did not end well has its login port probed (in parallel, a few seconds at
+    most): the first that shows a fault (:func:`dtrain.launch.engine.lost.fault_of`) is the lost one;
+    if none does, the first fenced node, with its own reason. None: no node was lost."""
+    now = time.time() if now is None else now
+    lease = target.settings.lost_after
+    fenced = [node for node in nodes if node.get("fenced")]
+    failed = any(node["state"] == "exited" and node["exit_code"] for node in nodes)
+    cut_off = any(node["state"] == "unreachable" and (beat_age(run_dir, node["node"], now) or float("inf")) >= lease
+                  for node in nodes)
+    if not (fenced or failed or cut_off):
+        return None
+    suspects = [node["node"] for node in nodes if not (node["state"] == "exited" and node["exit_code"] == 0)]
+    faults = probe_hosts(target, suspects)
+    for index, fault in zip(suspects, faults):
+        if fault is not None:
+            return LostNode(index, target.hosts[index].address, *fault)
+    if fenced:
+        return LostNode(fenced[0]["node"], target.hosts[fenced[0]["node"]].address, "unreachable", fenced[0]["fenced"])
+    return None
+
+
+def probe_hosts(target: Target, indexes: Sequence[int]) -> list[tuple[str, str] | None]:
+    """:func:`fault_of` for each node's login port, ``fanout`` at a time."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    settings = target.settings
+    timeout = min(PROBE_TIMEOUT_S, settings.connect_timeout)
+
+    def look(index: int) -> tuple[str, str] | None:
+        host = target.hosts[index]
+        return fault_of(host.address, host.port or settings.port or 22, timeout)
+
+    if not indexes:
+        return []
+    with ThreadPoolExecutor(max_workers=min(settings.fanout, len(indexes))) as pool:
+        return list(pool.map(look, indexes))
+
+
 def query_job(target: Target, run_dir: str, warn: Warn | None = None) -> JobStatus:
     """The job's status: the shared filesystem first, ssh only for nodes with a stale heartbeat."""
     shared = shared_statuses(target, run_dir)
@@ -230,7 +293,8 @@ def query_job(target: Target, run_dir: str, warn: Warn | None = None) -> JobStat
     settings = target.settings
     results = run_bounded(status_argvs(target, run_dir, asked), limit=settings.fanout,
                           timeout=settings.connect_timeout + 30, stdin=[target.stdin()] * len(asked))
-    return decide(report(merge(shared, asked, results), warn))
+    nodes = report(merge(shared, asked, results), warn)
+    return decide(nodes, lost_node_of(target, run_dir, nodes))
 
 
 async def async_query_job(target: Target, run_dir: str, mux_dir: str | None = None,
@@ -244,7 +308,8 @@ async def async_query_job(target: Target, run_dir: str, mux_dir: str | None = No
     settings = target.settings
     results = await run_bounded_async(status_argvs(target, run_dir, asked, mux_dir), limit=settings.fanout,
                                       timeout=settings.connect_timeout + 30, stdin=[target.stdin()] * len(asked))
-    return decide(report(merge(shared, asked, results), warn)), asked
+    nodes = report(merge(shared, asked, results), warn)
+    return decide(nodes, await asyncio.to_thread(lost_node_of, target, run_dir, nodes)), asked
 
 
 def stop_job(target: Target, run_dir: str, grace: float = DEFAULT_GRACE, warn: Warn | None = None) -> list[dict[str, Any]]:

@@ -3,7 +3,7 @@
 A deferred task lets its worker go, so no ssh session may stay open for the job's
 lifetime (the blocking SSH backend's lifeline would stop the job). Instead:
 
-``python -m dtrain.launch.backends.ssh.detached_node start --run-dir RD --node N --job-id J [--workdir W] [--grace S] -- AGENT...``
+``python -m dtrain.launch.backends.ssh.detached_node start --run-dir RD --node N --job-id J [--workdir W] [--grace S] [--lease S [--peer ADDR:PORT]] -- AGENT...``
     reads one JSON line on stdin, ``{"env": {...}, "secret": "<64 hex>"}``: the job's
     environment and its secret, never in an argv. It starts the daemon (this module's
     ``daemon`` verb, in a session of its own, exec'd with DTRAIN_JOB_ID, DTRAIN_NODE_INDEX and
@@ -12,7 +12,12 @@ lifetime (the blocking SSH backend's lifeline would stop the job). Instead:
     state record is there. The daemon runs AGENT (with the job's environment, never the
     secret) with its output in ``RD/detached/nodeN.log``; while it runs it touches
     ``RD/detached/nodeN.beat`` every 5 seconds; when it ends, it stops anything the agent left
-    and writes ``RD/detached/nodeN.exit.json``. Exit record and heartbeat are on the shared
+    and writes ``RD/detached/nodeN.exit.json``. With ``--lease S`` the node **fences itself**
+    (stops its tree, records ``fenced`` and exit 255, the lost-node status) when it could not
+    reach ``--peer`` (another node's login port: a TCP handshake, nothing sent) for S seconds,
+    or when S seconds passed unseen by it (its host was frozen or suspended): a node cut off
+    from its job must not train on, holding its GPUs, until someone logs in; nobody could stop
+    it from outside. Exit record and heartbeat are on the shared
     filesystem, so whoever watches the job reads them there (:func:`status_from_files`) and
     asks the host over ssh only when the heartbeat is stale. SIGTERM stops the whole tree
     (SIGTERM, ``--grace`` seconds for the ranks to save a checkpoint and exit -- the spec's
@@ -48,11 +53,12 @@ import subprocess
 import sys
 import threading
 import time
-from typing import Any
+from typing import Any, Callable
 
 from dtrain import grammar
 from dtrain.errors import SpecError
-from dtrain.launch.backends.ssh.records import JobKey, RecordError, check, parse
+from dtrain.launch.backends.ssh.records import FENCE_REASON_LIMIT, JobKey, RecordError, check, parse
+from dtrain.launch.engine.lost import LOST_EXIT_CODE  # a fenced node's exit code: the lost-node code (stdlib only)
 from dtrain.launch.node.proctree import environ_of, kill_job, kill_tree, of_job
 from dtrain.rundir import DETACHED, RunDir, UnsafeRunDir
 
@@ -69,6 +75,11 @@ RECORD_LIMIT = 64 * 1024
 MAX_INPUT_LINE = 16 * 1024 * 1024
 #: a PID's start time as psutil reads it twice may differ by rounding: not by a second
 START_TIME_SLACK_S = 1.0
+#: how often a node with a lease checks it (a handshake with its peer, and the clock)
+LEASE_CHECK_S = 5.0
+#: seconds a fenced node's ranks get between SIGTERM and SIGKILL: cut off, a checkpoint they
+#: start cannot reach the shared filesystem anyway
+FENCE_GRACE_S = 2.0
 
 
 def node_dir(run_dir: str) -> str:
@@ -149,6 +160,39 @@ def _heartbeat(run_dir: RunDir, node: int, interval: float) -> None:
             pass  # the filesystem hiccuped, or a rank moved things: a stale beat only makes the watcher ask over ssh
 
 
+def reaches(peer: tuple[str, int], timeout: float) -> bool:
+    """Whether a TCP handshake with ``peer`` completes within ``timeout`` (nothing is sent)."""
+    try:
+        socket.create_connection(peer, timeout=timeout).close()
+        return True
+    except OSError:
+        return False
+
+
+def boot_clock() -> float:
+    """Seconds on a clock that also runs while the host is suspended (a frozen cgroup: any clock)."""
+    return time.clock_gettime(time.CLOCK_BOOTTIME)
+
+
+def hold_lease(lease: float, peer: tuple[str, int] | None, ended: threading.Event, fence: Callable[[str], Any],
+               check_every: float = LEASE_CHECK_S, clock: Callable[[], float] = boot_clock) -> None:
+    """Call ``fence(reason)`` once the node has not reached ``peer`` for ``lease`` seconds, or as soon
+    as ``lease`` seconds passed between two checks (the host was frozen: whatever happened meanwhile,
+    the launcher has given the node up); return without fencing once ``ended`` is set."""
+    last_check = last_reached = clock()
+    while not ended.wait(check_every):
+        now = clock()
+        if now - last_check >= lease:
+            return fence(f"this node was stopped for {now - last_check:.0f} s (frozen or suspended): "
+                         f"its lease of {lease:g} s lapsed meanwhile")
+        if peer is None or reaches(peer, min(check_every, lease / 3)):
+            last_reached = clock()
+        elif clock() - last_reached >= lease:
+            return fence(f"this node could not reach its peer {peer[0]}:{peer[1]} for {clock() - last_reached:.0f} s "
+                         f"(its lease of {lease:g} s lapsed): it is cut off from its job")
+        last_check = clock()
+
+
 # -- start -----------------------------------------------------------------------------------
 
 def _daemon(args: argparse.Namespace, env: dict[str, str], key: JobKey) -> None:
@@ -158,6 +202,8 @@ def _daemon(args: argparse.Namespace, env: dict[str, str], key: JobKey) -> None:
     run_dir, files = RunDir(args.run_dir), names(args.node)
     code = 1
     stopped: list[int] = []
+    fenced: list[str] = []
+    ended = threading.Event()
     try:
         log_fd = run_dir.open_append(DETACHED, files["log"], mode=0o600)
         # stdin stays the pipe from start, read to its end (EOF): nothing of ssh's session is held open
@@ -175,21 +221,29 @@ def _daemon(args: argparse.Namespace, env: dict[str, str], key: JobKey) -> None:
             stopped.append(signum)
             threading.Thread(target=kill_tree, args=(me, args.grace, args.job_id, args.node), daemon=True).start()
 
+        def fence(reason: str) -> None:
+            fenced.append(reason)
+            print(f"{ANNOUNCE} node={args.node}: {reason}; fencing: stopping its ranks", flush=True)
+            kill_tree(me, min(args.grace, FENCE_GRACE_S), args.job_id, args.node)
+
         for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
             signal.signal(signum, on_signal)
         child = subprocess.Popen(args.agent, env=environ, cwd=args.workdir or None, stdin=subprocess.DEVNULL)
         if stopped:  # a stop raced the start: the agent must not outlive it
             kill_tree(me, args.grace, args.job_id, args.node)
+        if args.lease:
+            threading.Thread(target=hold_lease, args=(args.lease, args.peer, ended, fence), daemon=True).start()
         raw = child.wait()
-        code = 128 - raw if raw < 0 else raw
+        ended.set()
+        code = LOST_EXIT_CODE if fenced else 128 - raw if raw < 0 else raw
         kill_tree(me, args.grace, args.job_id, args.node)  # anything the agent left behind goes too, in or out of the tree
     except BaseException as e:  # the record must be written whatever happened
         print(f"{ANNOUNCE} node={args.node}: {e!r}", flush=True)
     finally:
         try:
             run_dir.write_json(DETACHED, files["exit"], value=key.sign(
-                "exit", args.node, {"exit_code": code,
-                                    "stopped_by_signal": stopped[0] if stopped else None, "time": time.time()}))
+                "exit", args.node, {"exit_code": code, "stopped_by_signal": stopped[0] if stopped else None,
+                                    "time": time.time(), "fenced": fenced[0][:FENCE_REASON_LIMIT] if fenced else None}))
         except (OSError, ValueError) as e:  # a rank replaced the folder: the watcher will find the node lost
             print(f"{ANNOUNCE} node={args.node}: could not write the exit record: {e!r}", flush=True)
         sys.stdout.flush()
@@ -200,6 +254,10 @@ def daemon_argv(args: argparse.Namespace) -> list[str]:
     options = ["--run-dir", args.run_dir, "--node", str(args.node), "--job-id", args.job_id, "--grace", f"{args.grace:g}"]
     if args.workdir:
         options += ["--workdir", args.workdir]
+    if args.lease:
+        options += ["--lease", f"{args.lease:g}"]
+    if args.peer:
+        options += ["--peer", f"{args.peer[0]}:{args.peer[1]}"]
     return [sys.executable, "-m", MODULE, "daemon", *options, "--", *args.agent]
 
 
@@ -245,7 +303,7 @@ def _exited(run_dir: RunDir, node: int, record: dict, tail: int, ignored: list[s
     signum = record["stopped_by_signal"]
     code = record["exit_code"] or (128 + signum if signum else 0)
     return {"node": node, "state": "exited", "exit_code": code, "stopped_by_signal": record["stopped_by_signal"],
-            "tail": log_tail(run_dir, node, tail) if code else [], "ignored": ignored}
+            "fenced": record.get("fenced"), "tail": log_tail(run_dir, node, tail) if code else [], "ignored": ignored}
 
 
 def status_from_files(run_dir: str, node: int, now: float, stale_after: float, tail: int = TAIL_LINES, *,
@@ -263,13 +321,19 @@ def status_from_files(run_dir: str, node: int, now: float, stale_after: float, t
     ignored = [note] if note else []
     if record is not None:
         return _exited(files, node, record, tail, ignored)
-    try:
-        beat = files.stat(DETACHED, names(node)["beat"])
-    except UnsafeRunDir:
-        return None  # only the host can tell
-    if beat is not None and stat.S_ISREG(beat.st_mode) and now - beat.st_mtime < stale_after:
+    age = beat_age(run_dir, node, now)
+    if age is not None and age < stale_after:
         return {"node": node, "state": "running", "exit_code": None, "tail": [], "ignored": ignored}
-    return None
+    return None  # only the host can tell
+
+
+def beat_age(run_dir: str, node: int, now: float) -> float | None:
+    """Seconds since the node's heartbeat (by ``now`` against the file's mtime); None without one."""
+    try:
+        beat = RunDir(run_dir).stat(DETACHED, names(node)["beat"])
+    except UnsafeRunDir:
+        return None
+    return now - beat.st_mtime if beat is not None and stat.S_ISREG(beat.st_mode) else None
 
 
 def status(run_dir: RunDir, node: int, job_id: str, key: JobKey | None, tail: int = TAIL_LINES) -> dict:
@@ -336,6 +400,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--workdir")
     p.add_argument("--grace", type=float, default=5.0)
     p.add_argument("--tail", type=int, default=TAIL_LINES)
+    p.add_argument("--lease", type=float, default=0.0,
+                   help="fence the node after this many seconds cut off from --peer, or frozen (0: never)")
+    p.add_argument("--peer", help="ADDRESS:PORT of another node's login port, reached every few seconds")
     args = p.parse_args(options)
     args.agent = agent
     try:
@@ -347,11 +414,22 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         grammar.finite("--node", args.node, minimum=0, maximum=1 << 20)
         grammar.finite("--grace", args.grace, minimum=0, maximum=3600)
         grammar.finite("--tail", args.tail, minimum=0, maximum=10000)
+        if args.lease:
+            grammar.finite("--lease", args.lease, minimum=LEASE_CHECK_S * 2, maximum=86400)
+        args.peer = None if args.peer is None else parse_peer(args.peer)
     except SpecError as e:
         p.error(str(e))
     if args.verb in ("start", "daemon") and not args.agent:
         p.error("start needs the agent command after --")
     return args
+
+
+def parse_peer(text: str) -> tuple[str, int]:
+    """``ADDRESS:PORT`` (a host as a hostfile names it, a port 1-65535) as a tuple; SpecError otherwise."""
+    match = grammar.HOST_TARGET.match(text)
+    if match is None or match["user"] or not match["port"] or not 0 < int(match["port"]) < 65536:
+        raise SpecError("--peer", text, "ADDRESS:PORT: a host name, IPv4 or [IPv6] address, and a port 1-65535")
+    return match["host"].strip("[]"), int(match["port"])
 
 
 def read_input(args: argparse.Namespace) -> tuple[bytes, dict[str, str], JobKey | None]:

@@ -112,6 +112,12 @@ FIELDS: dict[str, dict[str, Callable[[Any], bool]]] = {
     "exit": {"exit_code": _integer(0, MAX_EXIT_CODE),
              "stopped_by_signal": _optional(_integer(1, MAX_SIGNAL)), "time": _number},
 }
+#: a fenced node's reason, in its exit record, is at most this long
+FENCE_REASON_LIMIT = 500
+#: fields a record may lack (a daemon of an earlier version writes none of them)
+OPTIONAL_FIELDS: dict[str, dict[str, Callable[[Any], bool]]] = {
+    "exit": {"fenced": _optional(lambda v: isinstance(v, str) and len(v) <= FENCE_REASON_LIMIT)},  # why the node fenced itself
+}
 
 
 def check(kind: str, body: dict[str, Any]) -> dict[str, Any]:
@@ -119,4 +125,7 @@ def check(kind: str, body: dict[str, Any]) -> dict[str, Any]:
     for name, ok in FIELDS[kind].items():
         if name not in body or not ok(body[name]):
             raise RecordError(f"{name}={body.get(name)!r} is not what the daemon writes")
+    for name, ok in OPTIONAL_FIELDS.get(kind, {}).items():
+        if name in body and not ok(body[name]):
+            raise RecordError(f"{name}={str(body[name])[:100]!r} is not what the daemon writes")
     return body

@@ -1,0 +1,132 @@
+"""A node lost mid-training in the modes where no ssh session holds the job: durable (the operator's
+default: a detached job the worker follows by polling, Launcher.submit_detached + attach) and deferred
+(the trigger follows it). On the namespace cluster (tests/netcluster.py), with real sshd.
+
+Each node's daemon holds a lease (detached_node.hold_lease): cut off from its peer's login port for
+lost_after seconds, or frozen that long, it fences itself (stops its ranks, records why, exit 255). The
+watcher names the lost node from its heartbeat, the fence records and one look at each suspect's login
+port (dtrain.launch.backends.ssh.detached.lost_node_of). The shared filesystem here stays visible to a
+partitioned host (one disk), so the heartbeat alone cannot tell a partition: the fence does."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import threading
+
+import pytest
+
+from dtrain.errors import LaunchError
+from dtrain.launch.backends import get_backend_class
+from dtrain.launch.backends.ssh.detached_node import paths
+from dtrain.launch.engine import retry
+from dtrain.launch.engine.launcher import Launcher
+from dtrain.launch.engine.spec import LaunchSpec
+from tests.faults.test_lost_node import SHORT_LOST_AFTER, on_host
+from tests.remote.conftest import needs_sshd, reports, train_command
+from tests.support import poll_until
+
+pytestmark = [needs_sshd, pytest.mark.timeout(300)]
+
+
+def spec_for(cluster, tmp_path, **ssh) -> LaunchSpec:
+    return LaunchSpec(command=train_command("--steps", "2", "--hang"), nodes=2, procs_per_node=1, backend="ssh",
+                      device="cpu", run_dir=str(tmp_path / "run"), stop_grace=2.0,
+                      backend_options={"hostfile": cluster.hostfile(1), **cluster.ssh_settings(),
+                                       "poll_interval": 1, "max_poll_interval": 5, **ssh})
+
+
+def start_durable(cluster, tmp_path, **ssh):
+    """Submit detached and follow it as the operator's durable mode does, in a thread."""
+    lines: list[str] = []
+    launcher = Launcher(spec_for(cluster, tmp_path, **ssh), sink=lines.append)
+    handle = launcher.submit_detached()
+    assert poll_until(lambda: len(reports(handle.run_dir)) == 2, 120, 0.2), "\n".join(lines[-40:])
+    results = []
+    thread = threading.Thread(target=lambda: results.append(launcher.attach(handle)), daemon=True)
+    thread.start()
+    return handle, thread, results, lines
+
+
+def finish(thread, results, lines, bound: float):
+    thread.join(timeout=bound)
+    assert not thread.is_alive(), f"no verdict {bound:g} s after the fault:\n" + "\n".join(lines[-40:])
+    return results[0]
+
+
+def assert_lost(result, net, lines, fault: str):
+    log = "\n".join(lines[-40:])
+    assert result.exit_code == 255 and result.failed_node == 1, log
+    assert (result.lost["node"], result.lost["address"], result.lost["fault"]) == (1, net.hosts[1].address, fault), log
+    with pytest.raises(LaunchError) as raised:
+        result.raise_for_status()
+    assert f"node 1 ({net.hosts[1].address}) lost: {fault} (" in str(raised.value)
+    assert retry.classify(raised.value).action == retry.RETRY  # the lost-node class: the retry resumes
+    assert poll_until(lambda: on_host(net, 0, result.job_id) == [], 30, 0.2), on_host(net, 0, result.job_id)
+
+
+def fence_reason(run_dir: str, node: int) -> str:
+    with open(paths(run_dir, node)["log"], encoding="utf-8", errors="replace") as fh:
+        return "".join(line for line in fh if "fencing" in line)
+
+
+def test_durable_a_partitioned_node_fences_itself_and_is_named(faulty_cluster, tmp_path):
+    """Default settings (lost_after 30 s): the cut-off node fences itself within its lease, still cut off."""
+    net = faulty_cluster.net
+    handle, thread, results, lines = start_durable(faulty_cluster, tmp_path)
+    net.partition(1)
+    try:
+        result = finish(thread, results, lines, bound=120)
+        assert_lost(result, net, lines, "unreachable")
+        assert poll_until(lambda: on_host(net, 1, handle.job_id) == [], 60, 0.5), on_host(net, 1, handle.job_id)
+        assert "could not reach its peer" in fence_reason(handle.run_dir, 1)
+    finally:
+        net.heal(1)
+    assert on_host(net, 1, handle.job_id) == []  # healed: nothing of the old job to collide with a retry
+
+
+def test_durable_a_frozen_node_is_named_and_fences_itself_when_it_thaws(faulty_cluster, tmp_path):
+    net = faulty_cluster.net
+    handle, thread, results, lines = start_durable(faulty_cluster, tmp_path, lost_after=SHORT_LOST_AFTER)
+    net.freeze(1)
+    try:
+        result = finish(thread, results, lines, bound=90)
+        assert_lost(result, net, lines, "frozen")
+        assert on_host(net, 1, handle.job_id)  # frozen: nothing there can act yet
+    finally:
+        net.thaw(1)
+    assert poll_until(lambda: on_host(net, 1, handle.job_id) == [], 30, 0.2), on_host(net, 1, handle.job_id)
+    assert "frozen or suspended" in fence_reason(handle.run_dir, 1)
+
+
+def test_deferred_a_crashed_node_is_named_gone(faulty_cluster, tmp_path):
+    """The trigger's watch; the task's resume raises the lost-node verdict and stops the other node."""
+    from dtrain.launch.airflow.deferrable import resume_job, write_submission
+    from dtrain.launch.airflow.trigger import DistributedJobTrigger
+    from dtrain.launch.engine.job import prepare_job
+
+    net = faulty_cluster.net
+    spec = spec_for(faulty_cluster, tmp_path, lost_after=SHORT_LOST_AFTER)
+    backend = get_backend_class("ssh")(sink=lambda line: None)
+    handle = backend.submit(prepare_job(spec), detached=True)
+    write_submission(handle)
+    try:
+        assert poll_until(lambda: len(reports(handle.run_dir)) == 2, 120, 0.2)
+        trigger = DistributedJobTrigger(handle=handle.to_dict(), poll_interval=1, max_poll_interval=5)
+
+        async def first_event():
+            async for event in trigger.run():
+                return event.payload
+
+        net.crash(1)
+        event = asyncio.run(asyncio.wait_for(first_event(), 90))
+        assert event["status"] == "failed" and event["state"] == "LOST", event
+        assert (event["lost"]["node"], event["lost"]["fault"]) == (1, "gone"), event
+        with pytest.raises(LaunchError) as raised:
+            resume_job(None, event)
+        assert raised.value.exit_code == 255 and retry.classify(raised.value).action == retry.RETRY
+        assert f"node 1 ({net.hosts[1].address}) lost: gone (" in str(raised.value)
+        assert poll_until(lambda: on_host(net, 0, handle.job_id) == [], 30, 0.2), on_host(net, 0, handle.job_id)
+    finally:
+        backend.cancel(handle)
+    assert on_host(net, 1, handle.job_id) == []
