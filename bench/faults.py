@@ -55,7 +55,7 @@ from dtrain.launch.engine.launcher import Launcher
 from dtrain.launch.engine.spec import LaunchSpec
 launcher = Launcher(LaunchSpec(**json.loads(sys.argv[1])), sink=lambda line: print(line, flush=True))
 result = launcher.attach(launcher.submit_detached())
-print(f"[bench] exit {result.exit_code}: {(result.lost or {}).get('message', '')}", flush=True)
+print(f"[bench] exit {result.exit_code}: {(getattr(result, 'lost', None) or {}).get('message', '')}", flush=True)
 sys.exit(min(result.exit_code, 255))
 """
 #: the last commit before issue 25's lost-node work: the previous release's behaviour

@@ -130,3 +130,14 @@ def test_deferred_a_crashed_node_is_named_gone(faulty_cluster, tmp_path):
     finally:
         backend.cancel(handle)
     assert on_host(net, 1, handle.job_id) == []
+
+
+def test_durable_a_crashed_node_is_named_gone_with_default_settings(faulty_cluster, tmp_path):
+    """Its heartbeat goes stale (15 s) and ssh is refused: one probe says gone, before the polls that
+    could not ask the host add up to "lost track" (5 of them, 2 s apart here)."""
+    net = faulty_cluster.net
+    handle, thread, results, lines = start_durable(faulty_cluster, tmp_path)
+    net.crash(1)
+    result = finish(thread, results, lines, bound=60)
+    assert_lost(result, net, lines, "gone")
+    assert on_host(net, 1, handle.job_id) == []

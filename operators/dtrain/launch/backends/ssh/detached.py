@@ -247,22 +247,25 @@ def report(nodes: Sequence[dict[str, Any]], warn: Warn | None) -> list[dict[str,
 def lost_node_of(target: Target, run_dir: str, nodes: Sequence[dict[str, Any]], now: float | None = None) -> LostNode | None:
     """The node the job lost, when this poll shows a sign of one: a node fenced itself (it could not
     reach its peer, or was frozen, for the lease), a node failed (its peers' ranks fail when one host
-    crashes), or a node's heartbeat is older than the lease and its host does not answer over ssh.
-    Then every node that did not end well has its login port probed (in parallel, a few seconds at
-    most): the first that shows a fault (:func:`dtrain.launch.engine.lost.fault_of`) is the lost one;
-    if none does, the first fenced node, with its own reason. None: no node was lost."""
+    crashes), or a node's heartbeat is stale and its host does not answer over ssh. Then every node
+    that did not end well has its login port probed (in parallel, a few seconds at most): the first
+    that shows a fault (:func:`dtrain.launch.engine.lost.fault_of`) is the lost one, except that a
+    host that merely does not answer while nothing else went wrong is lost only once its heartbeat is
+    older than the lease (``lost_after``: a network blip is not a lost node); if none is, the first
+    fenced node, with its own reason. None: no node was lost."""
     now = time.time() if now is None else now
     lease = target.settings.lost_after
     fenced = [node for node in nodes if node.get("fenced")]
     failed = any(node["state"] == "exited" and node["exit_code"] for node in nodes)
-    cut_off = any(node["state"] == "unreachable" and (beat_age(run_dir, node["node"], now) or float("inf")) >= lease
-                  for node in nodes)
-    if not (fenced or failed or cut_off):
+    silent = {node["node"]: beat_age(run_dir, node["node"], now) or float("inf")
+              for node in nodes if node["state"] == "unreachable"}  # a stale heartbeat, and ssh got no answer
+    if not (fenced or failed or silent):
         return None
     suspects = [node["node"] for node in nodes if not (node["state"] == "exited" and node["exit_code"] == 0)]
     faults = probe_hosts(target, suspects)
     for index, fault in zip(suspects, faults):
-        if fault is not None:
+        # "gone" and "frozen" are certain at once; no answer at all may be a blip until the lease is over
+        if fault is not None and (fault[0] != "unreachable" or fenced or failed or silent.get(index, 0.0) >= lease):
             return LostNode(index, target.hosts[index].address, *fault)
     if fenced:
         return LostNode(fenced[0]["node"], target.hosts[fenced[0]["node"]].address, "unreachable", fenced[0]["fenced"])
