@@ -22,7 +22,7 @@ from dtrain.launch.backends.ssh.detached_node import paths
 from dtrain.launch.engine import retry
 from dtrain.launch.engine.launcher import Launcher
 from dtrain.launch.engine.spec import LaunchSpec
-from tests.faults.test_lost_node import SHORT_LOST_AFTER, on_host
+from tests.faults.test_lost_node import SHORT_LOST_AFTER, finish, on_host
 from tests.remote.conftest import needs_sshd, reports, train_command
 from tests.support import poll_until
 
@@ -48,16 +48,11 @@ def start_durable(cluster, tmp_path, **ssh):
     return handle, thread, results, lines
 
 
-def finish(thread, results, lines, bound: float):
-    thread.join(timeout=bound)
-    assert not thread.is_alive(), f"no verdict {bound:g} s after the fault:\n" + "\n".join(lines[-40:])
-    return results[0]
-
-
 def assert_lost(result, net, lines, fault: str):
-    log = "\n".join(lines[-40:])
-    assert result.exit_code == 255 and result.failed_node == 1, log
-    assert (result.lost["node"], result.lost["address"], result.lost["fault"]) == (1, net.hosts[1].address, fault), log
+    """The verdict names node 1, its address and ``fault``; the retry policy retries; node 0 is cleaned."""
+    expected = (255, 1, 1, net.hosts[1].address, fault)
+    assert (result.exit_code, result.failed_node, *(result.lost.get(k) for k in ("node", "address", "fault"))) \
+        == expected, "\n".join(lines[-40:])
     with pytest.raises(LaunchError) as raised:
         result.raise_for_status()
     assert f"node 1 ({net.hosts[1].address}) lost: {fault} (" in str(raised.value)
