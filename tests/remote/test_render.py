@@ -66,6 +66,17 @@ def test_a_detached_node_leases_against_node_0_and_node_0_against_node_1():
     assert lease_options([hosts[1], hosts[2]], 0, SSHSettings())[-1] == "[fd00::3]:22"
 
 
+def test_the_daemon_gets_the_peer_as_start_got_it():
+    # start re-execs itself as the daemon with its own options: an IPv6 peer must keep its brackets there
+    from dtrain.launch.backends.ssh.detached_node import daemon_argv, parse_args
+
+    start = parse_args(["start", "--run-dir", "/run", "--node", "1", "--job-id", "j", "--lease", "30",
+                        "--peer", "[fd00::3]:2222", "--", "torchrun"])
+    argv = daemon_argv(start)
+    daemon = parse_args(argv[argv.index("daemon"):])
+    assert (start.peer_address, daemon.peer_address, daemon.lease) == (("fd00::3", 2222), ("fd00::3", 2222), 30.0)
+
+
 def test_static_agent_argv_fixes_the_node_rank():
     spec = LaunchSpec(command=["train.py", "--lr", "0.1"], nodes=2, procs_per_node=4, backend="ssh",
                       backend_options={"hosts": ["a slots=4", "b slots=4"]}, rdzv_timeout=90)

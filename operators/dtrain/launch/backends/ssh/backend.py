@@ -340,7 +340,7 @@ class SSHBackend(Backend):
             node, code = lost, LOST_EXIT_CODE
             host = self.hosts[node.index]
             self.sink(f"[dtrain] ssh to {host.host} failed (exit {LOST_EXIT_CODE}): see its lines above")
-            verdict = lost_node(node.index, host.address, host.port or self.settings.port or 22,
+            verdict = lost_node(node.index, host.address, self.settings.login_port(host),
                                 timeout=min(PROBE_TIMEOUT_S, self.settings.connect_timeout))
             self.sink(f"[dtrain] {verdict.message()}: its ranks fence themselves within "
                       f"{self.settings.lost_after:g} s of losing the launcher; stopping the other nodes")

@@ -87,8 +87,7 @@ def lease_options(hosts: Sequence[HostEntry], node: int, settings: SSHSettings) 
     options = ["--lease", f"{settings.lost_after:g}"]
     if len(hosts) > 1:
         peer = hosts[1 if node == 0 else 0]
-        address = f"[{peer.address}]" if ":" in peer.address else peer.address
-        options += ["--peer", f"{address}:{peer.port or settings.port or 22}"]
+        options += ["--peer", f"{peer.host}:{settings.login_port(peer)}"]  # host: an IPv6 literal keeps its brackets
     return options
 
 
@@ -281,7 +280,7 @@ def probe_hosts(target: Target, indexes: Sequence[int]) -> list[tuple[str, str] 
 
     def look(index: int) -> tuple[str, str] | None:
         host = target.hosts[index]
-        return fault_of(host.address, host.port or settings.port or 22, timeout)
+        return fault_of(host.address, settings.login_port(host), timeout)
 
     if not indexes:
         return []

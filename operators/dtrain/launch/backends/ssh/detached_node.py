@@ -187,8 +187,8 @@ def hold_lease(lease: float, peer: tuple[str, int] | None, ended: threading.Even
                          f"its lease of {lease:g} s lapsed meanwhile")
         if peer is None or reaches(peer, min(check_every, lease / 3)):
             last_reached = clock()
-        elif clock() - last_reached >= lease:
-            return fence(f"this node could not reach its peer {peer[0]}:{peer[1]} for {clock() - last_reached:.0f} s "
+        elif (cut_off := clock() - last_reached) >= lease:
+            return fence(f"this node could not reach its peer {peer[0]}:{peer[1]} for {cut_off:.0f} s "
                          f"(its lease of {lease:g} s lapsed): it is cut off from its job")
         last_check = clock()
 
@@ -232,7 +232,7 @@ def _daemon(args: argparse.Namespace, env: dict[str, str], key: JobKey) -> None:
         if stopped:  # a stop raced the start: the agent must not outlive it
             kill_tree(me, args.grace, args.job_id, args.node)
         if args.lease:
-            threading.Thread(target=hold_lease, args=(args.lease, args.peer, ended, fence), daemon=True).start()
+            threading.Thread(target=hold_lease, args=(args.lease, args.peer_address, ended, fence), daemon=True).start()
         raw = child.wait()
         ended.set()
         code = LOST_EXIT_CODE if fenced else 128 - raw if raw < 0 else raw
@@ -257,7 +257,7 @@ def daemon_argv(args: argparse.Namespace) -> list[str]:
     if args.lease:
         options += ["--lease", f"{args.lease:g}"]
     if args.peer:
-        options += ["--peer", f"{args.peer[0]}:{args.peer[1]}"]
+        options += ["--peer", args.peer]  # as given (checked): rebuilt from the tuple, an IPv6 address lost its brackets
     return [sys.executable, "-m", MODULE, "daemon", *options, "--", *args.agent]
 
 
@@ -416,7 +416,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         grammar.finite("--tail", args.tail, minimum=0, maximum=10000)
         if args.lease:
             grammar.finite("--lease", args.lease, minimum=LEASE_CHECK_S * 2, maximum=86400)
-        args.peer = None if args.peer is None else parse_peer(args.peer)
+        args.peer_address = None if args.peer is None else parse_peer(args.peer)
     except SpecError as e:
         p.error(str(e))
     if args.verb in ("start", "daemon") and not args.agent:

@@ -219,6 +219,11 @@ class SSHSettings:
                    strict_host_key_checking=strict, connect_timeout=timeout, python=python,
                    fanout=fanout, poll_interval=poll, max_poll_interval=max_poll, lost_after=lost_after)
 
+    def login_port(self, host: HostEntry) -> int:
+        """The port ``host``'s sshd listens on, for a probe that does not go through ssh (its line's
+        port, else the settings', else 22: a port set only in ~/.ssh/config is not seen here)."""
+        return host.port or self.port or 22
+
     def to_dict(self) -> dict[str, Any]:
         return {name: getattr(self, name) for name in self.FIELDS if getattr(self, name) is not None}
 
