@@ -95,6 +95,16 @@ def test_heartbeat_is_progress(tmp_path, beat):
         assert verdict["stuck_ranks"] == [0, 1] and verdict["reason"] == "no rank made progress"
 
 
+def test_a_slow_start_up_is_not_a_hang(tmp_path):
+    """Ranks silent for four hang timeouts before their first line (a slow import) are starting, not hung.
+    Fails on 74d7975: the wrapper's start counted as progress, and the job was stopped as hung."""
+    run = launch_cli(tmp_path, "--procs-per-node", "2", "--hang-timeout", "3",
+                     script_args=["--silent-step", "0", "--steps", "3", "--start-seconds", "12"])
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert not os.path.exists(os.path.join(tmp_path, "hang", "verdict.json"))
+    assert sorted(os.listdir(os.path.join(tmp_path, "progress"))) == ["rank0", "rank0.started", "rank1", "rank1.started"]
+
+
 def test_ssh_two_hosts_silent_rank_on_the_second_host(ssh_cluster, tmp_path):
     from dtrain.launch.engine.launcher import Launcher
 
@@ -169,16 +179,42 @@ def test_silent_ranks_and_progress_sources(tmp_path):
     toucher.touch()  # throttled: within `every` seconds of the last touch nothing is written
     assert os.stat(toucher.path).st_ctime == t0
     assert [hang.last_progress(run_dir, r) for r in (0, 1, 2)] == [t0, t1, None]
-    # A rank that never showed a sign of life is silent since the first one started.
-    last = hang.job_progress(run_dir, 3, since=t0 - 100)
-    assert last == {0: t0, 1: t1, 2: t0}
-    assert hang.silent_ranks(last, now=t0 + 200, timeout=200) == [0, 2]
+    # A rank that never showed a sign of life is starting since the first one started.
+    job = hang.job_progress(run_dir, 3, since=t0 - 100)
+    assert job == hang.JobProgress({0: t0, 1: t1, 2: t0}, frozenset({2}))
+    assert job.silent(now=t0 + 200, timeout=200) == [0, 2]  # the start-up allowance: never below the timeout
+    assert job.silent(now=t0 + 100, timeout=50) == [0, 1]  # rank 2 starts: STARTUP_S
+    assert job.silent(now=t0 + hang.STARTUP_S, timeout=5) == [0, 1, 2]
     # Signs older than the attempt are an earlier attempt's: rank 0 has not started yet.
-    assert hang.job_progress(run_dir, 3, since=(t0 + t1) / 2) == {0: t1, 1: t1, 2: t1}
+    assert hang.job_progress(run_dir, 3, since=(t0 + t1) / 2) == hang.JobProgress({0: t1, 1: t1, 2: t1},
+                                                                                   frozenset({0, 2}))
     # Before any rank starts (a queued Slurm job), nothing is silent, however long it waits.
-    assert hang.job_progress(run_dir, 3, since=t1 + 100) == {}
+    assert hang.job_progress(run_dir, 3, since=t1 + 100) == hang.JobProgress()
     detector = hang.HangDetector(run_dir, 3, timeout=1, since=t1 + 100)
     assert detector.silent(detector.progress(), now=1e12) == []
+
+
+def test_a_start_is_not_progress_until_the_rank_shows_some(tmp_path):
+    # CI (stop 36): a 2x2 job with hang_timeout 8 on a loaded host was judged hung as a whole, because
+    # the wrapper's start counted as progress and importing torch and joining the group took longer
+    # than 8 s. A rank's start is now its own mark: silent after STARTUP_S until it shows progress.
+    run_dir = str(tmp_path)
+    progress = hang_files.progress_dir(run_dir)
+    hang_files.mark_started(progress, 0)
+    hang_files.mark_started(progress, 1)
+    started = hang.last_start(run_dir, 1)
+    time.sleep(0.05)
+    hang_files.ProgressToucher(progress, 0).touch()
+    went_on = hang.last_progress(run_dir, 0)
+    job = hang.job_progress(run_dir, 2, since=started - 1)
+    assert job.starting == {1} and job.last == {0: went_on, 1: started}
+    assert job.silent(now=started + 30, timeout=8) == [0]
+    assert job.silent(now=started + hang.STARTUP_S, timeout=8) == [0, 1]
+    assert job.silent(now=started + hang.STARTUP_S, timeout=600) == []  # never less than hang_timeout
+    # A restart (a new start mark after its progress) makes rank 0 a starting rank again.
+    time.sleep(0.05)
+    hang_files.mark_started(progress, 0)
+    assert hang.job_progress(run_dir, 2, since=started - 1).starting == {0, 1}
 
 
 def test_a_rank_back_dating_another_ranks_progress_does_not_get_it_blamed(tmp_path):
@@ -191,8 +227,8 @@ def test_a_rank_back_dating_another_ranks_progress_does_not_get_it_blamed(tmp_pa
     before = hang.last_progress(run_dir, 1)
     os.utime(os.path.join(hang_files.progress_dir(run_dir), "rank1"), (1.0, 1.0))
     assert hang.last_progress(run_dir, 1) >= before
-    last = hang.job_progress(run_dir, 2, since=before - 10)
-    assert hang.silent_ranks(last, now=before + 5, timeout=30) == []
+    job = hang.job_progress(run_dir, 2, since=before - 10)
+    assert job.silent(now=before + 5, timeout=30) == []
 
 
 def test_rank_files_are_never_followed_through_symlinks(tmp_path):

@@ -30,10 +30,10 @@ def failed_run(airflow_db):
 @pytest.fixture(scope="session")
 def hung_run(airflow_db):
     """1 node x 2 ranks; rank 1 goes silent at step 4 while rank 0 waits in the all-reduce: the
-    launcher's hang watch (hang_timeout 15 s) dumps both stacks and stops the job. 15 s, not less: a rank
-    that has not reported yet is silent since the job started, and on a loaded 2-core machine starting
-    two ranks (importing torch, the gloo rendezvous) has taken longer than 5 s, so both were judged stuck."""
-    run = run_ui_dag(nodes=1, procs_per_node=2, hang_timeout="15",
+    launcher's hang watch (hang_timeout 8 s) dumps both stacks and stops the job. Starting the ranks
+    (importing torch, the gloo rendezvous: longer than 5 s on a loaded 2-core machine) is not judged
+    against hang_timeout (dtrain.launch.engine.hang.STARTUP_S)."""
+    run = run_ui_dag(nodes=1, procs_per_node=2, hang_timeout="8",
                      args=["--steps", "100", "--hang-rank", "1", "--hang-step", "4"])
     assert run.state == "failed"
     return run

@@ -72,7 +72,7 @@ def test_the_page_carries_the_task_instance_and_a_strict_content_security_policy
 def test_a_hung_job_names_the_stuck_rank_and_links_every_stack(api, hung_run):
     view = get(api, "/dtrain/api/ti/summary", ti_query(hung_run)).json()
     assert view["state"] == "hung"
-    assert view["hang"]["stuck_ranks"] == [1] and view["hang"]["timeout_s"] == 15
+    assert view["hang"]["stuck_ranks"] == [1] and view["hang"]["timeout_s"] == 8
     assert "rank(s) 1 stuck" in view["hang"]["message"]
     assert view["stacks"] == [0, 1]
     stack = get(api, "/dtrain/api/ti/stack", ti_query(hung_run) | {"rank": 1})

@@ -11,6 +11,8 @@ init_distributed, as a script that ignores the training helper would.
 ``--quiet-step N --quiet-seconds S [--heartbeat]``: at step N every rank works for S seconds
 without printing (a long evaluation), calling dtrain's ``heartbeat()`` twice a second when
 asked; with ``--steps`` the script then ends normally.
+
+``--start-seconds S``: every rank says nothing for S seconds before it imports torch (a slow start-up).
 """
 
 from __future__ import annotations
@@ -47,7 +49,9 @@ def main() -> None:
     p.add_argument("--quiet-step", type=int, default=0)
     p.add_argument("--quiet-seconds", type=float, default=0.0)
     p.add_argument("--heartbeat", action="store_true")
+    p.add_argument("--start-seconds", type=float, default=0.0)
     args = p.parse_args()
+    time.sleep(args.start_seconds)
     import torch
     import torch.distributed as dist
 

@@ -3,7 +3,10 @@
 A rank makes progress while it prints a line (its per-rank wrapper touches
 ``<run_dir>/progress/rank<R>``, at most once a second), writes a metrics record
 (``<run_dir>/metrics/rank<R>.jsonl``) or calls :func:`dtrain.training.heartbeat`
-(which touches the progress file). Everything goes through files in the run
+(which touches the progress file). Its start (``progress/rank<R>.started``, touched by the
+wrapper) is not progress: until a rank's first sign of progress after it (re)started, it is
+silent only after ``max(hang_timeout, STARTUP_S)`` seconds, as importing torch and joining the
+process group print nothing. Everything goes through files in the run
 directory, which every backend already shares with the launcher (checkpoints and
 exit records live there too), so one watcher serves every backend.
 
@@ -39,7 +42,8 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Callable, Generator
 
 from dtrain.launch.node.hang_files import (
-    HANG_DIR_ENV, MAX_STACK_CHARS, flight_recorder_path, hang_dir, request_path, stack_path, write_private,
+    HANG_DIR_ENV, MAX_STACK_CHARS, flight_recorder_path, hang_dir, request_path, stack_path, started_name,
+    write_private,
 )
 from dtrain.rundir import HANG, METRICS, PROGRESS, STACK_FILE, RunDir, UnsafeRunDir
 
@@ -86,15 +90,30 @@ def read_bounded(path: str, limit: int) -> bytes | None:
         return None
 
 
+#: a rank that has shown no progress since its wrapper (re)started it is judged against at least this
+#: many seconds, not hang_timeout: importing torch (and DeepSpeed) and joining the process group print
+#: nothing, and on a loaded host or from a shared filesystem take longer than a short hang_timeout. A
+#: job whose ranks hang before their first line is still caught, after this long.
+STARTUP_S = 120.0
+
+
 def last_progress(run_dir: str, rank: int) -> float | None:
-    """Wall-clock time of the rank's latest sign of life, None when it has shown none.
+    """Wall-clock time of the rank's latest sign of progress, None when it has shown none.
 
     The status-change time (ctime), not the modification time: any process of the job can set a
     file's mtime to the past (``os.utime``) and so get another rank blamed for a hang, but the
     kernel sets ctime to now on every change, that one included."""
-    run = _run(run_dir)
+    return _latest(_run(run_dir), (PROGRESS, f"rank{rank}"), (METRICS, f"rank{rank}.jsonl"))
+
+
+def last_start(run_dir: str, rank: int) -> float | None:
+    """When the rank's wrapper last (re)started it (a ctime, as :func:`last_progress`), None before."""
+    return _latest(_run(run_dir), (PROGRESS, started_name(rank)))
+
+
+def _latest(run: "RunDir | None", *files: tuple[str, str]) -> float | None:
     latest = None
-    for parts in ((PROGRESS, f"rank{rank}"), (METRICS, f"rank{rank}.jsonl")):
+    for parts in files:
         info = run.stat(*parts) if run is not None else None
         if info is None or not stat.S_ISREG(info.st_mode):
             continue
@@ -109,25 +128,48 @@ def _run(run_dir: str) -> RunDir | None:
         return None
 
 
-def job_progress(run_dir: str, world_size: int, since: float) -> dict[int, float]:
-    """Each rank's last progress, once the job runs; {} before any rank of it has started.
+@dataclass(frozen=True)
+class JobProgress:
+    """Each rank's latest sign of life (``last``), and the ranks still starting: no progress since
+    their wrapper (re)started them (their sign is that start), or not started while others are."""
+
+    last: dict[int, float] = field(default_factory=dict)
+    starting: frozenset[int] = frozenset()
+
+    def silent(self, now: float, timeout: float) -> list[int]:
+        """Ranks silent for ``timeout`` seconds, a starting rank for ``max(timeout, STARTUP_S)``."""
+        startup = max(timeout, STARTUP_S)
+        return sorted(rank for rank, when in self.last.items()
+                      if now - when >= (startup if rank in self.starting else timeout))
+
+
+def job_progress(run_dir: str, world_size: int, since: float) -> JobProgress:
+    """Each rank's last sign of life, once the job runs; nothing before any rank of it has started.
 
     Signs older than ``since`` are an earlier attempt's. Until the first rank starts (its
     wrapper marks it at once), the job is queued or its agents are still meeting, which is not
     a hang: a queued Slurm job may wait for hours, and rendezvous has its own timeout. From
-    then on, a rank that never showed a sign of life is silent since the first one started.
+    then on, a rank that never showed a sign of life is starting since the first one started,
+    and a rank whose latest sign is its (re)start is starting since then.
     """
-    seen = {rank: last_progress(run_dir, rank) for rank in range(world_size)}
-    known = {rank: when for rank, when in seen.items() if when is not None and when >= since}
-    if not known:
-        return {}
-    started = min(known.values())
-    return {rank: known.get(rank, started) for rank in range(world_size)}
+    def fresh(when: float | None) -> float | None:
+        return when if when is not None and when >= since else None
 
-
-def silent_ranks(last: dict[int, float], now: float, timeout: float) -> list[int]:
-    """Ranks whose last progress is ``timeout`` seconds old or older."""
-    return sorted(rank for rank, when in last.items() if now - when >= timeout)
+    progress = {rank: fresh(last_progress(run_dir, rank)) for rank in range(world_size)}
+    starts = {rank: fresh(last_start(run_dir, rank)) for rank in range(world_size)}
+    signs = [when for when in (*progress.values(), *starts.values()) if when is not None]
+    if not signs:
+        return JobProgress()
+    job_started = min(signs)
+    last, starting = {}, set()
+    for rank in range(world_size):
+        made, began = progress[rank], starts[rank]
+        if made is not None and (began is None or made >= began):
+            last[rank] = made
+        else:
+            last[rank] = began if began is not None else job_started
+            starting.add(rank)
+    return JobProgress(last, frozenset(starting))
 
 
 def newest_collective(flight_recorder: dict[str, Any]) -> tuple[int, str] | None:
@@ -253,11 +295,11 @@ class HangDetector:
     def clear_previous(self) -> None:
         clear_previous(self.run_dir)
 
-    def progress(self) -> dict[int, float]:
+    def progress(self) -> JobProgress:
         return job_progress(self.run_dir, self.world_size, self.since)
 
-    def silent(self, last: dict[int, float], now: float) -> list[int]:
-        return silent_ranks(last, now, self.timeout) if last else []
+    def silent(self, progress: JobProgress, now: float) -> list[int]:
+        return progress.silent(now, self.timeout)
 
     def request_dumps(self) -> bool:
         """Ask every rank for its stack; False when the request cannot be written (a rank removed or
@@ -324,11 +366,14 @@ def hang_sequence(detector: "HangDetector", say: Callable[[str, str], Any],
     drivers, :class:`HangWatch` (a thread) and the deferrable trigger (a coroutine): it yields the seconds
     to wait before it looks at the dumps again, each driver waiting its own way, and returns the verdict
     (None while no rank is silent). ``say(level, message)``: "warning" or "error"."""
-    last, now = detector.progress(), time.time()
-    silent = detector.silent(last, now)
+    progress, now = detector.progress(), time.time()
+    silent = detector.silent(progress, now)
     if not silent:
         return None
-    say("warning", f"no progress from rank(s) {silent} for {detector.timeout:g} s: asking every rank for its stack")
+    starting = sorted(set(silent) & progress.starting)
+    startup = f" (rank(s) {starting} silent since they started, {max(detector.timeout, STARTUP_S):g} s)" if starting else ""
+    say("warning", f"no progress from rank(s) {silent} for {detector.timeout:g} s{startup}: "
+                   "asking every rank for its stack")
     if detector.request_dumps():
         deadline = time.monotonic() + dump_wait
         while len(detector.dumped()) < detector.world_size and time.monotonic() < deadline:
@@ -336,7 +381,7 @@ def hang_sequence(detector: "HangDetector", say: Callable[[str, str], Any],
     else:
         say("warning", "the stack-dump request could not be written to the run directory: "
                        "deciding without the stacks")
-    verdict = detector.verdict(last, now)
+    verdict = detector.verdict(progress.last, now)
     say("error", verdict.message())
     return verdict
 

@@ -1,7 +1,8 @@
 """The ranks' side of hang detection: the files through which a rank and the hang watcher talk.
 
 Under the run directory, shared by every node: ``progress/rank<R>`` (touched while the rank makes
-progress), ``hang/request`` (the watcher asks every rank for its stack), ``hang/rank<R>.txt`` and
+progress), ``progress/rank<R>.started`` (touched when its wrapper starts it: a start is not progress,
+the watcher gives a starting rank longer), ``hang/request`` (the watcher asks every rank for its stack), ``hang/rank<R>.txt`` and
 ``hang/rank<R>.fr.json`` (the rank's stacks and torch's flight recorder). The per-rank wrapper
 (:mod:`dtrain.launch.node.rank_entry`) and the training helper (:mod:`dtrain.training.watchdog`)
 write them; the watcher, :mod:`dtrain.launch.engine.hang`, reads them and decides.
@@ -63,6 +64,27 @@ def exists(path: str) -> bool:
         return False
 
 
+def started_name(rank: int | str) -> str:
+    """The file (in the progress directory) whose status-change time is when the rank last (re)started."""
+    return f"rank{rank}.started"
+
+
+def mark_started(directory: str, rank: int | str) -> None:
+    """Record that the rank's wrapper (re)started it."""
+    touch_mark(directory, started_name(rank))
+
+
+def touch_mark(directory: str, name: str) -> None:
+    """Create ``directory/name`` or set its times to now, never through a link: the watcher reads
+    its status-change time. Marking must never break a rank: a failure is ignored."""
+    try:
+        run = RunDir(directory)
+        run.ensure_dir(owned=False)
+        run.touch(name)
+    except (OSError, ValueError):
+        pass
+
+
 class ProgressToucher:
     """Marks a rank as making progress: touches ``<progress dir>/rank<R>`` at most once per
     ``every`` seconds (an mtime the watcher reads), so a chatty rank costs one syscall a second."""
@@ -79,9 +101,4 @@ class ProgressToucher:
             if now - self._last < self.every:
                 return
             self._last = now
-        try:
-            directory = RunDir(os.path.dirname(self.path))
-            directory.ensure_dir(owned=False)
-            directory.touch(os.path.basename(self.path))
-        except (OSError, ValueError):
-            pass  # progress marking must never break a rank
+        touch_mark(os.path.dirname(self.path), os.path.basename(self.path))

@@ -91,8 +91,10 @@ class RankProcess:
             resolve_argv(command), env=environ, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
             preexec_fn=_die_with_parent,
         )
-        if self.progress is not None:
-            self.progress.touch()  # started: from now on, silence counts (see dtrain.launch.engine.hang)
+        if run_dir:
+            # started, which is not progress yet: a rank that imports torch and joins its group says
+            # nothing for a while, and the watcher gives it longer than hang_timeout for that
+            hang_files.mark_started(hang_files.progress_dir(run_dir), environ.get("RANK", "x"))
 
     def _pump(self, source, sink) -> None:
         for line in iter(source.readline, b""):
