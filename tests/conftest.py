@@ -168,6 +168,14 @@ def pytest_sessionfinish(session):
             fh.write("\n")
 
 
+def pytest_unconfigure(config):
+    # This process's AIRFLOW_HOME and DTRAIN_HOME: each pytest process (controller, every xdist worker)
+    # made its own, and its session fixtures (the daemons that used it) are finalized by now.
+    import shutil
+
+    shutil.rmtree(_home, ignore_errors=True)
+
+
 @pytest.fixture(scope="session")
 def airflow_db() -> str:
     """A migrated SQLite metadata DB in this session's AIRFLOW_HOME (for dag.test() and the CLI)."""
