@@ -10,9 +10,40 @@ Slurm node task (``python -m dtrain.launch.node.proctree reap JOB_ID``).
 from __future__ import annotations
 
 import argparse
+import ctypes
 import os
 import signal
 import sys
+from typing import MutableMapping
+
+#: set by the Slurm node shell to its own pid for the agent it starts (:func:`die_with_parent`)
+PARENT_ENV = "DTRAIN_AGENT_PARENT"
+PR_SET_PDEATHSIG = 1
+
+
+def parent_death_signal(signum: int) -> bool:
+    """Have the kernel send ``signum`` to this process when its parent ends (PR_SET_PDEATHSIG);
+    False where that is not available."""
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signum, 0, 0, 0)
+        return True
+    except (OSError, AttributeError):
+        return False
+
+
+def die_with_parent(environ: MutableMapping[str, str], signum: int = signal.SIGTERM) -> None:
+    """When ``environ`` names this process's parent (:data:`PARENT_ENV`), the kernel sends ``signum``
+    to this process when that parent ends, or it is sent now if the parent ended already. The name
+    is taken out of ``environ``: the agent's ranks must not inherit it.
+
+    Why: Slurm's proctrack/linuxproc finds a job's processes by parent links at the moment it kills;
+    a node shell SIGKILLed by ``scancel --full`` could leave its agent re-parented to init and waiting
+    in the rendezvous (CI, stop 36+1: a torchrun agent outlived a cancelled job by 15 s and more)."""
+    expected = environ.pop(PARENT_ENV, "")
+    if not expected.isdigit() or not parent_death_signal(signum):
+        return
+    if os.getppid() != int(expected):  # the parent died before prctl: no signal will come
+        os.kill(os.getpid(), signum)
 
 
 def kill_tree(root, grace: float, job_id: str | None = None, node: int | None = None) -> None:

@@ -27,7 +27,6 @@ nothing heavy: it is on every rank's start-up path.
 from __future__ import annotations
 
 import collections
-import ctypes
 import os
 import shutil
 import signal
@@ -36,14 +35,13 @@ import sys
 import threading
 import time
 
-from dtrain.launch.node import ds_shm, hang_files, placeholders
+from dtrain.launch.node import ds_shm, hang_files, placeholders, proctree
 from dtrain.launch.node.env_contract import contract_from_env, deepspeed_launcher_env
 from dtrain.launch.node.netif import socket_ifname_env
 from dtrain.launch.node.ranklog import RankLog
 from dtrain.rundir import EXITS, RunDir
 
 TAIL_LINES = 40
-PR_SET_PDEATHSIG = 1
 
 
 def resolve_argv(command: list[str]) -> list[str]:
@@ -66,10 +64,7 @@ def rank_command(command: list[str], environ: dict[str, str]) -> list[str]:
 
 
 def _die_with_parent() -> None:
-    try:
-        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
-    except (OSError, AttributeError):
-        pass
+    proctree.parent_death_signal(signal.SIGKILL)
 
 
 class RankProcess:

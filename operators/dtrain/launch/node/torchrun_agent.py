@@ -107,10 +107,14 @@ def main(argv: list[str] | None = None) -> None:
     private one that goes with it. A stop (SIGTERM/SIGINT/SIGHUP from the launcher's teardown, a
     hang verdict, a cancel) still stops the workers as torchrun does, then exits 128 + the signal
     without torchrun's traceback: every agent printed one, and the launcher reports the verdict."""
+    import os
     import shutil
     import sys
     import tempfile
 
+    from dtrain.launch.node.proctree import die_with_parent
+
+    die_with_parent(os.environ)  # before torch's import: seconds in which the parent may die
     from torch.distributed import run as torchrun
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import record

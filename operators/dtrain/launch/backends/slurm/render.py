@@ -264,11 +264,13 @@ def node_argv(job: Job, python: str) -> list[str]:
 # The agent runs as a child rather than by exec, so that when it ends (or scancel's SIGTERM
 # arrives) whatever the job left on this node outside the agent's tree (a rank's setsid child,
 # re-parented to init) is stopped by the job id and node index it carries: slurmd's
-# proctrack/linuxproc follows parent links and would lose it. "$1" is the agent's interpreter.
+# proctrack/linuxproc follows parent links and would lose it. The agent dies with this shell
+# (DTRAIN_AGENT_PARENT: dtrain.launch.node.proctree.die_with_parent), also when scancel SIGKILLs
+# the shell, so that no trap runs. "$1" is the agent's interpreter.
 NODE_SHELL = ('export NODE_RANK="$SLURM_NODEID" DTRAIN_NODE_INDEX="$SLURM_NODEID" PET_NODE_RANK="$SLURM_NODEID" '
               'PET_MASTER_ADDR="$MASTER_ADDR" PET_MASTER_PORT="$MASTER_PORT"; py="$1"; '
               'reap() { "$py" -m dtrain.launch.node.proctree reap "$DTRAIN_JOB_ID" --node "$SLURM_NODEID"; }; '
-              '"$@" & agent=$!; '
+              'DTRAIN_AGENT_PARENT=$$ "$@" & agent=$!; '
               'trap \'kill -TERM "$agent" 2>/dev/null; wait "$agent"; reap; exit 143\' TERM INT HUP; '
               'wait "$agent"; status=$?; reap; exit "$status"')
 
