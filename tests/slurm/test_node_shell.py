@@ -2,13 +2,14 @@
 outside Slurm: when ``scancel --full`` SIGKILLs the shell, no trap of it runs, and Slurm's proctrack/linuxproc
 can miss a child the kill re-parented; the agent must end by itself (the kernel's parent-death signal).
 
-CI (the stop after 74d7975) failed on a torchrun agent that outlived a cancelled Slurm job by more than
-15 s (tests/slurm/test_deferrable.py::test_trigger_on_kill_cancels_the_job)."""
+A clean-clone run of the suite (at 93d6aee) failed on a torchrun agent that outlived a cancelled Slurm job
+by more than 15 s (tests/slurm/test_deferrable.py::test_trigger_on_kill_cancels_the_job)."""
 
 from __future__ import annotations
 
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -19,28 +20,17 @@ from dtrain.launch.backends.slurm.render import NODE_SHELL, node_argv
 from dtrain.launch.engine.job import Job, free_port
 from dtrain.launch.engine.spec import LaunchSpec
 from dtrain.launch.node.proctree import kill_processes
+from tests.support import wait_for
 
 
-def agent_of(shell: psutil.Process, limit_s: float = 60) -> psutil.Process:
-    deadline = time.monotonic() + limit_s
-    while time.monotonic() < deadline:
-        for child in shell.children():
-            if "dtrain.launch.node.torchrun_agent" in " ".join(child.cmdline()):
-                return child
-        time.sleep(0.1)
-    raise AssertionError("the node shell started no agent")
+def agent_of(shell: psutil.Process) -> psutil.Process | None:
+    return next((child for child in shell.children()
+                 if "dtrain.launch.node.torchrun_agent" in " ".join(child.cmdline())), None)
 
 
-def wait_listening(port: int, limit_s: float = 90) -> None:
-    import socket
-
-    deadline = time.monotonic() + limit_s
-    while time.monotonic() < deadline:
-        with socket.socket() as s:
-            if s.connect_ex(("127.0.0.1", port)) == 0:
-                return
-        time.sleep(0.2)
-    raise AssertionError(f"no rendezvous store on port {port}")
+def listening(port: int) -> bool:
+    with socket.socket() as s:
+        return s.connect_ex(("127.0.0.1", port)) == 0
 
 
 def test_the_agent_ends_when_scancel_sigkills_its_node_shell(tmp_path):
@@ -54,8 +44,9 @@ def test_the_agent_ends_when_scancel_sigkills_its_node_shell(tmp_path):
                              env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     agent = None
     try:
-        agent = agent_of(psutil.Process(shell.pid))
-        wait_listening(int(env["MASTER_PORT"]))  # the agent is in the rendezvous, torch imported
+        agent = wait_for(lambda: agent_of(psutil.Process(shell.pid)), 60, what="the node shell's agent")
+        wait_for(lambda: listening(int(env["MASTER_PORT"])), 90,
+                 what="the agent's rendezvous store")  # in the rendezvous, torch imported
         shell.send_signal(signal.SIGKILL)
         shell.wait(timeout=10)
         gone, alive = psutil.wait_procs([agent], timeout=30)

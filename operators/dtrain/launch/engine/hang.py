@@ -111,7 +111,7 @@ def last_start(run_dir: str, rank: int) -> float | None:
     return _latest(_run(run_dir), (PROGRESS, started_name(rank)))
 
 
-def _latest(run: "RunDir | None", *files: tuple[str, str]) -> float | None:
+def _latest(run: RunDir | None, *files: tuple[str, str]) -> float | None:
     latest = None
     for parts in files:
         info = run.stat(*parts) if run is not None else None
@@ -371,7 +371,8 @@ def hang_sequence(detector: "HangDetector", say: Callable[[str, str], Any],
     if not silent:
         return None
     starting = sorted(set(silent) & progress.starting)
-    startup = f" (rank(s) {starting} silent since they started, {max(detector.timeout, STARTUP_S):g} s)" if starting else ""
+    startup = (f" (rank(s) {starting} silent since they started, {max(detector.timeout, STARTUP_S):g} s)"
+               if starting else "")
     say("warning", f"no progress from rank(s) {silent} for {detector.timeout:g} s{startup}: "
                    "asking every rank for its stack")
     if detector.request_dumps():

@@ -2,10 +2,11 @@
 
 Under the run directory, shared by every node: ``progress/rank<R>`` (touched while the rank makes
 progress), ``progress/rank<R>.started`` (touched when its wrapper starts it: a start is not progress,
-the watcher gives a starting rank longer), ``hang/request`` (the watcher asks every rank for its stack), ``hang/rank<R>.txt`` and
-``hang/rank<R>.fr.json`` (the rank's stacks and torch's flight recorder). The per-rank wrapper
-(:mod:`dtrain.launch.node.rank_entry`) and the training helper (:mod:`dtrain.training.watchdog`)
-write them; the watcher, :mod:`dtrain.launch.engine.hang`, reads them and decides.
+the watcher gives a starting rank longer), ``hang/request`` (the watcher asks every rank for its
+stack), ``hang/rank<R>.txt`` and ``hang/rank<R>.fr.json`` (the rank's stacks and torch's flight
+recorder). The per-rank wrapper (:mod:`dtrain.launch.node.rank_entry`) and the training helper
+(:mod:`dtrain.training.watchdog`) write them; the watcher, :mod:`dtrain.launch.engine.hang`, reads
+them and decides.
 
 Stdlib and dtrain.rundir only: on every rank's start-up path, on hosts that may have no Airflow.
 """

@@ -38,7 +38,8 @@ def die_with_parent(environ: MutableMapping[str, str], signum: int = signal.SIGT
 
     Why: Slurm's proctrack/linuxproc finds a job's processes by parent links at the moment it kills;
     a node shell SIGKILLed by ``scancel --full`` could leave its agent re-parented to init and waiting
-    in the rendezvous (CI, stop 36+1: a torchrun agent outlived a cancelled job by 15 s and more)."""
+    in the rendezvous (seen in a clean-clone run of the suite: an agent outlived a cancelled job by
+    more than 15 s)."""
     expected = environ.pop(PARENT_ENV, "")
     if not expected.isdigit() or not parent_death_signal(signum):
         return
