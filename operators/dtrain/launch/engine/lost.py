@@ -5,7 +5,8 @@ connection closed under it) asks the host's login port what happened, once, in a
 
 * ``gone``: the port refuses connections: the host's processes are gone (it crashed and its kernel
   still answers, or it rebooted);
-* ``frozen``: the kernel completes the TCP handshake but nobody speaks (no SSH banner): the host's
+* ``frozen``: the kernel completes the TCP handshake but nobody speaks (no SSH banner within the
+  probe's time; a connection reset or closed before the banner is ``gone``): the host's
   processes are stopped (a frozen VM or cgroup, a machine swapping itself to death). On a real
   machine whose kernel is frozen too this looks like ``unreachable``;
 * ``unreachable``: no answer at all within the probe's time (a partition: a cut cable, a dead
@@ -59,10 +60,12 @@ def fault_of(address: str, port: int, timeout: float = PROBE_TIMEOUT_S) -> tuple
         conn.settimeout(timeout)
         try:
             banner = conn.recv(4)
+        except TimeoutError:
+            return "frozen", f"it accepts connections on port {port} but nothing answers within {timeout:g} s"
         except OSError:
-            banner = None
-    if banner is None:
-        return "frozen", f"it accepts connections on port {port} but nothing answers within {timeout:g} s"
+            # reset: the kernel had queued the connection for a server that died before it spoke (a
+            # crash killing the host's processes one by one: its sshd last); nothing is frozen
+            banner = b""
     if not banner:
         return "gone", f"port {port} closes every connection at once"
     return None
