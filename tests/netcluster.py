@@ -186,19 +186,25 @@ class NetCluster:
         self._cgroup_write("freezer", self.hosts[index], "freezer.state", "THAWED")
 
     def crash(self, index: int) -> None:
-        """Kill every process of the host at once (thawed first: a frozen process cannot die)."""
+        """Kill every process of the host at once, as a machine's crash does: frozen while they are
+        signalled one by one (else a probe can find its sshd alive after its sessions died), then thawed
+        to die together (a frozen process cannot die)."""
         host = self.hosts[index]
-        for _ in range(20):  # processes that were forking as the first pass ran
-            pids = host.pids()
-            if not pids:
-                return
-            for pid in pids:
-                try:
-                    os.kill(pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
+        self.freeze(index)
+        try:
+            for _ in range(20):  # processes that were forking as the first pass ran
+                pids = host.pids()
+                if not pids:
+                    return
+                for pid in pids:
+                    try:
+                        os.kill(pid, signal.SIGKILL)
+                    except ProcessLookupError:
+                        pass
+                self.thaw(index)
+                time.sleep(0.05)
+        finally:
             self.thaw(index)
-            time.sleep(0.05)
         raise RuntimeError(f"host {index} still has processes: {sorted(host.pids())}")
 
     def slow_cpu(self, index: int, fraction: float) -> None:
