@@ -3,8 +3,8 @@
 A backend that loses its connection to a node (the ssh client's keepalive got no answer, or the
 connection closed under it) asks the host's login port what happened, once, in a few seconds:
 
-* ``gone``: the port refuses connections: the host's processes are gone (it crashed and its kernel
-  still answers, or it rebooted);
+* ``gone``: the port refuses or resets connections: the host's processes are gone (it crashed and
+  its kernel still answers, or it rebooted);
 * ``frozen``: the kernel completes the TCP handshake but nobody speaks (no SSH banner within the
   probe's time; a connection reset or closed before the banner is ``gone``): the host's
   processes are stopped (a frozen VM or cgroup, a machine swapping itself to death). On a real
@@ -54,6 +54,10 @@ def fault_of(address: str, port: int, timeout: float = PROBE_TIMEOUT_S) -> tuple
         conn = socket.create_connection((address, port), timeout=timeout)
     except ConnectionRefusedError:
         return "gone", f"port {port} refuses connections: its processes are gone (crashed or rebooted)"
+    except (ConnectionResetError, ConnectionAbortedError):
+        # the host's kernel answered with a reset before the connection was ours: its server died with
+        # the connection queued (the same race as below, lost during the handshake); nothing is cut off
+        return "gone", f"port {port} resets connections: its processes are gone (crashed or rebooted)"
     except OSError as e:
         return "unreachable", f"no answer from {address}:{port} within {timeout:g} s ({e.strerror or e})"
     with conn:
