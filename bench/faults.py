@@ -17,12 +17,19 @@ Measurements stop at ``--cap`` seconds ("> cap": still not detected / still runn
 Prints one line per fault and release, then one line per fault with both and their ratio. Needs root
 (namespaces, sshd) and a clean clone with history for --previous.
 
-    .venv/bin/python bench/faults.py [--faults partition,freeze,crash] [--modes attached,durable] [--previous 2a122e2] [--cap 150]
+    .venv/bin/python bench/faults.py [--faults partition,freeze,crash] [--modes attached,durable] [--previous 2a122e2] [--cap 150] [--resume]
 
 Modes: ``attached`` (``dtrain launch``: an ssh session per host holds the job) and ``durable`` (the
 operator's default: a detached daemon per host, followed by polling, as Launcher.submit_detached +
-attach; deferred mode's trigger decides with the same poll). Not measured yet (issue 25): slurm and
-mpi, slow CPU and slow link (stragglers), time to resume.
+attach; deferred mode's trigger decides with the same poll).
+
+``--resume``: the time until training resumes instead. The package's reference script (checkpoint
+every 5 steps) on both hosts; host 1 is faulted after step 7; at the verdict the host comes back (the
+link healed, the host thawed, or its sshd started again after the crash, as a reboot) and the same
+``dtrain launch`` runs again at once, as an Airflow retry with ``retry_delay=0`` would: measured from
+the fault until the retry's rank 0 logs its first step, with the step it resumed from.
+
+Not measured yet (issue 25): slurm and mpi, slow CPU and slow link (stragglers).
 """
 
 from __future__ import annotations
@@ -60,6 +67,12 @@ sys.exit(min(result.exit_code, 255))
 """
 #: the last commit before issue 25's lost-node work: the previous release's behaviour
 PREVIOUS = "2a122e2"
+#: --resume: the package's reference script, checkpointing every EVERY steps, 0.2 s a step (long enough
+#: to outlast the measurement; the bench stops it); host 1 is faulted once rank 0 logged FAULT_AFTER
+EVERY = 5
+FAULT_AFTER = 7
+RESUME_JOB = [sys.executable, "-m", "dtrain.training.reference.train_digits", "--epochs", "50",
+              "--checkpoint-every", str(EVERY), "--step-sleep", "0.2"]
 
 
 def job_pids(run_dir: str) -> set[int]:
@@ -82,17 +95,7 @@ def inject(net: NetCluster, fault: str) -> None:
 
 def measure(fault: str, mode: str, code_dir: str, work: str, cap: float) -> dict:
     """One lost node on a fresh 2-host cluster whose hosts and launcher run the code in ``code_dir``."""
-    env = dict(os.environ, PYTHONPATH=os.path.join(code_dir, "operators"), DTRAIN_HOME=os.path.join(work, "home"))
-    saved = os.environ.get("PYTHONPATH")
-    os.environ["PYTHONPATH"] = env["PYTHONPATH"]  # the hosts' sshd hands it to their sessions
-    net = NetCluster(2, decoy=False).start()  # every host's link is eth0: the previous release's workaround works
-    try:
-        ssh = start_cluster(os.path.join(work, "sshd"), net=net)
-    finally:
-        if saved is None:
-            os.environ.pop("PYTHONPATH")
-        else:
-            os.environ["PYTHONPATH"] = saved
+    env, net, ssh = start_hosts(code_dir, work)
     run_dir = os.path.join(work, "run")
     if mode == "durable":
         spec = {"command": [sys.executable, SCRIPT, "--steps", "2", "--hang"], "nodes": 2, "procs_per_node": 1,
@@ -101,12 +104,7 @@ def measure(fault: str, mode: str, code_dir: str, work: str, cap: float) -> dict
                                     "known_hosts_file": ssh.known_hosts, "strict_host_key_checking": "yes"}}
         argv = [sys.executable, "-c", DURABLE, json.dumps(spec)]
     else:
-        argv = [sys.executable, "-m", "dtrain.cli", "launch", "--backend", "ssh", "--hostfile", ssh.hostfile(1),
-                "--nodes", "2", "--procs-per-node", "1", "--device", "cpu", "--run-dir", run_dir,
-                "--ssh-key", ssh.key_file, "--ssh-known-hosts", ssh.known_hosts, "--ssh-strict-host-key-checking", "yes",
-                # the previous release needs it on hosts of their own (this one finds it itself): the same job for both
-                "--env", "GLOO_SOCKET_IFNAME=eth0",
-                "--", sys.executable, SCRIPT, "--steps", "2", "--hang"]
+        argv = attached_argv(ssh, run_dir, [sys.executable, SCRIPT, "--steps", "2", "--hang"])
     log = open(os.path.join(work, "launch.log"), "w+b")
     cli = subprocess.Popen(argv, cwd=code_dir, env=env, stdout=log, stderr=subprocess.STDOUT,
                            stdin=subprocess.DEVNULL, start_new_session=True)
@@ -143,15 +141,121 @@ def measure(fault: str, mode: str, code_dir: str, work: str, cap: float) -> dict
                 cli.kill()
         if not healed and fault == "freeze":
             net.thaw(1)
-        net.heal(1)
-        ssh.stop()
-        net.stop()
-        for pid in job_pids(run_dir):  # the previous release leaves ranks behind: not the next run's problem
-            try:
-                os.kill(pid, 9)
-            except ProcessLookupError:
-                pass
+        stop_hosts(net, ssh, run_dir)
         log.close()
+
+
+def start_hosts(code_dir: str, work: str):
+    """A fresh 2-host cluster (namespaces, an sshd each) whose sessions run the code in ``code_dir``;
+    returns the launcher's environment, the network and the ssh cluster."""
+    env = dict(os.environ, PYTHONPATH=os.path.join(code_dir, "operators"), DTRAIN_HOME=os.path.join(work, "home"))
+    saved = os.environ.get("PYTHONPATH")
+    os.environ["PYTHONPATH"] = env["PYTHONPATH"]  # the hosts' sshd hands it to their sessions
+    net = NetCluster(2, decoy=False).start()  # every host's link is eth0: the previous release's workaround works
+    try:
+        ssh = start_cluster(os.path.join(work, "sshd"), net=net)
+    except BaseException:
+        net.stop()
+        raise
+    finally:
+        if saved is None:
+            os.environ.pop("PYTHONPATH")
+        else:
+            os.environ["PYTHONPATH"] = saved
+    return env, net, ssh
+
+
+def stop_hosts(net: NetCluster, ssh, run_dir: str) -> None:
+    net.heal(1)
+    ssh.stop()
+    net.stop()
+    for pid in job_pids(run_dir):  # the previous release leaves ranks behind: not the next run's problem
+        try:
+            os.kill(pid, 9)
+        except ProcessLookupError:
+            pass
+
+
+def attached_argv(ssh, run_dir: str, command: list[str]) -> list[str]:
+    """``dtrain launch`` of ``command`` on both hosts, one rank each, default settings."""
+    return [sys.executable, "-m", "dtrain.cli", "launch", "--backend", "ssh", "--hostfile", ssh.hostfile(1),
+            "--nodes", "2", "--procs-per-node", "1", "--device", "cpu", "--run-dir", run_dir,
+            "--ssh-key", ssh.key_file, "--ssh-known-hosts", ssh.known_hosts, "--ssh-strict-host-key-checking", "yes",
+            # the previous release needs it on hosts of their own (this one finds it itself): the same job for both
+            "--env", "GLOO_SOCKET_IFNAME=eth0", "--", *command]
+
+
+def rank0_steps(run_dir: str) -> list[int]:
+    """The steps rank 0 logged, in order (a retry that resumed logs the steps after its checkpoint again)."""
+    try:
+        with open(os.path.join(run_dir, "metrics", "rank0.jsonl"), encoding="utf-8") as fh:
+            return [json.loads(line)["step"] for line in fh if line.endswith("\n")]
+    except FileNotFoundError:
+        return []
+
+
+def bring_back(net: NetCluster, ssh, fault: str) -> None:
+    """The lost host is back at the verdict: the link healed, the host thawed, or rebooted (its sshd again)."""
+    if fault == "partition":
+        net.heal(1)
+    elif fault == "freeze":
+        net.thaw(1)
+    else:
+        ssh.reboot(1)
+
+
+def measure_resume(fault: str, code_dir: str, work: str, cap: float) -> dict:
+    """Fault host 1 of a checkpointing job (``RESUME_JOB``) after its checkpoint at step ``EVERY``, bring the
+    host back at the verdict and relaunch the same command at once (an Airflow retry with no delay):
+    the time from the fault until the retry logs its first step, and the step it resumed from."""
+    env, net, ssh = start_hosts(code_dir, work)
+    run_dir = os.path.join(work, "run")
+    argv = attached_argv(ssh, run_dir, RESUME_JOB)
+    launches: list[subprocess.Popen] = []
+    logs = [open(os.path.join(work, f"launch{i}.log"), "w+b") for i in (1, 2)]
+
+    def launch(log) -> subprocess.Popen:
+        launches.append(subprocess.Popen(argv, cwd=code_dir, env=env, stdout=log, stderr=subprocess.STDOUT,
+                                         stdin=subprocess.DEVNULL, start_new_session=True))
+        return launches[-1]
+
+    found = {"detected": None, "resumed": None, "from_step": None, "exit": None}
+    try:
+        first = launch(logs[0])
+        deadline = time.monotonic() + 240
+        while max(rank0_steps(run_dir), default=0) < FAULT_AFTER:
+            if first.poll() is not None or time.monotonic() > deadline:
+                raise SystemExit(f"{fault}: the job did not reach step {FAULT_AFTER} (exit {first.poll()}); see {logs[0].name}")
+            time.sleep(0.1)
+        t0 = time.monotonic()
+        inject(net, fault)
+        while first.poll() is None and time.monotonic() - t0 < cap:
+            time.sleep(0.2)
+        if first.poll() is None:
+            return found
+        found["detected"], found["exit"] = time.monotonic() - t0, first.poll()
+        bring_back(net, ssh, fault)
+        logged = len(rank0_steps(run_dir))
+        retry = launch(logs[1])
+        while time.monotonic() - t0 < cap and retry.poll() is None:
+            steps = rank0_steps(run_dir)
+            if len(steps) > logged:
+                found["resumed"], found["from_step"] = time.monotonic() - t0, steps[logged] - 1
+                break
+            time.sleep(0.1)
+        return found
+    finally:
+        for cli in launches:
+            if cli.poll() is None:
+                os.killpg(cli.pid, 15)  # the launcher stops its ranks on every host
+                try:
+                    cli.wait(timeout=30)
+                except subprocess.TimeoutExpired:
+                    os.killpg(cli.pid, 9)
+        net.thaw(1)
+        stop_hosts(net, ssh, run_dir)
+        for log in logs:
+            log.close()
 
 
 def worktree(rev: str, where: str) -> str:
@@ -169,12 +273,29 @@ def ratio(new: float | None, old: float | None, cap: float) -> str:
     return f"{new / (old if old is not None else cap):.2f}x" + ("" if old is not None else " (at most)")
 
 
+def resume_table(faults: list[str], releases: dict[str, str], work: str, cap: float) -> None:
+    results = {}
+    for fault in faults:
+        for release, code in releases.items():
+            found = results[fault, release] = measure_resume(fault, code, tempfile.mkdtemp(dir=work), cap)
+            print(f"faults ssh resume {fault} [{release} release]: detected {seconds(found['detected'], cap)}, "
+                  f"training resumed {seconds(found['resumed'], cap)} after the fault (from step "
+                  f"{found['from_step']}); first launch exit {found['exit']}", flush=True)
+    for fault in faults:
+        new, old = results[fault, "this"], results[fault, "previous"]
+        print(f"faults ssh resume {fault}: training resumed {seconds(new['resumed'], cap)} vs previous "
+              f"{seconds(old['resumed'], cap)} = {ratio(new['resumed'], old['resumed'], cap)} "
+              f"[checkpoint every {EVERY} steps, host back at the verdict, retry at once]")
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--faults", default=",".join(FAULTS))
     p.add_argument("--previous", default=PREVIOUS, help="the git revision to compare with")
     p.add_argument("--modes", default=",".join(MODES), help="attached, durable or both")
     p.add_argument("--cap", type=float, default=150.0)
+    p.add_argument("--resume", action="store_true",
+                   help="measure the time until training resumes (attached mode, one immediate retry) instead")
     args = p.parse_args()
     modes = [m for m in args.modes.split(",") if m]
     if not modes or set(modes) - set(MODES):
@@ -187,6 +308,9 @@ def main() -> int:
     previous = None
     try:
         previous = worktree(args.previous, os.path.join(work, "previous"))
+        if args.resume:
+            resume_table(faults, {"this": REPO, "previous": previous}, work, args.cap)
+            return 0
         results: dict[tuple[str, str, str], dict] = {}
         for mode in modes:
             for fault in faults:

@@ -110,8 +110,7 @@ def _net_ssh_cluster(count: int, directory: str):
         pytest.skip("network namespaces and sshd need root")
     net = NetCluster(count).start()
     try:
-        cluster = start_cluster(directory, net=net)
-        cluster.net = net
+        cluster = start_cluster(directory, net=net)  # its .net is the hosts' network
         try:
             yield cluster
         finally:

@@ -109,6 +109,13 @@ class SSHCluster:
                 continue
         return pids
 
+    def reboot(self, index: int, timeout: float = 10.0) -> None:
+        """Start host ``index``'s sshd again after a crash killed it (a host that rebooted: same keys,
+        same address), and wait until it accepts connections."""
+        host = self.hosts[index]
+        host.proc = _start_sshd(host.directory, self.net.hosts[index] if self.net is not None else None)
+        _wait_listening(host, timeout)
+
     def stop(self) -> None:
         """Stop every sshd and anything still running in its sessions."""
         victims = []
@@ -160,7 +167,8 @@ def start_cluster(directory: str, count: int = 2, timeout: float = 10.0, net=Non
     with open(authorized, "w", encoding="utf-8") as fh:
         fh.write(client_pub + "\n")
     os.chmod(authorized, 0o600)
-    cluster = SSHCluster(directory=directory, key_file=key_file, known_hosts=os.path.join(directory, "known_hosts"))
+    cluster = SSHCluster(directory=directory, key_file=key_file, known_hosts=os.path.join(directory, "known_hosts"),
+                         net=net)
     known = []
     try:
         for index in range(len(net.hosts) if net is not None else count):
@@ -176,12 +184,7 @@ def start_cluster(directory: str, count: int = 2, timeout: float = 10.0, net=Non
                 fh.write(CONFIG.format(port=host.port, address=host.address, host_key=host_key,
                                        pid_file=os.path.join(host_dir, "sshd.pid"), authorized_keys=authorized)
                          + _same_code())
-            log = open(os.path.join(host_dir, "sshd.log"), "wb")
-            # -D: stay in the foreground, so this Popen is the daemon and stop() can reach it.
-            argv = [SSHD, "-D", "-e", "-f", config]
-            kwargs = dict(stdout=log, stderr=log, stdin=subprocess.DEVNULL, start_new_session=True)
-            host.proc = net.hosts[index].popen(argv, **kwargs) if net is not None else subprocess.Popen(argv, **kwargs)
-            log.close()
+            host.proc = _start_sshd(host_dir, net.hosts[index] if net is not None else None)
             cluster.hosts.append(host)
         with open(cluster.known_hosts, "w", encoding="utf-8") as fh:
             fh.write("\n".join(known) + "\n")
@@ -191,6 +194,15 @@ def start_cluster(directory: str, count: int = 2, timeout: float = 10.0, net=Non
         cluster.stop()
         raise
     return cluster
+
+
+def _start_sshd(host_dir: str, net_host=None) -> subprocess.Popen:
+    """The sshd of the host whose config is in ``host_dir``, in ``net_host``'s namespace if given."""
+    with open(os.path.join(host_dir, "sshd.log"), "ab") as log:
+        # -D: stay in the foreground, so this Popen is the daemon and stop() can reach it.
+        argv = [SSHD, "-D", "-e", "-f", os.path.join(host_dir, "sshd_config")]
+        kwargs = dict(stdout=log, stderr=log, stdin=subprocess.DEVNULL, start_new_session=True)
+        return net_host.popen(argv, **kwargs) if net_host is not None else subprocess.Popen(argv, **kwargs)
 
 
 def _wait_listening(host: SSHHost, timeout: float) -> None:
