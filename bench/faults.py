@@ -106,9 +106,7 @@ def measure(fault: str, mode: str, code_dir: str, work: str, cap: float) -> dict
     else:
         argv = attached_argv(ssh, run_dir, [sys.executable, SCRIPT, "--steps", "2", "--hang"])
     log = open(os.path.join(work, "launch.log"), "w+b")
-    cli = subprocess.Popen(argv, cwd=code_dir, env=env, stdout=log, stderr=subprocess.STDOUT,
-                           stdin=subprocess.DEVNULL, start_new_session=True)
-    healed = False
+    cli = start_launch(argv, code_dir, env, log)
     try:
         deadline = time.monotonic() + 180
         reports = os.path.join(run_dir, "reports")
@@ -125,7 +123,6 @@ def measure(fault: str, mode: str, code_dir: str, work: str, cap: float) -> dict
                 detected = now
                 if fault == "freeze":  # the host comes back: does anything of the old job stay?
                     net.thaw(1)
-                    healed = True
             if detected is not None and not job_pids(run_dir):
                 gone = now
             time.sleep(0.2)
@@ -133,14 +130,7 @@ def measure(fault: str, mode: str, code_dir: str, work: str, cap: float) -> dict
         lines = [line for line in log.read().decode(errors="replace").splitlines() if "lost" in line or "exit" in line]
         return {"detected": detected, "gone": gone, "exit": cli.poll(), "verdict": (lines or [""])[-1].strip()}
     finally:
-        if cli.poll() is None:
-            cli.terminate()
-            try:
-                cli.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                cli.kill()
-        if not healed and fault == "freeze":
-            net.thaw(1)
+        stop_launch(cli)
         stop_hosts(net, ssh, run_dir)
         log.close()
 
@@ -166,6 +156,8 @@ def start_hosts(code_dir: str, work: str):
 
 
 def stop_hosts(net: NetCluster, ssh, run_dir: str) -> None:
+    """Undo any fault of host 1, stop the cluster, and kill what is left of the job."""
+    net.thaw(1)
     net.heal(1)
     ssh.stop()
     net.stop()
@@ -174,6 +166,21 @@ def stop_hosts(net: NetCluster, ssh, run_dir: str) -> None:
             os.kill(pid, 9)
         except ProcessLookupError:
             pass
+
+
+def start_launch(argv: list[str], code_dir: str, env: dict[str, str], log) -> subprocess.Popen:
+    return subprocess.Popen(argv, cwd=code_dir, env=env, stdout=log, stderr=subprocess.STDOUT,
+                            stdin=subprocess.DEVNULL, start_new_session=True)
+
+
+def stop_launch(cli: subprocess.Popen) -> None:
+    """SIGTERM (the launcher then stops its ranks on every host), SIGKILL after 30 s."""
+    if cli.poll() is None:
+        cli.terminate()
+        try:
+            cli.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            cli.kill()
 
 
 def attached_argv(ssh, run_dir: str, command: list[str]) -> list[str]:
@@ -215,8 +222,7 @@ def measure_resume(fault: str, code_dir: str, work: str, cap: float) -> dict:
     logs = [open(os.path.join(work, f"launch{i}.log"), "w+b") for i in (1, 2)]
 
     def launch(log) -> subprocess.Popen:
-        launches.append(subprocess.Popen(argv, cwd=code_dir, env=env, stdout=log, stderr=subprocess.STDOUT,
-                                         stdin=subprocess.DEVNULL, start_new_session=True))
+        launches.append(start_launch(argv, code_dir, env, log))
         return launches[-1]
 
     found = {"detected": None, "resumed": None, "from_step": None, "exit": None}
@@ -246,13 +252,7 @@ def measure_resume(fault: str, code_dir: str, work: str, cap: float) -> dict:
         return found
     finally:
         for cli in launches:
-            if cli.poll() is None:
-                os.killpg(cli.pid, 15)  # the launcher stops its ranks on every host
-                try:
-                    cli.wait(timeout=30)
-                except subprocess.TimeoutExpired:
-                    os.killpg(cli.pid, 9)
-        net.thaw(1)
+            stop_launch(cli)
         stop_hosts(net, ssh, run_dir)
         for log in logs:
             log.close()
