@@ -10,6 +10,7 @@ import pytest
 from dtrain.errors import DTrainError, LaunchError
 from dtrain.launch.backends.base import Backend, DryRunRequest, JobHandle, JobStatus
 from dtrain.launch.engine.following import Following
+from dtrain.launch.engine.processes import STUCK_GRACE_S
 
 
 class Scripted(Backend):
@@ -97,3 +98,40 @@ def test_re_attaching_follows_with_the_same_watch():
         following.run()
     assert following.state == "LOST" and err.value.state == "LOST"
     assert lost.calls == [("cancel", None), "release"]
+
+
+LOST = {"node": 1, "address": "10.0.0.2", "fault": "unreachable", "detail": "no answer on port 22 within 5 s"}
+
+
+def test_a_lost_node_stops_the_others_with_the_stuck_grace_not_the_stop_grace():
+    """Without the lost node's ranks no other rank can finish a step or agree on a checkpoint: the stop
+    grace (30 s by default, for ranks that can save) only delayed the verdict, by 25 s in bench/faults.py
+    with a script that saves on SIGTERM. A caller's shorter grace still wins."""
+    lost = JobStatus("LOST", True, 255, failed_node=1, tail=["lost"], lost=LOST)
+    backend = Scripted([RUNNING, lost])
+    outcome = backend.run(job=None)
+    assert (outcome.exit_code, outcome.lost) == (255, LOST)
+    assert backend.calls == ["submit", ("cancel", STUCK_GRACE_S), "release"]
+    backend = Scripted([lost])
+    backend.watch(HANDLE, grace=1.0)
+    assert backend.calls == [("cancel", 1.0), "release"]
+    failed = Scripted([JobStatus("FAILED", True, 3, failed_node=0, tail=["rank 0 failed"])])
+    failed.watch(HANDLE)
+    assert failed.calls == [("cancel", None), "release"]  # a failed rank's peers may still save: the spec's grace
+
+
+def test_a_deferred_task_resumed_by_a_lost_node_stops_the_others_with_the_stuck_grace(tmp_path, monkeypatch):
+    from dtrain.launch.airflow import deferrable
+
+    handle = JobHandle(backend="scripted", job_id="j", backend_job_id="7", run_dir=str(tmp_path), world_size=2,
+                       submitted_at=0.0)
+    deferrable.write_submission(handle)
+    made: list[Scripted] = []
+    monkeypatch.setattr(deferrable, "get_backend_class",
+                        lambda name: lambda sink: made.append(Scripted([])) or made[-1])
+    event = {"status": "failed", "handle": handle.to_dict(), "state": "LOST", "exit_code": 255, "lost": LOST,
+             "tail": ["lost"]}
+    with pytest.raises(LaunchError) as err:
+        deferrable.resume_job(None, event)
+    assert err.value.exit_code == 255 and "node 1 (10.0.0.2) lost: unreachable" in str(err.value)
+    assert [b.calls for b in made] == [[("cancel", STUCK_GRACE_S)]]

@@ -25,6 +25,7 @@ from dtrain.errors import DTrainError, LaunchError, SpecError
 from dtrain.launch.backends import JobHandle, backend_for, detachable_backend_names, get_backend_class
 from dtrain.launch.engine.hang import HANG_EXIT_CODE
 from dtrain.launch.engine.lost import FAULTS, LOST_EXIT_CODE, LostNode
+from dtrain.launch.engine.processes import STUCK_GRACE_S
 from dtrain.launch.engine.spec import LaunchSpec
 from dtrain.launch.engine.submission import DEFAULT_POLL_INTERVAL, check_submitted, write_submission
 
@@ -85,8 +86,9 @@ def resume_job(operator, event: Any) -> dict[str, Any]:
     if operator is not None:
         setattr(operator, SUBMISSION_KEY, handle.to_dict())  # on_kill during execute_complete still knows the job
     backend = get_backend_class(handle.backend)(sink=getattr(getattr(operator, "log", None), "info", print))
-    if event["status"] != "success":
-        backend.cancel(handle)  # the other nodes may still wait on the failed one
+    lost = lost_of(event)
+    if event["status"] != "success":  # the other nodes may still wait on the failed one; without a lost one's
+        backend.cancel(handle, STUCK_GRACE_S if lost else None)  # ranks, none of them can reach a checkpoint
     result = LaunchResult.of_job(handle.job_id, handle.run_dir, handle.world_size,
                                  0 if event["status"] == "success" else (event.get("exit_code") or 1),
                                  time.time() - handle.submitted_at)
@@ -99,7 +101,6 @@ def resume_job(operator, event: Any) -> dict[str, Any]:
         stuck = [r for r in (event.get("hang") or {}).get("stuck_ranks") or [] if isinstance(r, int)]
         raise LaunchError(f"{where} {event.get('reason')}", HANG_EXIT_CODE, stuck[0] if stuck else None,
                           event["tail"], "HUNG")
-    lost = lost_of(event)
     if event["status"] == "failed" and lost is not None:  # the nodes it left behind failed after it: not the cause
         raise LaunchError(f"{where} {lost.message()}", LOST_EXIT_CODE, None, event["tail"], "LOST")
     if event["status"] == "failed":

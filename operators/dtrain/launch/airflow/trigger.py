@@ -39,6 +39,7 @@ from dtrain.errors import DTrainError
 from dtrain.launch.backends import JobHandle, JobStatus, get_backend_class
 from dtrain.launch.backends.base import MAX_POLL_ERRORS
 from dtrain.launch.engine import hang
+from dtrain.launch.engine.processes import STUCK_GRACE_S
 
 
 def event_payload(handle: JobHandle, status: JobStatus) -> dict[str, Any]:
@@ -153,7 +154,7 @@ class DistributedJobTrigger(BaseTrigger):
                 return payload
         verdict = await self._hang_verdict()
         if verdict is not None:
-            await self._backend().async_cancel(self.handle, hang.TEARDOWN_GRACE_S)
+            await self._backend().async_cancel(self.handle, STUCK_GRACE_S)
             return hung_payload(self.handle, verdict)
         return None
 

@@ -41,7 +41,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Mapping, Sequence
 
 from dtrain.errors import DTrainError, SpecError
 from dtrain.launch.engine.net import free_port
-from dtrain.launch.engine.processes import LineSink, print_sink, stop_grace_env
+from dtrain.launch.engine.processes import STUCK_GRACE_S, LineSink, print_sink, stop_grace_env
 
 if TYPE_CHECKING:  # imported for annotations only: the spec imports the registry
     from dtrain.launch.engine.job import Job
@@ -363,6 +363,8 @@ class Backend(abc.ABC):
         except BaseException:
             self._end(handle, cancel=True, grace=grace)  # whatever went wrong here, the job must not run on unwatched
             raise
+        if status is not None and status.lost:  # the others cannot reach a checkpoint without it
+            grace = STUCK_GRACE_S if grace is None else min(grace, STUCK_GRACE_S)
         self._end(handle, cancel=status is None or not status.ok, grace=grace)
         if status is None:
             return BackendOutcome(exit_code=-1, stopped=True)

@@ -51,9 +51,6 @@ from dtrain.rundir import HANG, METRICS, PROGRESS, STACK_FILE, RunDir, UnsafeRun
 HANG_EXIT_CODE = 124
 #: how long the watcher waits for the ranks' stack dumps before it gives up on the missing ones
 DUMP_WAIT_S = 20.0
-#: seconds a hung job's ranks get after SIGTERM: their stacks are on disk, and a stuck rank
-#: will not reach a checkpoint (stop_grace is for ranks that can)
-TEARDOWN_GRACE_S = 5.0
 #: flight recorder entries kept per process group when hang detection is on
 FLIGHT_RECORDER_ENTRIES = "2000"
 #: ranks whose last progress is within this many seconds of the oldest count as silent longest

@@ -12,6 +12,7 @@ from dtrain.errors import LaunchError
 from dtrain.launch.backends import Backend, BackendOutcome, JobHandle, backend_for
 from dtrain.launch.engine import hang
 from dtrain.launch.engine.exits import first_failure
+from dtrain.launch.engine.processes import STUCK_GRACE_S
 from dtrain.launch.engine.following import Following
 from dtrain.launch.engine.job import Job, prepare_job
 from dtrain.launch.engine.lost import LOST_EXIT_CODE
@@ -153,7 +154,7 @@ class Launcher:
 
     def _on_hang(self, verdict: hang.HangVerdict) -> None:
         self.hang_verdict = verdict
-        self.backend.terminate(grace=hang.TEARDOWN_GRACE_S)
+        self.backend.terminate(grace=STUCK_GRACE_S)
 
     def _report_stalls(self, result: LaunchResult) -> None:
         """Per-rank step time, data-wait fraction and samples/s, with the CPUBottleneck and

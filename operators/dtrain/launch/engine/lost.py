@@ -27,6 +27,10 @@ LOST_EXIT_CODE = 255
 #: seconds the probe waits for the connection, then for the banner
 PROBE_TIMEOUT_S = 5.0
 FAULTS = ("unreachable", "frozen", "gone")
+#: seconds a node that fences itself gives its ranks between SIGTERM and SIGKILL (not the stop
+#: grace): cut off from its peers, they cannot reach a checkpoint, and every second they live is a
+#: second they may hold GPUs the retry needs
+FENCE_GRACE_S = 2.0
 
 
 @dataclass(frozen=True)

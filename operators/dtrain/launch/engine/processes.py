@@ -241,6 +241,13 @@ class AgentLogs:
             os.close(fd)
 
 
+#: seconds ranks get after SIGTERM when none of them can reach a checkpoint: a hung job's (their stacks
+#: are on disk), and the reachable ranks of a job that lost a node (every collective, the checkpoint's
+#: agreement too, waits on the lost node's ranks). ``stop_grace`` is for ranks that can save; this is
+#: enough to finish a file write already under way.
+STUCK_GRACE_S = 5.0
+
+
 def stop_grace_env(grace: float) -> dict[str, str]:
     """What a node's torchrun agent and its ranks get so that a stop gives each rank ``grace``
     seconds. On SIGTERM the agent forwards it to its workers and SIGKILLs them after

@@ -58,7 +58,7 @@ from typing import Any, Callable
 from dtrain import grammar
 from dtrain.errors import SpecError
 from dtrain.launch.backends.ssh.records import FENCE_REASON_LIMIT, JobKey, RecordError, check, parse
-from dtrain.launch.engine.lost import LOST_EXIT_CODE  # a fenced node's exit code: the lost-node code (stdlib only)
+from dtrain.launch.engine.lost import FENCE_GRACE_S, LOST_EXIT_CODE  # a fenced node's exit code: the lost-node code (stdlib only)
 from dtrain.launch.node.proctree import environ_of, kill_job, kill_tree, of_job
 from dtrain.rundir import DETACHED, RunDir, UnsafeRunDir
 
@@ -77,9 +77,6 @@ MAX_INPUT_LINE = 16 * 1024 * 1024
 START_TIME_SLACK_S = 1.0
 #: how often a node with a lease checks it (a handshake with its peer, and the clock)
 LEASE_CHECK_S = 5.0
-#: seconds a fenced node's ranks get between SIGTERM and SIGKILL: cut off, a checkpoint they
-#: start cannot reach the shared filesystem anyway
-FENCE_GRACE_S = 2.0
 
 
 def node_dir(run_dir: str) -> str:

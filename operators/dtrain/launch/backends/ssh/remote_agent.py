@@ -19,7 +19,8 @@ The SSH backend starts this over ssh, once per host. It
 * holds a lease (``--lease S``): the launcher writes a newline on stdin every few seconds, and
   when nothing has arrived for S seconds this node is cut off from its launcher (a partition,
   a launcher host that died without closing the connection, this host frozen and thawed): it
-  **fences itself**, stopping every descendant as above, so no rank of a job the launcher has
+  **fences itself**, stopping every descendant as above but with a grace of ``FENCE_GRACE_S`` (cut
+  off, no rank can reach a checkpoint), so no rank of a job the launcher has
   given up on runs on (holding GPUs) or collides with the retry when the network heals. It
   leaves ``fenced-node<N>`` in the pgid file's folder (the run directory) saying when and why.
 
@@ -39,6 +40,7 @@ import sys
 import threading
 import time
 
+from dtrain.launch.engine.lost import FENCE_GRACE_S
 from dtrain.launch.node.proctree import kill_tree
 from dtrain.rundir import RunDir
 
@@ -135,23 +137,24 @@ class RemoteNode:
                     f"fenced-node{self.args.node}", data=json.dumps({"time": time.time(), "reason": reason}).encode())
             except (OSError, ValueError):
                 pass  # the fence matters, not its record
-        self.stop(reason)
+        self.stop(reason, grace=min(self.args.grace, FENCE_GRACE_S))
 
-    def stop(self, reason: str) -> None:
-        """Stop every descendant; idempotent, callable from a signal handler (work runs in a thread)."""
+    def stop(self, reason: str, grace: float | None = None) -> None:
+        """Stop every descendant (their grace: ``--grace`` unless given); idempotent, callable from a
+        signal handler (work runs in a thread)."""
         if self.stopping.is_set():
             return
         self.stopping.set()
-        threading.Thread(target=self._kill_tree, daemon=True).start()
+        threading.Thread(target=self._kill_tree, args=(grace,), daemon=True).start()
         try:
             print(f"{ANNOUNCE} node={self.args.node} stopping: {reason}", file=sys.stderr, flush=True)
         except OSError:  # nobody reads any more (the session ended: a frozen host thawed late): stop all the same
             pass
 
-    def _kill_tree(self) -> None:
+    def _kill_tree(self, grace: float | None = None) -> None:
         import psutil
 
-        kill_tree(psutil.Process(), self.args.grace, self.args.job_id, self.args.node)  # and what left the tree
+        kill_tree(psutil.Process(), self.args.grace if grace is None else grace, self.args.job_id, self.args.node)  # and what left the tree
 
     def wait(self) -> int:
         code = self.child.wait()
