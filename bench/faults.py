@@ -18,6 +18,7 @@ Prints one line per fault and release, then one line per fault with both and the
 (namespaces, sshd) and a clean clone with history for --previous.
 
     .venv/bin/python bench/faults.py [--faults partition,freeze,crash] [--modes attached,durable] [--previous 2a122e2] [--cap 150] [--resume]
+    .venv/bin/python bench/faults.py --stragglers [--faults slow-cpu,slow-link] [--cap 60]
 
 Modes: ``attached`` (``dtrain launch``: an ssh session per host holds the job) and ``durable`` (the
 operator's default: a detached daemon per host, followed by polling, as Launcher.submit_detached +
@@ -29,7 +30,15 @@ link healed, the host thawed, or its sshd started again after the crash, as a re
 ``dtrain launch`` runs again at once, as an Airflow retry with ``retry_delay=0`` would: measured from
 the fault until the retry's rank 0 logs its first step, with the step it resumed from.
 
-Not measured yet (issue 25): slurm and mpi, slow CPU and slow link (stragglers).
+``--stragglers``: a slow host instead of a lost one. A DDP job that trains until stopped
+(``tests/faults/scripts/straggler_train.py``: an MLP on a fixed batch, gradients all-reduced, the
+training helper's metrics) on both hosts; once both ranks logged 200 steps host 1 gets a quarter of a CPU
+(``slow-cpu``: cgroup cfs quota) or a rate-limited link (``slow-link``: tc tbf, 8 mbit, and a smaller
+model); measured from then until the launcher's log names a straggler (``[straggler] ...``: the node for a
+slow CPU, the network for a slow link), capped at ``--cap``; then the job is stopped and its end-of-job
+stall report kept. Whether any line ever blamed node 0 (healthy) is printed too.
+
+Not measured yet (issue 25): slurm and mpi.
 """
 
 from __future__ import annotations
@@ -192,10 +201,10 @@ def attached_argv(ssh, run_dir: str, command: list[str]) -> list[str]:
             "--env", "GLOO_SOCKET_IFNAME=eth0", "--", *command]
 
 
-def rank0_steps(run_dir: str) -> list[int]:
-    """The steps rank 0 logged, in order (a retry that resumed logs the steps after its checkpoint again)."""
+def rank_steps(run_dir: str, rank: int = 0) -> list[int]:
+    """The steps a rank logged, in order (a retry that resumed logs the steps after its checkpoint again)."""
     try:
-        with open(os.path.join(run_dir, "metrics", "rank0.jsonl"), encoding="utf-8") as fh:
+        with open(os.path.join(run_dir, "metrics", f"rank{rank}.jsonl"), encoding="utf-8") as fh:
             return [json.loads(line)["step"] for line in fh if line.endswith("\n")]
     except FileNotFoundError:
         return []
@@ -229,7 +238,7 @@ def measure_resume(fault: str, code_dir: str, work: str, cap: float) -> dict:
     try:
         first = launch(logs[0])
         deadline = time.monotonic() + 240
-        while max(rank0_steps(run_dir), default=0) < FAULT_AFTER:
+        while max(rank_steps(run_dir), default=0) < FAULT_AFTER:
             if first.poll() is not None or time.monotonic() > deadline:
                 raise SystemExit(f"{fault}: the job did not reach step {FAULT_AFTER} (exit {first.poll()}); see {logs[0].name}")
             time.sleep(0.1)
@@ -241,10 +250,10 @@ def measure_resume(fault: str, code_dir: str, work: str, cap: float) -> dict:
             return found
         found["detected"], found["exit"] = time.monotonic() - t0, first.poll()
         bring_back(net, ssh, fault)
-        logged = len(rank0_steps(run_dir))
+        logged = len(rank_steps(run_dir))
         retry = launch(logs[1])
         while time.monotonic() - t0 < cap and retry.poll() is None:
-            steps = rank0_steps(run_dir)
+            steps = rank_steps(run_dir)
             if len(steps) > logged:
                 found["resumed"], found["from_step"] = time.monotonic() - t0, steps[logged] - 1
                 break
@@ -256,6 +265,73 @@ def measure_resume(fault: str, code_dir: str, work: str, cap: float) -> dict:
         stop_hosts(net, ssh, run_dir)
         for log in logs:
             log.close()
+
+
+#: --stragglers: each slow fault, what it does to host 1, the script's arguments, and the live verdict looked for
+STRAGGLERS = {
+    "slow-cpu": (lambda net: net.slow_cpu(1, 0.25), [], "[straggler] LoadBalancing: TRIGGERED on rank 1 (node 1)"),
+    "slow-link": (lambda net: net.slow_link(1, "8mbit"), ["--width", "128"], "[straggler] CommunicationBound: TRIGGERED"),
+}
+STRAGGLER_SCRIPT = os.path.join(REPO, "tests", "faults", "scripts", "straggler_train.py")
+#: steps both ranks train healthy before host 1 slows: more than the live look's 50, so a verdict must come
+#: from the steps after the slowdown
+HEALTHY_STEPS = 200
+
+
+def log_lines(log) -> list[str]:
+    log.seek(0)
+    return log.read().decode(errors="replace").splitlines()
+
+
+def measure_straggler(fault: str, code_dir: str, work: str, cap: float) -> dict:
+    """Slow host 1 of a running DDP job; the time until the launcher names the straggler (or the network)."""
+    slow, script_args, verdict = STRAGGLERS[fault]
+    env, net, ssh = start_hosts(code_dir, work)
+    run_dir = os.path.join(work, "run")
+    log = open(os.path.join(work, "launch.log"), "w+b")
+    cli = start_launch(attached_argv(ssh, run_dir, [sys.executable, STRAGGLER_SCRIPT, *script_args]), code_dir, env, log)
+    found = {"named": None, "blamed_node0": False, "report": ""}
+    try:
+        deadline = time.monotonic() + 180
+        while min(len(rank_steps(run_dir, rank)) for rank in (0, 1)) < HEALTHY_STEPS:
+            if cli.poll() is not None or time.monotonic() > deadline:
+                raise SystemExit(f"{fault}: the job did not start (exit {cli.poll()}); see {log.name}")
+            time.sleep(0.2)
+        t0 = time.monotonic()
+        slow(net)
+        while time.monotonic() - t0 < cap and cli.poll() is None:
+            if any(line.startswith(verdict) for line in log_lines(log)):
+                found["named"] = time.monotonic() - t0
+                break
+            time.sleep(0.2)
+        net.full_cpu(1)  # a throttled host stops slowly
+        net.fast_link(1)
+        stop_launch(cli)
+        lines = log_lines(log)
+        found["blamed_node0"] = any("TRIGGERED" in line and "node 0" in line for line in lines)
+        rule = "[stall] LoadBalancing: " if fault == "slow-cpu" else "[stall] CommunicationBound: "
+        found["report"] = next((line for line in reversed(lines) if line.startswith(rule)),
+                               "no " + rule.split()[1].rstrip(":") + " rule in its report")
+        return found
+    finally:
+        stop_launch(cli)
+        stop_hosts(net, ssh, run_dir)
+        log.close()
+
+
+def straggler_table(faults: list[str], releases: dict[str, str], work: str, cap: float) -> None:
+    results = {}
+    for fault in faults:
+        for release, code in releases.items():
+            found = results[fault, release] = measure_straggler(fault, code, tempfile.mkdtemp(dir=work), cap)
+            print(f"faults ssh {fault} [{release} release]: named {seconds(found['named'], cap)} after the slowdown; "
+                  f"healthy node 0 blamed: {'yes' if found['blamed_node0'] else 'no'}; its report at the end: "
+                  f"{found['report']}", flush=True)
+    for fault in faults:
+        new, old = results[fault, "this"], results[fault, "previous"]
+        print(f"faults ssh {fault}: named while running {seconds(new['named'], cap)} vs previous "
+              f"{seconds(old['named'], cap)} = {ratio(new['named'], old['named'], cap)}; healthy node blamed: "
+              f"{'yes' if new['blamed_node0'] else 'no'} vs {'yes' if old['blamed_node0'] else 'no'}")
 
 
 def worktree(rev: str, where: str) -> str:
@@ -296,20 +372,28 @@ def main() -> int:
     p.add_argument("--cap", type=float, default=150.0)
     p.add_argument("--resume", action="store_true",
                    help="measure the time until training resumes (attached mode, one immediate retry) instead")
+    p.add_argument("--stragglers", action="store_true",
+                   help=f"slow host 1 instead ({', '.join(STRAGGLERS)}): the time until the straggler is named")
     args = p.parse_args()
+    if args.stragglers:
+        args.faults = ",".join(STRAGGLERS) if args.faults == ",".join(FAULTS) else args.faults
     modes = [m for m in args.modes.split(",") if m]
     if not modes or set(modes) - set(MODES):
         p.error(f"--modes: {args.modes!r} is not a list of {', '.join(MODES)}")
     faults = [f for f in args.faults.split(",") if f]
-    unknown = sorted(set(faults) - set(FAULTS))
+    allowed = STRAGGLERS if args.stragglers else FAULTS
+    unknown = sorted(set(faults) - set(allowed))
     if unknown:
-        p.error(f"--faults: {unknown[0]!r} is not one of {', '.join(FAULTS)}")
+        p.error(f"--faults: {unknown[0]!r} is not one of {', '.join(allowed)}")
     work = tempfile.mkdtemp(prefix="dtrain-bench-faults-")
     previous = None
     try:
         previous = worktree(args.previous, os.path.join(work, "previous"))
         if args.resume:
             resume_table(faults, {"this": REPO, "previous": previous}, work, args.cap)
+            return 0
+        if args.stragglers:
+            straggler_table(faults, {"this": REPO, "previous": previous}, work, args.cap)
             return 0
         results: dict[tuple[str, str, str], dict] = {}
         for mode in modes:

@@ -208,8 +208,10 @@ class NetCluster:
         raise RuntimeError(f"host {index} still has processes: {sorted(host.pids())}")
 
     def slow_cpu(self, index: int, fraction: float) -> None:
-        """Give every process of the host ``fraction`` of one CPU together (cfs quota per 100 ms)."""
-        period = 100_000
+        """Give every process of the host ``fraction`` of one CPU together (cfs quota per 10 ms: a step of
+        tens of ms is slowed throughout, as on a slower machine; with the default 100 ms period a rank
+        ran whole steps at full speed, then nothing for the rest of the period)."""
+        period = 10_000
         host = self.hosts[index]
         self._cgroup_write("cpu", host, "cpu.cfs_period_us", str(period))
         self._cgroup_write("cpu", host, "cpu.cfs_quota_us", str(max(1000, int(period * fraction))))

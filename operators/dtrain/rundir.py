@@ -419,13 +419,13 @@ class RunDir:
         """Each rank's metrics records (dtrain.training.metrics), in file order; cut lines skipped."""
         return {rank: [r for r in records if _has_step(r)] for rank, records in self.ranked_jsonl(METRICS).items()}
 
-    def ranked_jsonl(self, directory: str = METRICS) -> dict[int, list[dict[str, Any]]]:
+    def ranked_jsonl(self, directory: str = METRICS, limit: int = MAX_METRICS_BYTES) -> dict[int, list[dict[str, Any]]]:
         """Each rank's JSON-lines records (``rank<R>.jsonl`` in ``directory``; "": the run directory
-        itself), the newest :data:`MAX_METRICS_BYTES` of each file; lines that are not an object skipped."""
+        itself), the newest ``limit`` bytes of each file; lines that are not an object skipped."""
         out: dict[int, list[dict[str, Any]]] = {}
         where = (directory,) if directory else ()
         for rank, entry in sorted(self.ranked(directory, METRICS_FILE).items()):
-            data, whole = self.read_end(*where, entry.name, limit=MAX_METRICS_BYTES)
+            data, whole = self.read_end(*where, entry.name, limit=min(limit, MAX_METRICS_BYTES))
             lines = data.split(b"\n")
             if not whole:
                 lines = lines[1:]  # the first line was cut by the bound

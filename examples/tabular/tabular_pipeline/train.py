@@ -81,6 +81,7 @@ def main(argv: list[str] | None = None) -> int:
     loop.restore(args.init_from, lambda path: model.load_state_dict(torch.load(path, map_location=device,
                                                                                weights_only=True)))
     train_model = torch.nn.parallel.DistributedDataParallel(model) if ctx.world_size > 1 else model
+    loop.time_collectives(train_model)  # each step's all-reduce wait: the stall report names a straggler
     loss_fn = torch.nn.MSELoss()
 
     def train_step(batch: tuple[torch.Tensor, torch.Tensor]) -> tuple[float, int]:

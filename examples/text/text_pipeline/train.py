@@ -54,6 +54,7 @@ def main(argv: list[str] | None = None) -> int:
     loop = TrainLoop(model, optimizer, rank=ctx.rank, checkpoint_every=args.checkpoint_every, guard=guard)
     loop.restore(args.init_from, lambda path: model.load_state_dict(lm.load(path, device).state_dict()))
     train_model = torch.nn.parallel.DistributedDataParallel(model) if ctx.world_size > 1 else model
+    loop.time_collectives(train_model)  # each step's all-reduce wait: the stall report names a straggler
 
     def train_step(batch: tuple[torch.Tensor]) -> tuple[float, int]:
         loss = lm.next_token_loss(train_model, batch[0].to(device))

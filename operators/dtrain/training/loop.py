@@ -2,6 +2,7 @@
 per-rank metrics, and a coordinated stop on SIGTERM.
 
     loop = TrainLoop(model, optimizer, rank=ctx.rank, checkpoint_every=50)
+    loop.time_collectives(ddp_model)                       # optional: names a straggler
     loop.restore(init_from=args.init_from, load_weights=lambda path: model.load_state_dict(torch.load(path)))
     step = loop.run(loader, sampler, epochs, train_step)   # train_step(batch) -> (loss, samples)
 
@@ -20,6 +21,7 @@ import time
 from typing import Any, Callable, Iterable
 
 from dtrain.training.checkpoint import CheckpointManager
+from dtrain.training.collectives import CollectiveTimer
 from dtrain.training.dist import shutdown
 from dtrain.training.metrics import MetricsWriter
 from dtrain.training.preemption import PreemptionGuard
@@ -56,9 +58,16 @@ class TrainLoop:
         self.guard = guard or PreemptionGuard()
         self.ckpt = CheckpointManager(every_n_steps=checkpoint_every, rank=rank)
         self.metrics = MetricsWriter(rank)
+        self.collectives: CollectiveTimer | None = None
         self.step, self.warm_start = 0, None
         self.resumed_from = 0
         self.last_loss = float("nan")  # of the last step this process trained
+
+    def time_collectives(self, train_model: Any) -> None:
+        """Record each step's wait in the gradient all-reduce of ``train_model`` (the DDP wrapper; call
+        before its first forward; a model that is not DDP is left alone), so that the stall report
+        can name a straggler (:mod:`dtrain.training.collectives`)."""
+        self.collectives = CollectiveTimer.of(train_model)
 
     def _say(self, message: str) -> None:
         if self.is_main:
@@ -121,7 +130,8 @@ class TrainLoop:
             loss, samples = train_step(batch)
             self.step, self.last_loss = self.step + 1, loss
             self.metrics.log(step=self.step, epoch=epoch, loss=loss, samples=samples,
-                             step_time_s=time.perf_counter() - waited, data_wait_s=started - waited)
+                             step_time_s=time.perf_counter() - waited, data_wait_s=started - waited,
+                             comm_wait_s=self.collectives.take() if self.collectives else None)
             if self.ckpt.should_save(self.step):
                 self.save()
             if self.guard.should_stop():  # SIGTERM on any rank: every rank stops after this same step

@@ -38,7 +38,7 @@ MAX_RUN_RECORDS = 20_000
 #: run directories whose metrics are kept
 MAX_RUNS = 4
 #: the fields of a metrics record (dtrain.training.metrics) the tab uses: curves and stall report
-FIELDS = ("loss", "samples", "samples_per_s", "step_time_s", "data_wait_s", "compute_time_s")
+FIELDS = ("loss", "samples", "samples_per_s", "step_time_s", "data_wait_s", "compute_time_s", "comm_wait_s", "node")
 #: a value beyond this is no measurement (a rank's 1e308): dropped, so sums and ratios stay finite
 MAX_VALUE = 1e100
 #: steps beyond this lose precision in a browser and do not convert to a float

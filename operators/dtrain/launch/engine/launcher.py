@@ -13,6 +13,7 @@ from dtrain.launch.backends import Backend, BackendOutcome, JobHandle, backend_f
 from dtrain.launch.engine import hang
 from dtrain.launch.engine.exits import first_failure
 from dtrain.launch.engine.processes import STUCK_GRACE_S
+from dtrain.launch.engine.stragglers import StragglerWatch
 from dtrain.launch.engine.following import Following
 from dtrain.launch.engine.job import Job, prepare_job
 from dtrain.launch.engine.lost import LOST_EXIT_CODE
@@ -115,12 +116,14 @@ class Launcher:
                   f"distribution={self.spec.distribution}, backend={self.spec.backend}, run_dir={job.run_dir}")
         started = time.monotonic()
         watch = self._watch_for_hangs(job)
+        stragglers = StragglerWatch(os.path.join(job.run_dir, METRICS), self.sink).start()
         try:
             outcome = self.backend.run(job)
         except LaunchError as e:  # the job could not start (a host unreachable, sbatch refused)
             self.sink(f"[dtrain] {e}")
             outcome = BackendOutcome(exit_code=e.exit_code or 1, tail=e.tail or [str(e).splitlines()[0]])
         finally:
+            stragglers.stop()
             if watch is not None:
                 watch.stop()
         result = LaunchResult.of_job(job.job_id, job.run_dir, self.spec.world_size, outcome.exit_code,

@@ -25,6 +25,7 @@ import os
 import time
 
 from dtrain.training.checkpoint import CheckpointManager
+from dtrain.training.collectives import CollectiveTimer
 from dtrain.training.dist import exit_now, init_distributed, shutdown
 from dtrain.training.metrics import MetricsWriter, write_result
 from dtrain.training.preemption import PreemptionGuard
@@ -172,6 +173,7 @@ def main(argv: list[str] | None = None) -> int:
             scheduler.load_state_dict(state["scheduler"])
             step = state["step"]
         train_model = torch.nn.parallel.DistributedDataParallel(model) if ctx.world_size > 1 else model
+    collectives = CollectiveTimer.of(train_model)  # each step's all-reduce wait: finds a straggler
     resumed_from = step
     if step:
         ckpt.last_saved_step = step  # the checkpoint for this step exists
@@ -219,7 +221,8 @@ def main(argv: list[str] | None = None) -> int:
                 step += 1
                 done = time.perf_counter()
                 metrics.log(step=step, epoch=epoch, loss=loss.item(), samples=len(y),
-                            step_time_s=done - waited, data_wait_s=started - waited)
+                            step_time_s=done - waited, data_wait_s=started - waited,
+                            comm_wait_s=collectives.take() if collectives else None)
                 if ckpt.should_save(step):
                     save_checkpoint()
                 if guard.should_stop():  # SIGTERM on any rank: every rank stops after this same step

@@ -125,7 +125,7 @@
     if (!stall || !stall.ranks || !stall.ranks.length) { show("stall", false); return; }
     const verdicts = $("verdicts");
     verdicts.replaceChildren();
-    const cpu = stall.rules.CPUBottleneck, lb = stall.rules.LoadBalancing;
+    const cpu = stall.rules.CPUBottleneck, lb = stall.rules.LoadBalancing, comm = stall.rules.CommunicationBound;
     const pct = (x) => `${(100 * x).toFixed(1)}%`;
     const items = [
       ["CPUBottleneck", cpu.triggered,
@@ -133,9 +133,8 @@
          `${pct(cpu.max_data_wait_fraction)} of step time (threshold ${pct(cpu.threshold)}); preprocess before ` +
          "training (dtrain preprocess) or add DataLoader workers"
          : `ok: at most ${pct(cpu.max_data_wait_fraction)} of step time waiting for data (threshold ${pct(cpu.threshold)})`],
-      ["LoadBalancing", lb.triggered,
-       `${lb.triggered ? "triggered" : "ok"}: slowest rank ${lb.slowest_rank} at ${Number(lb.slowest_to_median).toFixed(2)}x ` +
-       `the median ${lb.measure} (threshold ${lb.threshold}x)`],
+      ["LoadBalancing", lb.triggered, lb.message],
+      ["CommunicationBound", comm.triggered, comm.message],
     ];
     for (const [rule, triggered, text] of items) {
       const item = el("li", null, {"data-rule": rule, "data-triggered": String(triggered)});
@@ -146,7 +145,9 @@
     body.replaceChildren();
     for (const r of stall.ranks) {
       const row = el("tr", null, {"data-rank": r.rank});
-      for (const cell of [r.rank, r.steps, `${(r.median_step_time_s * 1000).toFixed(2)} ms`, pct(r.data_wait_fraction),
+      for (const cell of [r.rank, r.node === null ? "-" : r.node, r.steps, `${(r.median_step_time_s * 1000).toFixed(2)} ms`,
+                          r.median_compute_time_s === null ? "-" : `${(r.median_compute_time_s * 1000).toFixed(2)} ms`,
+                          pct(r.data_wait_fraction), r.comm_wait_fraction === null ? "-" : pct(r.comm_wait_fraction),
                           r.samples_per_s === null ? "-" : Number(r.samples_per_s).toFixed(1)]) {
         row.append(el("td", cell));
       }
