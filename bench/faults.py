@@ -33,8 +33,8 @@ the fault until the retry's rank 0 logs its first step, with the step it resumed
 ``--stragglers``: a slow host instead of a lost one. A DDP job that trains until stopped
 (``tests/faults/scripts/straggler_train.py``: an MLP on a fixed batch, gradients all-reduced, the
 training helper's metrics) on both hosts; once both ranks logged 200 steps host 1 gets a quarter of a CPU
-(``slow-cpu``: cgroup cfs quota) or a rate-limited link (``slow-link``: tc tbf, 8 mbit, and a smaller
-model); measured from then until the launcher's log names a straggler (``[straggler] ...``: the node for a
+(``slow-cpu``: cgroup cfs quota) or a rate-limited link (``slow-link``: tc tbf, 40 mbit, and 4x the
+batch, so that the healthy job is not bound by its all-reduce already); measured from then until the launcher's log names a straggler (``[straggler] ...``: the node for a
 slow CPU, the network for a slow link), capped at ``--cap``; then the job is stopped and its end-of-job
 stall report kept. Whether any line ever blamed node 0 (healthy) is printed too.
 
@@ -270,7 +270,7 @@ def measure_resume(fault: str, code_dir: str, work: str, cap: float) -> dict:
 #: --stragglers: each slow fault, what it does to host 1, the script's arguments, and the live verdict looked for
 STRAGGLERS = {
     "slow-cpu": (lambda net: net.slow_cpu(1, 0.25), [], "[straggler] LoadBalancing: TRIGGERED on rank 1 (node 1)"),
-    "slow-link": (lambda net: net.slow_link(1, "8mbit"), ["--width", "128"], "[straggler] CommunicationBound: TRIGGERED"),
+    "slow-link": (lambda net: net.slow_link(1, 40), ["--batch", "1024"], "[straggler] CommunicationBound: TRIGGERED"),
 }
 STRAGGLER_SCRIPT = os.path.join(REPO, "tests", "faults", "scripts", "straggler_train.py")
 #: steps both ranks train healthy before host 1 slows: more than the live look's 50, so a verdict must come
@@ -319,19 +319,15 @@ def measure_straggler(fault: str, code_dir: str, work: str, cap: float) -> dict:
         log.close()
 
 
-def straggler_table(faults: list[str], releases: dict[str, str], work: str, cap: float) -> None:
-    results = {}
-    for fault in faults:
-        for release, code in releases.items():
-            found = results[fault, release] = measure_straggler(fault, code, tempfile.mkdtemp(dir=work), cap)
-            print(f"faults ssh {fault} [{release} release]: named {seconds(found['named'], cap)} after the slowdown; "
-                  f"healthy node 0 blamed: {'yes' if found['blamed_node0'] else 'no'}; its report at the end: "
-                  f"{found['report']}", flush=True)
-    for fault in faults:
-        new, old = results[fault, "this"], results[fault, "previous"]
-        print(f"faults ssh {fault}: named while running {seconds(new['named'], cap)} vs previous "
-              f"{seconds(old['named'], cap)} = {ratio(new['named'], old['named'], cap)}; healthy node blamed: "
-              f"{'yes' if new['blamed_node0'] else 'no'} vs {'yes' if old['blamed_node0'] else 'no'}")
+def straggler_row(fault: str, release: str, found: dict, cap: float) -> str:
+    return (f"faults ssh {fault} [{release} release]: named {seconds(found['named'], cap)} after the slowdown; "
+            f"healthy node 0 blamed: {'yes' if found['blamed_node0'] else 'no'}; its report at the end: {found['report']}")
+
+
+def straggler_both(fault: str, new: dict, old: dict, cap: float) -> str:
+    return (f"faults ssh {fault}: named while running {seconds(new['named'], cap)} vs previous "
+            f"{seconds(old['named'], cap)} = {ratio(new['named'], old['named'], cap)}; healthy node blamed: "
+            f"{'yes' if new['blamed_node0'] else 'no'} vs {'yes' if old['blamed_node0'] else 'no'}")
 
 
 def worktree(rev: str, where: str) -> str:
@@ -349,19 +345,27 @@ def ratio(new: float | None, old: float | None, cap: float) -> str:
     return f"{new / (old if old is not None else cap):.2f}x" + ("" if old is not None else " (at most)")
 
 
-def resume_table(faults: list[str], releases: dict[str, str], work: str, cap: float) -> None:
+def resume_row(fault: str, release: str, found: dict, cap: float) -> str:
+    return (f"faults ssh resume {fault} [{release} release]: detected {seconds(found['detected'], cap)}, "
+            f"training resumed {seconds(found['resumed'], cap)} after the fault (from step "
+            f"{found['from_step']}); first launch exit {found['exit']}")
+
+
+def resume_both(fault: str, new: dict, old: dict, cap: float) -> str:
+    return (f"faults ssh resume {fault}: training resumed {seconds(new['resumed'], cap)} vs previous "
+            f"{seconds(old['resumed'], cap)} = {ratio(new['resumed'], old['resumed'], cap)} "
+            f"[checkpoint every {EVERY} steps, host back at the verdict, retry at once]")
+
+
+def compare(faults: list[str], releases: dict[str, str], work: str, cap: float, measure, row, both) -> None:
+    """``measure(fault, code, work, cap)`` each fault on each release; a ``row`` per run, then ``both`` per fault."""
     results = {}
     for fault in faults:
         for release, code in releases.items():
-            found = results[fault, release] = measure_resume(fault, code, tempfile.mkdtemp(dir=work), cap)
-            print(f"faults ssh resume {fault} [{release} release]: detected {seconds(found['detected'], cap)}, "
-                  f"training resumed {seconds(found['resumed'], cap)} after the fault (from step "
-                  f"{found['from_step']}); first launch exit {found['exit']}", flush=True)
+            found = results[fault, release] = measure(fault, code, tempfile.mkdtemp(dir=work), cap)
+            print(row(fault, release, found, cap), flush=True)
     for fault in faults:
-        new, old = results[fault, "this"], results[fault, "previous"]
-        print(f"faults ssh resume {fault}: training resumed {seconds(new['resumed'], cap)} vs previous "
-              f"{seconds(old['resumed'], cap)} = {ratio(new['resumed'], old['resumed'], cap)} "
-              f"[checkpoint every {EVERY} steps, host back at the verdict, retry at once]")
+        print(both(fault, results[fault, "this"], results[fault, "previous"], cap))
 
 
 def main() -> int:
@@ -389,11 +393,12 @@ def main() -> int:
     previous = None
     try:
         previous = worktree(args.previous, os.path.join(work, "previous"))
+        releases = {"this": REPO, "previous": previous}
         if args.resume:
-            resume_table(faults, {"this": REPO, "previous": previous}, work, args.cap)
+            compare(faults, releases, work, args.cap, measure_resume, resume_row, resume_both)
             return 0
         if args.stragglers:
-            straggler_table(faults, {"this": REPO, "previous": previous}, work, args.cap)
+            compare(faults, releases, work, args.cap, measure_straggler, straggler_row, straggler_both)
             return 0
         results: dict[tuple[str, str, str], dict] = {}
         for mode in modes:

@@ -107,7 +107,7 @@ def test_a_slow_host_gets_its_fraction_of_a_cpu(net_cluster):
 
 def test_a_slow_link_is_rate_limited(net_cluster):
     net = net_cluster.net
-    net.slow_link(2, "1mbit")
+    net.slow_link(2, 1)
     try:
         shown = subprocess.run(["tc", "qdisc", "show", "dev", net.hosts[2].veth], capture_output=True, text=True).stdout
         assert "tbf" in shown and "rate 1Mbit" in shown
