@@ -7,7 +7,7 @@
 
 In synchronous DDP every rank's step takes as long as the slowest rank's: each waits in the
 all-reduce, so step times are equal and cannot name a slow rank (the stall report said
-``LoadBalancing: ok`` for a host throttled to 30% of a CPU). What differs is how a step splits: the
+``LoadBalancing: ok`` for a host throttled to a quarter of a CPU). What differs is how a step splits: the
 slow rank computes for the whole step and hardly waits; its peers finish their backward early and
 wait. So this times the wait: a DDP communication hook (DDP's own all-reduce, wrapped) notes when this
 rank's last gradient bucket is ready, which is when its backward is done, and when that bucket's

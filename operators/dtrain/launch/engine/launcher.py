@@ -12,13 +12,12 @@ from dtrain.errors import LaunchError
 from dtrain.launch.backends import Backend, BackendOutcome, JobHandle, backend_for
 from dtrain.launch.engine import hang
 from dtrain.launch.engine.exits import first_failure
-from dtrain.launch.engine.processes import STUCK_GRACE_S
-from dtrain.launch.engine.stragglers import StragglerWatch
 from dtrain.launch.engine.following import Following
 from dtrain.launch.engine.job import Job, prepare_job
 from dtrain.launch.engine.lost import LOST_EXIT_CODE
-from dtrain.launch.engine.processes import LineSink, print_sink
+from dtrain.launch.engine.processes import STUCK_GRACE_S, LineSink, print_sink
 from dtrain.launch.engine.spec import LaunchSpec
+from dtrain.launch.engine.stragglers import StragglerWatch
 from dtrain.rundir import CHECKPOINTS, METRICS, RunDir, UnsafeRunDir
 
 STOPPED_EXIT_CODE = 143  # 128 + SIGTERM, as a shell reports a job stopped by SIGTERM

@@ -154,7 +154,8 @@ class RemoteNode:
     def _kill_tree(self, grace: float | None = None) -> None:
         import psutil
 
-        kill_tree(psutil.Process(), self.args.grace if grace is None else grace, self.args.job_id, self.args.node)  # and what left the tree
+        grace = self.args.grace if grace is None else grace
+        kill_tree(psutil.Process(), grace, self.args.job_id, self.args.node)  # and what left the tree
 
     def wait(self) -> int:
         code = self.child.wait()
