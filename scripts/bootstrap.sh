@@ -31,12 +31,46 @@ fi
 [ -x .venv/bin/python ] || "$PY" -m venv .venv
 VPY=$ROOT/.venv/bin/python
 
+# pip's own settings (pip.conf, PIP_* variables): where packages come from and the constraints every
+# install obeys, as uv's options, so that both install exactly the same versions.
+uv_options_from_pip() {
+  "$VPY" -m pip config list 2>/dev/null | while IFS= read -r line; do
+    key=${line%%=*}; value=${line#*=}; value=${value#\'}; value=${value%\'}
+    case "${key##*.}" in
+      index-url) flag=--index-url ;;
+      extra-index-url) flag=--extra-index-url ;;
+      find-links) flag=--find-links ;;
+      constraint) flag=--constraint ;;
+      *) continue ;;
+    esac
+    for item in $value; do printf '%s\n%s\n' "$flag" "$item"; done
+  done
+}
+
+# Install into the venv with uv (pip's resolution, every index's best match; it asks the registry
+# in parallel: 40 s here where pip takes 230 s, one package at a time), with pip when uv cannot be had.
+# Neither byte-compiles: Python compiles a module the first time it is imported, and few ever are.
+install() {
+  if [ -z "${uv_checked:-}" ]; then
+    uv_checked=1; UV=""
+    "$VPY" -m pip install -q --no-compile uv >/dev/null 2>&1 && UV=$ROOT/.venv/bin/uv
+    mapfile -t uv_options < <(uv_options_from_pip)
+    pip_cert=$("$VPY" -m pip config get global.cert 2>/dev/null || true)
+    [ -n "${SSL_CERT_FILE:-}" ] || [ -z "$pip_cert" ] || export SSL_CERT_FILE=$pip_cert
+  fi
+  if [ -n "$UV" ] && "$UV" pip install --quiet --python "$VPY" --index-strategy unsafe-best-match \
+      "${uv_options[@]}" "$@"; then
+    return
+  fi
+  "$VPY" -m pip install -q --no-compile "$@"
+}
+
 # Reinstall only when the dependency declaration (or the chosen extras) changed.
 stamp=.venv/.dtrain-installed-$( (cat setup.cfg constraints.txt; printf %s "$extras_key") | sha256sum | cut -c1-16)
 if [ ! -f "$stamp" ]; then
-  "$VPY" -m pip install -q --upgrade pip setuptools wheel
-  "$VPY" -m pip install -q "torch==2.13.0"
-  "$VPY" -m pip install -q -c constraints.txt -e ".[$EXTRAS]"
+  install --upgrade pip setuptools wheel
+  install "torch==2.13.0"  # alone first: the CPU wheel, so no CUDA build is pulled
+  install -c constraints.txt -e ".[$EXTRAS]"
   # The editable build leaves its egg-info in the source root, which the editable install puts on
   # sys.path: Airflow would then read every entry point twice (and report the plugin "already
   # registered"). The installed dist-info in the venv is the metadata that counts.
