@@ -27,6 +27,10 @@ os.environ.setdefault("AIRFLOW__DAG_PROCESSOR__DAG_BUNDLE_CONFIG_LIST", json.dum
      "kwargs": {"path": os.path.join(REPO, "tests", "ui", "dags")}},
 ]))
 os.environ.setdefault("PYTHONUNBUFFERED", "1")
+# One OpenMP/torch compute thread per process the tests start, as torchrun sets for several ranks per
+# node: on 2 cores shared by two workers' jobs, a thread per core in every rank oversubscribes them and
+# OpenMP's spinning barriers make each step many times slower, and as noisy.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
 # One migrated Airflow DB for the whole suite, copied for each Airflow (tests/airflow_services.py); in
 # this first process's home, which xdist's workers inherit and which goes when this process ends.
 from tests.airflow_services import DB_TEMPLATE_ENV  # noqa: E402 (no Airflow import: safe before the settings)

@@ -31,6 +31,10 @@ def main() -> int:
     p.add_argument("--batch", type=int, default=256)
     args = p.parse_args()
     ctx = init_distributed()
+    # One compute thread, as one rank per core: with torch's default (a thread per core) two ranks on this
+    # machine's 2 shared cores spun in OpenMP barriers whenever other work ran, and a step's compute
+    # jumped between 0.02 s and 1 s on a healthy host, hiding what the tests and bench slow down.
+    torch.set_num_threads(1)
     torch.manual_seed(0)
     layers = []
     for _ in range(3):
