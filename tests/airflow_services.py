@@ -55,15 +55,6 @@ def migrated_db(home: str) -> None:
                                       capture_output=True, text=True, timeout=300)
             assert migrated.returncode == 0, migrated.stderr[-2000:]
     os.makedirs(home, exist_ok=True)
-    config = os.path.join(home, "airflow.cfg")
-    if not os.path.exists(config):
-        # A process that finds no airflow.cfg writes one with fresh secrets (JWT, fernet key): components
-        # started at once would each write their own, and the API server would refuse the scheduler's
-        # tokens. The template's config, with its folder's paths (DB, dags, logs) made this home's, first.
-        with open(os.path.join(folder, "airflow.cfg"), encoding="utf-8") as fh:
-            text = fh.read().replace(folder, home)
-        with os.fdopen(os.open(config, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), "w", encoding="utf-8") as fh:
-            fh.write(text)
     source, target = sqlite3.connect(template), sqlite3.connect(os.path.join(home, "airflow.db"))
     try:
         source.backup(target)  # a consistent copy, whatever journal the template was left with
