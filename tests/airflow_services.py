@@ -8,12 +8,10 @@ talks to the REST API. ``tests/pipeline`` runs them all at once with ``airflow s
 
 from __future__ import annotations
 
-import fcntl
 import json
 import os
 import signal
 import socket
-import sqlite3
 import subprocess
 import sys
 import time
@@ -33,34 +31,6 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
-
-
-#: the folder of the suite's one migrated metadata DB (set by tests/conftest.py in the first pytest
-#: process; xdist workers inherit it): `airflow db migrate` takes 13 s on 2 busy cores and the suite
-#: starts about ten Airflows, so the first that needs one migrates it and every one gets a copy
-DB_TEMPLATE_ENV = "DTRAIN_AIRFLOW_DB_TEMPLATE"
-
-
-def migrated_db(home: str) -> None:
-    """A migrated SQLite metadata DB at ``home``/airflow.db (what ``airflow db migrate`` leaves there):
-    a copy of the suite's template, made under a lock by whichever process needs it first."""
-    folder = os.environ[DB_TEMPLATE_ENV]
-    os.makedirs(folder, exist_ok=True)
-    template = os.path.join(folder, "airflow.db")
-    with open(os.path.join(folder, "lock"), "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)  # released when closed: one process migrates, the others wait
-        if not os.path.exists(template):
-            env = {k: v for k, v in os.environ.items() if not k.startswith("AIRFLOW__DATABASE__")}
-            migrated = subprocess.run([os.path.join(BIN, "airflow"), "db", "migrate"], env={**env, "AIRFLOW_HOME": folder},
-                                      capture_output=True, text=True, timeout=300)
-            assert migrated.returncode == 0, migrated.stderr[-2000:]
-    os.makedirs(home, exist_ok=True)
-    source, target = sqlite3.connect(template), sqlite3.connect(os.path.join(home, "airflow.db"))
-    try:
-        source.backup(target)  # a consistent copy, whatever journal the template was left with
-    finally:
-        source.close()
-        target.close()
 
 
 def bundle(name: str, path: str) -> dict:
@@ -95,7 +65,9 @@ class AirflowServices:
                               timeout=timeout)
 
     def migrate(self) -> None:
-        migrated_db(self.home)
+        os.makedirs(self.home, exist_ok=True)
+        migrated = self.airflow("db", "migrate")
+        assert migrated.returncode == 0, migrated.stderr[-2000:]
 
     def spawn(self, name: str, *argv: str) -> subprocess.Popen:
         """Start ``airflow <argv>`` as component ``name``, in its own session, logging to <home>/<name>.log."""

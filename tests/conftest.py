@@ -27,20 +27,12 @@ os.environ.setdefault("AIRFLOW__DAG_PROCESSOR__DAG_BUNDLE_CONFIG_LIST", json.dum
      "kwargs": {"path": os.path.join(REPO, "tests", "ui", "dags")}},
 ]))
 os.environ.setdefault("PYTHONUNBUFFERED", "1")
-# One OpenMP/torch compute thread per process the tests start, as torchrun sets for several ranks per
-# node: on 2 cores shared by two workers' jobs, a thread per core in every rank oversubscribes them and
-# OpenMP's spinning barriers make each step many times slower, and as noisy.
-os.environ.setdefault("OMP_NUM_THREADS", "1")
-# One migrated Airflow DB for the whole suite, copied for each Airflow (tests/airflow_services.py); in
-# this first process's home, which xdist's workers inherit and which goes when this process ends.
-from tests.airflow_services import DB_TEMPLATE_ENV  # noqa: E402 (no Airflow import: safe before the settings)
-
-os.environ.setdefault(DB_TEMPLATE_ENV, os.path.join(_home, "airflow-db-template"))
 # The venv's bin must be on PATH: launched ranks, `airflow` subcommands and `dtrain` run from it.
 _bin = os.path.dirname(sys.executable)
 if _bin not in os.environ.get("PATH", "").split(os.pathsep):
     os.environ["PATH"] = _bin + os.pathsep + os.environ.get("PATH", "")
 
+import subprocess  # noqa: E402
 
 import pytest  # noqa: E402
 
@@ -187,10 +179,13 @@ def pytest_unconfigure(config):
 @pytest.fixture(scope="session")
 def airflow_db() -> str:
     """A migrated SQLite metadata DB in this session's AIRFLOW_HOME (for dag.test() and the CLI)."""
-    from tests.airflow_services import migrated_db
-
     home = os.environ["AIRFLOW_HOME"]
-    migrated_db(home)
+    marker = os.path.join(home, ".migrated")
+    if not os.path.exists(marker):
+        os.makedirs(home, exist_ok=True)
+        subprocess.run([os.path.join(_bin, "airflow"), "db", "migrate"], check=True,
+                       stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, timeout=300)
+        open(marker, "w").close()
     return home
 
 
