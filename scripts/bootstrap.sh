@@ -48,16 +48,9 @@ uv_options_from_pip() {
 }
 
 # Install into the venv with uv (pip's resolution, every index's best match; it asks the registry
-# in parallel: 40 s here where pip takes 230 s, one package at a time), with pip when uv cannot be had.
+# in parallel: 42 s here where pip takes 234 s, one package at a time), with pip when uv cannot be had.
 # Neither byte-compiles: Python compiles a module the first time it is imported, and few ever are.
 install() {
-  if [ -z "${uv_checked:-}" ]; then
-    uv_checked=1; UV=""
-    "$VPY" -m pip install -q --no-compile uv >/dev/null 2>&1 && UV=$ROOT/.venv/bin/uv
-    mapfile -t uv_options < <(uv_options_from_pip)
-    pip_cert=$("$VPY" -m pip config get global.cert 2>/dev/null || true)
-    [ -n "${SSL_CERT_FILE:-}" ] || [ -z "$pip_cert" ] || export SSL_CERT_FILE=$pip_cert
-  fi
   if [ -n "$UV" ] && "$UV" pip install --quiet --python "$VPY" --index-strategy unsafe-best-match \
       "${uv_options[@]}" "$@"; then
     return
@@ -68,6 +61,11 @@ install() {
 # Reinstall only when the dependency declaration (or the chosen extras) changed.
 stamp=.venv/.dtrain-installed-$( (cat setup.cfg constraints.txt; printf %s "$extras_key") | sha256sum | cut -c1-16)
 if [ ! -f "$stamp" ]; then
+  UV=""
+  "$VPY" -m pip install -q --no-compile uv >/dev/null 2>&1 && UV=$ROOT/.venv/bin/uv
+  mapfile -t uv_options < <(uv_options_from_pip)
+  pip_cert=$("$VPY" -m pip config get global.cert 2>/dev/null || true)
+  [ -n "${SSL_CERT_FILE:-}" ] || [ -z "$pip_cert" ] || export SSL_CERT_FILE=$pip_cert
   install --upgrade pip setuptools wheel
   install "torch==2.13.0"  # alone first: the CPU wheel, so no CUDA build is pulled
   install -c constraints.txt -e ".[$EXTRAS]"

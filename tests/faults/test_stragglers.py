@@ -20,6 +20,7 @@ import threading
 
 import pytest
 
+from dtrain.launch.engine import stragglers
 from dtrain.launch.engine.launcher import Launcher
 from dtrain.launch.engine.spec import LaunchSpec
 from dtrain.rundir import METRICS, RunDir
@@ -68,13 +69,9 @@ class Running:
 
     def window(self) -> str:
         """What the launcher's watch sees now (its window of each rank's last steps), for a failure message."""
-        from dtrain.launch.engine.stragglers import LAST_STEPS, RANK_BYTES
-        from dtrain.stall_report import summarize
-
         if self.launcher.job is None:
             return "\n(no job yet)"
-        summary = summarize(os.path.join(self.launcher.job.run_dir, METRICS), window_bytes=RANK_BYTES,
-                            last_steps=LAST_STEPS)
+        summary = stragglers.window(os.path.join(self.launcher.job.run_dir, METRICS))
         return f"\nthe watch's window now: {summary['rules']}\n{summary['ranks']}"
 
 

@@ -42,6 +42,11 @@ def verdict_key(summary: dict[str, Any]) -> tuple:
                  if name in rules and rules[name].get("triggered"))
 
 
+def window(metrics_dir: str) -> dict:
+    """The stall report over what the watch looks at: each rank's last LAST_STEPS steps (RANK_BYTES at most)."""
+    return summarize(metrics_dir, window_bytes=RANK_BYTES, last_steps=LAST_STEPS)
+
+
 class StragglerWatch:
     """A daemon thread beside whatever waits for the job (the launcher); ``stop`` ends it."""
 
@@ -70,7 +75,7 @@ class StragglerWatch:
 
     def look(self) -> None:
         """One look; logs the verdicts when they differ from the last look's."""
-        summary = summarize(self.metrics_dir, window_bytes=RANK_BYTES, last_steps=LAST_STEPS)
+        summary = window(self.metrics_dir)
         ranks = summary.get("ranks") or ()
         if len(ranks) < 2 or min(r["steps"] for r in ranks) < MIN_STEPS:
             return
