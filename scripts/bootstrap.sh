@@ -49,13 +49,15 @@ uv_options_from_pip() {
 
 # Install into the venv with uv (pip's resolution, every index's best match; it asks the registry
 # in parallel: 42 s here where pip takes 234 s, one package at a time), with pip when uv cannot be had.
-# Neither byte-compiles: Python compiles a module the first time it is imported, and few ever are.
+# Both byte-compile what they install: where PYTHONDONTWRITEBYTECODE is set (as on CI's machines) Python
+# never writes a .pyc, so without them every rank, launcher and Airflow process would compile torch,
+# Airflow and DeepSpeed from source (import torch: 3.7 s instead of 2.4; import deepspeed: 10 s instead of 6).
 install() {
-  if [ -n "$UV" ] && "$UV" pip install --quiet --python "$VPY" --index-strategy unsafe-best-match \
-      "${uv_options[@]}" "$@"; then
+  if [ -n "$UV" ] && "$UV" pip install --quiet --compile-bytecode --python "$VPY" \
+      --index-strategy unsafe-best-match "${uv_options[@]}" "$@"; then
     return
   fi
-  "$VPY" -m pip install -q --no-compile "$@"
+  "$VPY" -m pip install -q "$@"
 }
 
 # Reinstall only when the dependency declaration (or the chosen extras) changed.
@@ -73,6 +75,8 @@ if [ ! -f "$stamp" ]; then
   # sys.path: Airflow would then read every entry point twice (and report the plugin "already
   # registered"). The installed dist-info in the venv is the metadata that counts.
   rm -rf operators/*.egg-info
+  # The package itself is installed editable: its modules run in every launcher and rank process too.
+  "$VPY" -m compileall -q -j 0 operators >/dev/null || true
   rm -f .venv/.dtrain-installed-*
   touch "$stamp"
 fi
