@@ -50,17 +50,17 @@ def digits_heavy(record: dict[str, Any], rounds: int = HEAVY_ROUNDS) -> dict[str
 
 def digits_records(seed: int = 0, split: str = "train", repeat: int = 1) -> list[dict[str, Any]]:
     """The reference script's split of digits as raw records (integer pixels, as scanned)."""
-    from sklearn.datasets import load_digits
+    from dtrain.training.reference.digits import load_digits_arrays
 
-    data = load_digits()
-    order = np.random.default_rng(seed).permutation(len(data.data))
+    pixels, labels = load_digits_arrays()
+    order = np.random.default_rng(seed).permutation(len(pixels))
     cut = int(len(order) * 0.8)
     chosen = order[:cut] if split == "train" else order[cut:]
     records = []
     for r in range(repeat):
         for i in chosen:
-            records.append({"id": f"{r}-{int(i)}", "pixels": [int(v) for v in data.data[i]],
-                            "label": int(data.target[i])})
+            records.append({"id": f"{r}-{int(i)}", "pixels": [int(v) for v in pixels[i]],
+                            "label": int(labels[i])})
     return records
 
 

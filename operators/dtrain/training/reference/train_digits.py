@@ -56,11 +56,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def load_digits_split(seed: int = 0):
     """Features scaled to [0, 1]; a fixed 80/20 train/test split, identical on every rank."""
     import numpy as np
-    from sklearn.datasets import load_digits
 
-    data = load_digits()
-    x = (data.data / 16.0).astype(np.float32)
-    y = data.target.astype(np.int64)
+    from dtrain.training.reference.digits import load_digits_arrays
+
+    pixels, labels = load_digits_arrays()
+    x = (pixels / 16.0).astype(np.float32)
+    y = labels.astype(np.int64)
     order = np.random.default_rng(seed).permutation(len(x))
     cut = int(len(x) * 0.8)
     return (x[order[:cut]], y[order[:cut]]), (x[order[cut:]], y[order[cut:]])
