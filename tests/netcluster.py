@@ -40,6 +40,7 @@ from dataclasses import dataclass, field
 
 IP = shutil.which("ip") or "/usr/sbin/ip"
 TC = shutil.which("tc") or "/usr/sbin/tc"
+NSENTER = shutil.which("nsenter") or "/usr/bin/nsenter"
 CGROUP_V1 = "/sys/fs/cgroup"
 #: every name this module creates starts with this (namespaces, links, cgroups): the orphan check looks for it
 PREFIX = "dtn"
@@ -83,8 +84,12 @@ class Host:
     cgroup: str  # the name of its cgroups under cpu/ and freezer/
     interface: str  # the namespace's interface that reaches the other hosts
 
-    def argv(self, argv: list[str]) -> list[str]:
-        """``argv`` run inside this host's network namespace."""
+    def argv(self, argv: list[str], sysfs: bool = True) -> list[str]:
+        """``argv`` run inside this host's network namespace. ``ip netns exec`` mounts the namespace's own
+        /sys (its interfaces), which has no cgroup filesystem under it; ``sysfs=False`` enters only the
+        network namespace, keeping this machine's mounts (slurmd refuses to start without /sys/fs/cgroup)."""
+        if not sysfs:
+            return [NSENTER, f"--net=/run/netns/{self.netns}", *argv]
         return [IP, "netns", "exec", self.netns, *argv]
 
     def run(self, argv: list[str], **kwargs) -> subprocess.CompletedProcess:
@@ -92,10 +97,10 @@ class Host:
         kwargs.setdefault("text", True)
         return subprocess.run(self.argv(argv), preexec_fn=self._join_cgroups, **kwargs)
 
-    def popen(self, argv: list[str], **kwargs) -> subprocess.Popen:
+    def popen(self, argv: list[str], sysfs: bool = True, **kwargs) -> subprocess.Popen:
         """Start ``argv`` on this host: in its namespace and its cgroups (a daemon: its own session)."""
         kwargs.setdefault("start_new_session", True)
-        return subprocess.Popen(self.argv(argv), preexec_fn=self._join_cgroups, **kwargs)
+        return subprocess.Popen(self.argv(argv, sysfs), preexec_fn=self._join_cgroups, **kwargs)
 
     def _join_cgroups(self) -> None:
         pid = str(os.getpid()).encode()

@@ -24,31 +24,37 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def _port_open(port: int) -> bool:
+def _port_open(port: int, address: str = "127.0.0.1") -> bool:
     try:
-        with socket.create_connection(("127.0.0.1", port), timeout=0.5):
+        with socket.create_connection((address, port), timeout=0.5):
             return True
     except OSError:
         return False
 
 
-@pytest.fixture(scope="session")
-def moto_endpoint():
-    """moto's S3 server (ThreadedMotoServer on a free loopback port), as s3fs's own tests run it.
-    Tests share it: each makes buckets of its own and removes them (never a server-wide reset)."""
+def moto_server(address: str = "127.0.0.1"):
+    """moto's S3 server (ThreadedMotoServer) on a free port of ``address``: yields its endpoint URL, and
+    stops it when closed."""
     import logging
 
     from moto.server import ThreadedMotoServer
 
     logging.getLogger("werkzeug").setLevel(logging.ERROR)
     port = free_port()
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
+    server = ThreadedMotoServer(ip_address=address, port=port, verbose=False)
     server.start()
     try:
-        wait_for(lambda: _port_open(port), what="moto server")
-        yield f"http://127.0.0.1:{port}"
+        wait_for(lambda: _port_open(port, address), what="moto server")
+        yield f"http://{address}:{port}"
     finally:
         server.stop()
+
+
+@pytest.fixture(scope="session")
+def moto_endpoint():
+    """moto's S3 server on a free loopback port, as s3fs's own tests run it. Tests share it: each makes
+    buckets of its own and removes them (never a server-wide reset)."""
+    yield from moto_server()
 
 
 def remove_bucket(client, bucket: str) -> None:
@@ -135,10 +141,14 @@ def faulty_cluster(tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def slurm_cluster():
-    """A real two-node Slurm cluster (tests/slurm/cluster.py); SLURM_CONF points at it meanwhile.
+    """A real two-node Slurm cluster (tests/slurm/cluster.py) on two hosts with their own addresses
+    (tests/netcluster.py): each node's slurmd on its host with that address as NodeAddr, node 1 (host 0)
+    with the decoy interface listed first; slurmctld and the client commands on this machine.
+    SLURM_CONF points at it meanwhile.
 
-    Skipped only when not root (slurmd must run jobs as their user); missing Slurm packages are an
-    error, since CI installs them (scripts/apt-packages.txt)."""
+    Skipped only when not root (slurmd must run jobs as their user; namespaces need root); missing
+    Slurm packages are an error, since CI installs them (scripts/apt-packages.txt)."""
+    from tests.netcluster import NetCluster
     from tests.slurm.cluster import SlurmCluster, missing_binaries
 
     if os.geteuid() != 0:
@@ -146,19 +156,23 @@ def slurm_cluster():
     missing = missing_binaries()
     if missing:
         pytest.fail(f"Slurm/munge binaries missing: {missing}; install: apt-get install slurmctld slurmd slurm-client munge")
-    cluster = SlurmCluster().start()
-    saved = os.environ.get("SLURM_CONF")
-    os.environ["SLURM_CONF"] = cluster.conf
+    net = NetCluster(2).start()
     try:
-        yield cluster
+        cluster = SlurmCluster(net=net).start()
+        saved = os.environ.get("SLURM_CONF")
+        os.environ["SLURM_CONF"] = cluster.conf
+        try:
+            yield cluster
+        finally:
+            cluster.stop()
+            if saved is None:
+                os.environ.pop("SLURM_CONF", None)
+            else:
+                os.environ["SLURM_CONF"] = saved
+            left = cluster.pids()
+            assert not left, f"processes of the test cluster left after teardown: {sorted(left)}"
     finally:
-        cluster.stop()
-        if saved is None:
-            os.environ.pop("SLURM_CONF", None)
-        else:
-            os.environ["SLURM_CONF"] = saved
-        left = cluster.pids()
-        assert not left, f"processes of the test cluster left after teardown: {sorted(left)}"
+        net.stop()
 
 
 @pytest.fixture

@@ -1,4 +1,5 @@
-"""The backend contract on the slurm backend, against a real two-node Slurm cluster."""
+"""The backend contract on the slurm backend, against a real two-node Slurm cluster whose nodes are hosts
+with their own addresses (tests/netcluster.py; node 1's first interface is a decoy)."""
 
 import pytest
 
@@ -15,6 +16,9 @@ class TestSlurmBackend(BackendContract):
 
     def options(self, infra) -> dict:
         return {"poll_interval": 0.3}
+
+    def expected_ifname(self, infra, node_index: int) -> str:
+        return infra.host(infra.nodes[node_index]).interface
 
     def assert_nothing_left(self, infra, job_id: str) -> None:
         super().assert_nothing_left(infra, job_id)

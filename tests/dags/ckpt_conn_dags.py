@@ -22,5 +22,5 @@ with DAG(dag_id="ckpt_s3_connection", schedule=None, catchup=False,
                                   "--steps", "{{ params.steps }}", "--every", "2"],
         nodes=2, procs_per_node=1, device="cpu", backend="{{ params.backend }}",
         backend_options={"ssh": "{{ params.ssh | tojson }}", "slurm": "{{ params.slurm | tojson }}"},
-        run_dir="{{ params.run_dir }}", env={"OMP_NUM_THREADS": "1", "GLOO_SOCKET_IFNAME": "lo"}, aws_conn_id="dtrain_ckpt_s3", hang_timeout=None,
+        run_dir="{{ params.run_dir }}", env={"OMP_NUM_THREADS": "1"}, aws_conn_id="dtrain_ckpt_s3", hang_timeout=None,
     )

@@ -42,7 +42,6 @@ with DAG(dag_id="slurm_deferrable_test", schedule=None, catchup=False,
         # OUT_DIR/release (tests/slurm/test_triggerer_restart.py, once it saw what it waits for).
         command=[DDP_REPORT, "{{ params.out_dir }}/rep", "--steps", "10", "--fail-rank", "{{ params.fail_rank }}",
                  "--sleep", "{{ params.sleep }}", "--until-file", "{{ params.out_dir }}/release"],
-        env={"GLOO_SOCKET_IFNAME": "lo"},
         workdir=REPO,
         backend_options={"slurm": {"poll_interval": 0.5}},
     )

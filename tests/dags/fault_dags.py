@@ -37,7 +37,7 @@ with DAG(dag_id="fault_reattach_slurm", schedule=None, catchup=False, default_ar
                  "sleep": Param(0, type=["number", "string"])}) as slurm_dag:
     DistributedTrainingOperator(
         task_id="train", backend="slurm", nodes=2, procs_per_node=1, device="cpu", command=train_command(),
-        env={"GLOO_SOCKET_IFNAME": "lo"}, workdir=REPO, backend_options={"slurm": {"poll_interval": 1.0}},
+        workdir=REPO, backend_options={"slurm": {"poll_interval": 1.0}},
     )
 
 with DAG(dag_id="fault_reattach_ssh", schedule=None, catchup=False, default_args=ONE_RETRY,

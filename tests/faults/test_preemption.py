@@ -452,7 +452,7 @@ def test_slurm_stop_waits_the_grace_for_a_slow_save(slurm, tmp_path):
     from tests.slurm.conftest import queue
 
     result, lines, took = stop_during_slow_save(tmp_path, {
-        "nodes": 2, "backend": "slurm", "workdir": REPO, "env": {"GLOO_SOCKET_IFNAME": "lo"},
+        "nodes": 2, "backend": "slurm", "workdir": REPO,
         "backend_options": {"poll_interval": 0.3}})
     assert SAVE_SECONDS <= took < 60
     assert queue(slurm) == []
@@ -536,6 +536,5 @@ def test_ssh_sigterm_between_checkpoints_saves_that_step_and_the_relaunch_resume
 def test_slurm_sigterm_between_checkpoints_saves_that_step_and_the_relaunch_resumes_from_it(slurm, tmp_path):
     from tests.slurm.conftest import queue
 
-    preempt_and_resume(tmp_path, ["--backend", "slurm", "--slurm-poll-interval", "0.3",
-                                  "--env", "GLOO_SOCKET_IFNAME=lo"], nodes=2)
+    preempt_and_resume(tmp_path, ["--backend", "slurm", "--slurm-poll-interval", "0.3"], nodes=2)
     assert queue(slurm) == []

@@ -173,9 +173,8 @@ class Store(dict):
 def operator(backend: str, out_dir, run_dir, *extra: str, options: dict | None = None):
     from dtrain.launch.airflow.operator import DistributedTrainingOperator
 
-    env = {"GLOO_SOCKET_IFNAME": "lo"} if backend == "slurm" else {}
     return DistributedTrainingOperator(
-        task_id="train", backend=backend, nodes=2, procs_per_node=1, device="cpu", workdir=REPO, env=env,
+        task_id="train", backend=backend, nodes=2, procs_per_node=1, device="cpu", workdir=REPO,
         command=[RESUMABLE_TRAIN, str(out_dir), *extra], run_dir=str(run_dir), backend_options=options or {})
 
 

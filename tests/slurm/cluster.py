@@ -52,9 +52,12 @@ class SlurmCluster:
     """Start with ``start()``, stop with ``stop()``; ``env`` is what client commands need."""
 
     def __init__(self, root: str | None = None, nodes: tuple[str, ...] = ("node1", "node2"), cpus: int = 2,
-                 partition: str = "debug"):
+                 partition: str = "debug", net=None):
         self.root = root or tempfile.mkdtemp(prefix="dtrain-slurm-")
-        self.nodes = nodes
+        # On a tests.netcluster.NetCluster each node's slurmd runs on its own host (namespace, address,
+        # cgroups) with that address as NodeAddr, and slurmctld on this machine at the bridge's address.
+        self.net = net
+        self.nodes = tuple(f"node{h.index + 1}" for h in net.hosts) if net is not None else nodes
         self.cpus = cpus
         self.partition = partition
         self.conf = os.path.join(self.root, "slurm.conf")
@@ -66,6 +69,18 @@ class SlurmCluster:
     def env(self) -> dict[str, str]:
         return {"SLURM_CONF": self.conf}
 
+    @property
+    def controller_address(self) -> str:
+        return self.net.gateway if self.net is not None else "127.0.0.1"
+
+    def host(self, node: str):
+        """The tests.netcluster host that runs ``node``'s slurmd (None on loopback)."""
+        return self.net.hosts[self.nodes.index(node)] if self.net is not None else None
+
+    def node_address(self, node: str) -> str:
+        host = self.host(node)
+        return host.address if host is not None else "127.0.0.1"
+
     # -- configuration -------------------------------------------------------------------------
     def write_config(self) -> None:
         for sub in ("munge", "state", "spool", "log"):
@@ -75,14 +90,14 @@ class SlurmCluster:
             fh.write(os.urandom(1024))
         ctld_port = _free_port()
         node_lines = [
-            f"NodeName={name} NodeHostname={self.hostname} NodeAddr=127.0.0.1 Port={_free_port()} "
+            f"NodeName={name} NodeHostname={self.hostname} NodeAddr={self.node_address(name)} Port={_free_port()} "
             f"CPUs={self.cpus} RealMemory=1000 State=UNKNOWN"
             for name in self.nodes
         ]
         r = self.root
         lines = [
             "ClusterName=dtraintest",
-            f"SlurmctldHost={self.hostname}(127.0.0.1)",
+            f"SlurmctldHost={self.hostname}({self.controller_address})",
             f"SlurmctldPort={ctld_port}",
             "AuthType=auth/munge",
             "CredType=cred/munge",
@@ -123,12 +138,16 @@ class SlurmCluster:
             fh.write("CgroupAutomount=no\n")
 
     # -- lifecycle -----------------------------------------------------------------------------
-    def _spawn(self, name: str, argv: list[str]) -> None:
+    def _spawn(self, name: str, argv: list[str], host=None) -> None:
         env = dict(os.environ, SLURM_CONF=self.conf, **{MARKER: self.root})
         log = open(os.path.join(self.root, "log", f"{name}.stdout"), "ab")
         try:
-            self.daemons[name] = subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL, stdout=log,
-                                                  stderr=subprocess.STDOUT, start_new_session=True)
+            if host is not None:  # slurmd needs this machine's /sys/fs/cgroup: only the network namespace is entered
+                self.daemons[name] = host.popen(argv, sysfs=False, env=env, stdin=subprocess.DEVNULL, stdout=log,
+                                                stderr=subprocess.STDOUT)
+            else:
+                self.daemons[name] = subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL, stdout=log,
+                                                      stderr=subprocess.STDOUT, start_new_session=True)
         finally:
             log.close()
 
@@ -143,7 +162,7 @@ class SlurmCluster:
         self._spawn("slurmctld", [_binary("slurmctld"), "-D", "-i", "-f", self.conf])
         for node in self.nodes:
             os.makedirs(os.path.join(self.root, "spool", node), exist_ok=True)
-            self._spawn(f"slurmd-{node}", [_binary("slurmd"), "-D", "-N", node, "-f", self.conf])
+            self._spawn(f"slurmd-{node}", [_binary("slurmd"), "-D", "-N", node, "-f", self.conf], self.host(node))
         try:
             self._wait_for(self._all_idle, timeout, "both nodes idle in sinfo")
         except Exception:

@@ -50,10 +50,15 @@ def test_ddp_two_nodes_by_two_trains_and_node_rank_is_slurm_nodeid(slurm, tmp_pa
     for r in ranks:
         assert r["NODE_RANK"] == r["SLURM_NODEID"] == r["GROUP_RANK"]
         assert int(r["NODE_RANK"]) == int(r["RANK"]) // 2 and r["LOCAL_WORLD_SIZE"] == "2"
-        assert r["MASTER_ADDR"] == "127.0.0.1"  # node1's NodeAddr: the name itself does not resolve
+        # node1's NodeAddr (its host's own address): the name itself does not resolve
+        assert r["MASTER_ADDR"] == slurm.node_address("node1") != "127.0.0.1"
+        # No GLOO_SOCKET_IFNAME was given: each node took the interface that reaches node1 (eth1 on
+        # node1, whose eth0 is a decoy listed first), and gloo connected across the hosts.
+        assert r["GLOO_SOCKET_IFNAME"] == slurm.host(r["SLURMD_NODENAME"]).interface, r
         assert r["argv"] == hostile and r["HOSTILE"] == hostile[0]  # verbatim, and inert
         assert r["last_loss"] < r["first_loss"] / 10  # it trained
     assert len({(r["weight"], r["bias"]) for r in ranks}) == 1  # gradients were all-reduced across nodes
+    assert {r["SLURMD_NODENAME"] for r in ranks} == {"node1", "node2"}
     assert {r["SLURM_JOB_ID"] for r in ranks} == {ranks[0]["SLURM_JOB_ID"]}
     assert not pwned.exists()
     assert any(line.startswith("[node1 rank3]") for line in lines)  # the job's output was streamed
@@ -65,7 +70,7 @@ def test_cli_failing_rank_exit_status_and_tail(slurm, tmp_path):
     proc = subprocess.run(
         [os.path.join(os.path.dirname(sys.executable), "dtrain"), "launch", "--backend", "slurm", "--nodes", "2",
          "--procs-per-node", "2", "--device", "cpu", "--run-dir", str(tmp_path / "run"), "--slurm-poll-interval",
-         "0.3", "--env", "GLOO_SOCKET_IFNAME=lo", "--", "python", DDP_REPORT, str(tmp_path / "rep"), "--fail-rank", "3"],
+         "0.3", "--", "python", DDP_REPORT, str(tmp_path / "rep"), "--fail-rank", "3"],
         capture_output=True, text=True, timeout=120, cwd=REPO)
     assert proc.returncode == 7, proc.stdout + proc.stderr
     assert "rank 3 failed first" in proc.stdout

@@ -54,8 +54,19 @@ class ArgvWatch:
 
 
 @pytest.fixture
-def connection_only(moto_endpoint, monkeypatch, tmp_path, request):
-    """(bucket, secret): a fresh bucket, and AIRFLOW_CONN_DTRAIN_CKPT_S3 the only way to reach it."""
+def connection_only(moto_endpoint, connection_to):
+    """(client, bucket, secret): a fresh bucket on the suite's moto, and AIRFLOW_CONN_DTRAIN_CKPT_S3 the
+    only way to reach it."""
+    return connection_to(moto_endpoint)
+
+
+@pytest.fixture
+def connection_to(monkeypatch, tmp_path, request):
+    """What :func:`connection_only` gives, for the S3 endpoint passed in."""
+    return lambda endpoint: _connection_only(endpoint, monkeypatch, tmp_path, request)
+
+
+def _connection_only(moto_endpoint: str, monkeypatch, tmp_path, request):
     import boto3
 
     for name in AMBIENT_AWS:
@@ -131,8 +142,17 @@ def test_ssh_job_checkpoints_to_s3_with_the_connection_only(airflow_db, ssh_clus
     assert (tmp_path / "run1" / "detached").is_dir()  # the detached daemons' path, whose files were read too
 
 
-def test_slurm_job_checkpoints_to_s3_with_the_connection_only(airflow_db, slurm, connection_only, tmp_path, capfd,
-                                                              request):
+@pytest.fixture
+def bridge_moto(slurm):
+    """A moto server the Slurm nodes reach: on the bridge's address (their hosts have their own loopback)."""
+    from tests.services import moto_server
+
+    yield from moto_server(slurm.controller_address)
+
+
+def test_slurm_job_checkpoints_to_s3_with_the_connection_only(airflow_db, slurm, bridge_moto, connection_to, tmp_path,
+                                                              capfd, request):
     """Through Slurm the credentials ride in sbatch's environment: not in the script in the run directory."""
-    run_and_check(*connection_only, tmp_path, capfd, request, backend="slurm", slurm={"poll_interval": 0.3})
+    run_and_check(*connection_to(bridge_moto), tmp_path, capfd, request, backend="slurm",
+                  slurm={"poll_interval": 0.3})
     assert (tmp_path / "run1" / "slurm-job.sh").is_file()  # the script was there to be read, without the secret

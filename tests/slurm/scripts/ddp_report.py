@@ -66,7 +66,8 @@ def main() -> int:
         "pid": os.getpid(), "host": os.uname().nodename,
         **{k: os.environ.get(k) for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "NODE_RANK",
                                           "GROUP_RANK", "SLURM_NODEID", "SLURM_JOB_ID", "MASTER_ADDR",
-                                          "MASTER_PORT", "DTRAIN_RUN_DIR", "HOSTILE")},
+                                          "MASTER_PORT", "DTRAIN_RUN_DIR", "HOSTILE", "SLURMD_NODENAME",
+                                          "GLOO_SOCKET_IFNAME")},
     }
     os.makedirs(args.report_dir, exist_ok=True)
     path = os.path.join(args.report_dir, f"rank{rank}.json")
