@@ -13,8 +13,9 @@ carry ``SLURM_CONF=<root>/slurm.conf`` from the submitting environment.
 process still carrying either marker (slurmstepd re-parents itself to init, so
 ancestry alone would miss it). Needs root: slurmd runs jobs as their user.
 
-Run by hand: ``python tests/slurm/cluster.py`` starts a cluster, prints the
-``SLURM_CONF`` to export, and stops it on Ctrl-C.
+Run by hand: ``python tests/slurm/cluster.py`` starts a cluster (``--hosts 2``: on namespace hosts
+with their own addresses, as the suite runs it), prints the ``SLURM_CONF`` to export, and stops it on
+Ctrl-C.
 """
 
 from __future__ import annotations
@@ -284,11 +285,35 @@ def kill_stale_clusters() -> None:
     kill_pids(stale)
 
 
-if __name__ == "__main__":
-    cluster = SlurmCluster().start()
-    print(f"export SLURM_CONF={cluster.conf}", flush=True)
+def main(argv: list[str] | None = None) -> int:
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="python tests/slurm/cluster.py", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--hosts", type=int, default=0,
+                        help="run the nodes on this many namespace hosts with their own addresses "
+                             "(tests/netcluster.py); 0: two nodes on 127.0.0.1")
+    args = parser.parse_args(argv)
+    net = None
+    if args.hosts:
+        sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+        from tests.netcluster import NetCluster
+
+        net = NetCluster(args.hosts).start()
     try:
-        signal.sigwait({signal.SIGINT, signal.SIGTERM})
+        cluster = SlurmCluster(net=net).start()
+        try:
+            print(f"export SLURM_CONF={cluster.conf}", flush=True)
+            for node in cluster.nodes:
+                print(f"  {node}: NodeAddr {cluster.node_address(node)}", flush=True)
+            print("Ctrl-C stops it", flush=True)
+            signal.sigwait({signal.SIGINT, signal.SIGTERM})
+        finally:
+            cluster.stop()
     finally:
-        cluster.stop()
-        sys.exit(0)
+        if net is not None:
+            net.stop()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
