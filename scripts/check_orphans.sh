@@ -36,7 +36,8 @@ net_left=$( { ip netns list 2>/dev/null | awk '$1 ~ /^dtn/ {print "netns " $1}'
               ip -o link show 2>/dev/null | awk -F': ' '$2 ~ /^dtn/ {sub(/@.*/, "", $2); print "link " $2}'
               for controller in freezer cpu; do
                 for dir in /sys/fs/cgroup/$controller/dtn*; do [ -d "$dir" ] && echo "cgroup $controller/${dir##*/}"; done
-              done; } )
+              done
+              for dir in /etc/netns/dtn*; do [ -d "$dir" ] && echo "$dir (a host's resolver file)"; done; } )
 
 status=0
 if [ -n "$left" ]; then
@@ -51,7 +52,7 @@ if [ -n "$net_left" ]; then
   printf '%s\n' "$net_left"
   status=1
 else
-  echo "check_orphans: no network namespace, link or cgroup of the test cluster is left"
+  echo "check_orphans: no network namespace, link, cgroup or resolver file of the test cluster is left"
 fi
 if [ -n "$shm_left" ]; then
   echo "check_orphans: shared memory of the project is left in $shm_dir (no process maps it):"

@@ -3,7 +3,8 @@
 Every host is a network namespace with its own address on a private /24, reached through a veth
 pair plugged into a Linux bridge in the root namespace (which holds the subnet's first address, so
 the launcher on this machine reaches every host, and the hosts reach each other). Each host has its
-own loopback and routing table; the filesystem, the process table and the hostname are shared (the
+own loopback, routing table and resolver configuration (lookups fail at once: :data:`HOST_RESOLV_CONF`);
+the filesystem, the process table and the hostname are shared (the
 hostname resolves to 127.0.0.1, as on many images: software that advertises "the address of my
 hostname" fails across hosts, as it does on real clusters). Host 0 has a second interface,
 ``eth0``, listed before the one that reaches the others and routing nowhere: a program that picks
@@ -41,6 +42,14 @@ from dataclasses import dataclass, field
 IP = shutil.which("ip") or "/usr/sbin/ip"
 TC = shutil.which("tc") or "/usr/sbin/tc"
 NSENTER = shutil.which("nsenter") or "/usr/bin/nsenter"
+UNSHARE = shutil.which("unshare") or "/usr/bin/unshare"
+#: where ``ip netns exec`` finds a namespace's own /etc files
+NETNS_ETC = "/etc/netns"
+#: each host's resolver: its own loopback, where nothing listens, so a lookup fails at once. With this
+#: machine's resolver the hosts cannot reach (no route out of the bridge) every lookup waited 10 s, and
+#: c10d looks up each peer's name as its store accepts it: 10-14 s more per job, per restart
+HOST_RESOLV_CONF = ("# tests/netcluster.py: lookups fail at once (nothing listens on this host's port 53)\n"
+                    "nameserver 127.0.0.1\n")
 CGROUP_V1 = "/sys/fs/cgroup"
 #: every name this module creates starts with this (namespaces, links, cgroups): the orphan check looks for it
 PREFIX = "dtn"
@@ -85,12 +94,20 @@ class Host:
     interface: str  # the namespace's interface that reaches the other hosts
 
     def argv(self, argv: list[str], sysfs: bool = True) -> list[str]:
-        """``argv`` run inside this host's network namespace. ``ip netns exec`` mounts the namespace's own
-        /sys (its interfaces), which has no cgroup filesystem under it; ``sysfs=False`` enters only the
-        network namespace, keeping this machine's mounts (slurmd refuses to start without /sys/fs/cgroup)."""
+        """``argv`` run inside this host's network namespace, with the host's resolver configuration
+        (:data:`HOST_RESOLV_CONF`: ``ip netns exec`` mounts /etc/netns/<name>/resolv.conf over
+        /etc/resolv.conf). ``ip netns exec`` also mounts the namespace's own /sys (its interfaces), which
+        has no cgroup filesystem under it; ``sysfs=False`` keeps this machine's /sys instead (slurmd
+        refuses to start without /sys/fs/cgroup): it enters the network namespace and a mount namespace
+        of its own, where only the resolver configuration is mounted."""
         if not sysfs:
-            return [NSENTER, f"--net=/run/netns/{self.netns}", *argv]
+            return [NSENTER, f"--net=/run/netns/{self.netns}", UNSHARE, "--mount", "--propagation", "private",
+                    "sh", "-c", 'mount --bind "$0" /etc/resolv.conf && exec "$@"', self.resolv_conf, *argv]
         return [IP, "netns", "exec", self.netns, *argv]
+
+    @property
+    def resolv_conf(self) -> str:
+        return os.path.join(NETNS_ETC, self.netns, "resolv.conf")
 
     def run(self, argv: list[str], **kwargs) -> subprocess.CompletedProcess:
         kwargs.setdefault("capture_output", True)
@@ -155,6 +172,9 @@ class NetCluster:
         host = Host(index=index, netns=name, address=address, veth=f"{name}v", cgroup=name, interface=inside)
         self.hosts.append(host)  # before anything can fail: stop() removes what was made of it
         ip("netns", "add", name)
+        os.makedirs(os.path.dirname(host.resolv_conf), exist_ok=True)
+        with open(host.resolv_conf, "w", encoding="utf-8") as fh:
+            fh.write(HOST_RESOLV_CONF)
         ip("link", "add", host.veth, "type", "veth", "peer", "name", f"{name}p")
         if decoy:  # created first: it is listed before the interface that works
             subnet = _free_subnet(DECOY_SUPERNET)
@@ -254,6 +274,7 @@ class NetCluster:
         for host in self.hosts:
             ip("link", "del", host.veth, check=False)
             ip("netns", "del", host.netns, check=False)
+            shutil.rmtree(os.path.dirname(host.resolv_conf), ignore_errors=True)
             for controller in ("freezer", "cpu"):
                 path = os.path.join(CGROUP_V1, controller, host.cgroup)
                 for _ in range(50):  # rmdir fails while a killed process is still being reaped
@@ -281,6 +302,8 @@ def leftovers() -> list[str]:
         root = os.path.join(CGROUP_V1, controller)
         if os.path.isdir(root):
             found.extend(f"cgroup {controller}/{n}" for n in os.listdir(root) if n.startswith(PREFIX))
+    if os.path.isdir(NETNS_ETC):
+        found.extend(f"{NETNS_ETC}/{n}" for n in os.listdir(NETNS_ETC) if n.startswith(PREFIX))
     return found
 
 

@@ -37,6 +37,24 @@ def test_hosts_have_their_own_addresses_and_reach_each_other_and_this_machine(ne
     assert reaches(net, 0, 2) and reaches(net, 2, 1)
 
 
+def test_each_host_has_its_own_resolver_and_keeps_the_cgroups_when_asked(net_cluster):
+    """Lookups on a host fail at once (its own resolv.conf) whichever way it is entered: with its own /sys
+    (``ip netns exec``, as sshd runs) or with this machine's, where slurmd finds /sys/fs/cgroup."""
+    from tests.netcluster import HOST_RESOLV_CONF
+
+    host = net_cluster.net.hosts[1]
+    with open("/etc/resolv.conf", encoding="utf-8") as fh:
+        assert fh.read() != HOST_RESOLV_CONF  # this machine's is left alone
+    for sysfs in (True, False):
+        seen = subprocess.run(host.argv(["cat", "/etc/resolv.conf"], sysfs), capture_output=True, text=True, check=True)
+        assert seen.stdout == HOST_RESOLV_CONF, sysfs
+        addresses = subprocess.run(host.argv(["ip", "-4", "-o", "addr", "show"], sysfs), capture_output=True,
+                                   text=True, check=True).stdout
+        assert f" {host.address}/24" in addresses, sysfs  # in the host's network either way
+    cgroups = subprocess.run(host.argv(["ls", "/sys/fs/cgroup"], sysfs=False), capture_output=True, text=True)
+    assert "freezer" in cgroups.stdout.split(), cgroups
+
+
 def test_a_partitioned_host_is_cut_off_until_healed(net_cluster):
     net = net_cluster.net
     net.partition(1)
