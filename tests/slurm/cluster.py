@@ -143,7 +143,7 @@ class SlurmCluster:
         env = dict(os.environ, SLURM_CONF=self.conf, **{MARKER: self.root})
         log = open(os.path.join(self.root, "log", f"{name}.stdout"), "ab")
         try:
-            if host is not None:  # slurmd needs this machine's /sys/fs/cgroup: only the network namespace is entered
+            if host is not None:  # on its host, but with this machine's /sys: slurmd needs /sys/fs/cgroup
                 self.daemons[name] = host.popen(argv, sysfs=False, env=env, stdin=subprocess.DEVNULL, stdout=log,
                                                 stderr=subprocess.STDOUT)
             else:
