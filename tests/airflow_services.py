@@ -100,6 +100,12 @@ class AirflowServices:
         path = os.path.join(self.home, f"{name}.log")
         return open(path).read() if os.path.exists(path) else ""
 
+    def scheduler_log(self) -> str:
+        """What every scheduler of this Airflow logged: ``airflow standalone``'s own (in its log) and
+        the one :meth:`revive_scheduler` started after it died (scheduler.log). A test that waits for
+        a scheduler's line must read both, or it waits forever once the first scheduler has died."""
+        return self.log("standalone") + self.log("scheduler")
+
     def wait_ready(self, dag_id: str, timeout: float = 180) -> None:
         """Until the API answers and the DAG processor has parsed ``dag_id``."""
         deadline = time.monotonic() + timeout

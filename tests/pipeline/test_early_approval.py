@@ -58,6 +58,6 @@ def test_an_answer_the_moment_the_task_awaits_input_publishes(airflow, capsys):
     assert status == 200 and xcom["value"] == ["Approve"], xcom
     # Answered once: a retry that asked again would wait for a second answer that never comes.
     assert airflow.task_instance(DAG, run_id, "approve")["try_number"] <= 2
-    raced = "finished with state success, but the task instance's state attribute is" in airflow.log("standalone")
+    raced = "finished with state success, but the task instance's state attribute is" in airflow.scheduler_log()
     with capsys.disabled():
         print(f"\n[approval] answered at once; the scheduler {'failed the parked try (the race), the retry completed' if raced else 'saw no race'}")

@@ -115,10 +115,11 @@ def test_c_backfill_of_two_dates_publishes_only_the_better_model(standalone, cap
               f"rmse 03-02 {better['evaluation']['rmse']:.4f} published, 03-03 {worse['value']:.4f} gated out")
 
 
-def wait_for_approval(standalone, run_id: str, timeout: float = 600, dag_id: str = REVIEWED) -> dict:
-    deadline = time.monotonic() + timeout
+def wait_for_approval(standalone, run_id: str, timeout: float = 400, dag_id: str = REVIEWED) -> dict:
+    deadline = time.monotonic() + timeout  # inside pytest-timeout's 600 s, so a miss says what it missed
     path = f"/dags/{dag_id}/dagRuns/{quote(run_id, safe='')}/taskInstances/approve/-1/hitlDetails"
     while time.monotonic() < deadline:
+        standalone.revive_scheduler()
         status, run = standalone.request("GET", f"/dags/{dag_id}/dagRuns/{quote(run_id, safe='')}")
         assert status == 200 and run["state"] != "failed", standalone.failure_report(dag_id, run_id)
         ti = standalone.task_instance(dag_id, run_id, "approve")
@@ -138,8 +139,9 @@ def wait_until_parked(standalone, run_id: str, deadline: float, dag_id: str = RE
     the event it processed, so the test answers after that line, as a person always would."""
     event = (f"Received executor event with state success for task instance TaskInstanceKey("
              f"dag_id='{dag_id}', task_id='approve', run_id='{run_id}'")
-    while event not in standalone.log("standalone"):
+    while event not in standalone.scheduler_log():
         assert time.monotonic() < deadline, f"{run_id}: the scheduler never saw approve park"
+        standalone.revive_scheduler()
         time.sleep(1)
 
 
