@@ -23,6 +23,8 @@ import ctypes
 
 import psutil
 
+from dtrain.launch.node.proctree import kill_job, wait_gone
+
 PR_SET_PDEATHSIG = 1
 # Resolved before any fork: the pre-exec hook must not import or allocate in the child.
 _PRCTL = getattr(ctypes.CDLL(None, use_errno=True), "prctl", None)
@@ -189,18 +191,16 @@ class NodeSupervisor:
                 if attempt == 0 and _pgid(proc.pid) in groups:
                     continue  # signalled with its node's group just now
                 _signal(proc, signal.SIGTERM)
-            _, alive = psutil.wait_procs(victims, timeout=grace if attempt == 0 else 1.0)
+            alive = wait_gone(victims, timeout=grace if attempt == 0 else 1.0)  # reaps none: node.proc's status stays ours
             for proc in alive:
                 _signal(proc, signal.SIGKILL)
-            psutil.wait_procs(alive, timeout=2.0)
+            wait_gone(alive, timeout=2.0)
         for node in self.nodes:
             try:
                 node.proc.wait(timeout=2.0)
             except subprocess.TimeoutExpired:
                 node.proc.kill()
         if self.job_id:
-            from dtrain.launch.node.proctree import kill_job
-
             kill_job(self.job_id, grace)
         self._drain()
 

@@ -14,6 +14,7 @@ import ctypes
 import os
 import signal
 import sys
+import time
 from typing import MutableMapping
 
 #: set by the Slurm node shell to its own pid for the agent it starts (:func:`die_with_parent`)
@@ -71,7 +72,7 @@ def _kill_descendants(root, grace: float) -> None:
                 proc.send_signal(signal.SIGTERM if attempt == 0 else signal.SIGKILL)
             except psutil.NoSuchProcess:
                 pass
-        _, alive = psutil.wait_procs(victims, timeout=grace if attempt == 0 else 2.0)
+        alive = wait_gone(victims, timeout=grace if attempt == 0 else 2.0)
         if attempt == 1:
             for proc in alive:
                 try:
@@ -165,10 +166,34 @@ def kill_processes(victims: list, grace: float) -> None:
 
     for proc in victims:
         _signal(proc, signal.SIGTERM)
-    _, alive = psutil.wait_procs(victims, timeout=grace)
+    alive = wait_gone(victims, timeout=grace)
     for proc in alive:
         _signal(proc, signal.SIGKILL)
-    psutil.wait_procs(alive, timeout=2.0)
+    wait_gone(alive, timeout=2.0)
+
+
+def wait_gone(victims: list, timeout: float, interval: float = 0.05) -> list:
+    """Wait until each of ``victims`` (psutil.Process) has ended or ``timeout`` passed; returns those
+    still alive. A zombie counts as ended, and none is reaped: ``psutil.wait_procs`` reaps a child of
+    ours with ``waitpid``, and the ``subprocess.Popen`` waiting on that child then gets ECHILD and
+    reports exit status 0. A node agent whose rank was SIGKILLed by its fence exited 0 that way
+    (seen in a clean-clone run under load): a stopped node reported as a successful one."""
+    deadline = time.monotonic() + timeout
+    alive = list(victims)
+    while True:
+        alive = [proc for proc in alive if _running(proc)]
+        if not alive or time.monotonic() >= deadline:
+            return alive
+        time.sleep(interval)
+
+
+def _running(proc) -> bool:
+    import psutil
+
+    try:
+        return proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
 
 
 def _signal(proc, signum: int) -> None:
