@@ -38,8 +38,8 @@ import pytest  # noqa: E402
 
 # The suite's daemons, defined once (tests/services.py): one moto S3, one sshd cluster, one Slurm cluster.
 from tests.services import (  # noqa: E402,F401
-    CLUSTER_FIXTURES, OWN_CLUSTER_FIXTURES, faulty_cluster, moto_endpoint, net_cluster, s3_bucket, slurm, slurm_cluster,
-    ssh_cluster,
+    CLUSTER_FIXTURES, OWN_CLUSTER_FIXTURES, faulty_cluster, faulty_slurm, moto_endpoint, net_cluster, s3_bucket, slurm,
+    slurm_cluster, ssh_cluster,
 )
 
 #: session fixtures that start something expensive, in priority order: under pytest-xdist

@@ -139,8 +139,7 @@ def faulty_cluster(tmp_path_factory):
     yield from _net_ssh_cluster(2, str(tmp_path_factory.mktemp("faulty-sshd")))
 
 
-@pytest.fixture(scope="session")
-def slurm_cluster():
+def _net_slurm_cluster():
     """A real two-node Slurm cluster (tests/slurm/cluster.py) on two hosts with their own addresses
     (tests/netcluster.py): each node's slurmd on its host with that address as NodeAddr, node 1 (host 0)
     with the decoy interface listed first; slurmctld and the client commands on this machine.
@@ -175,6 +174,19 @@ def slurm_cluster():
         net.stop()
 
 
+@pytest.fixture(scope="session")
+def slurm_cluster():
+    """The Slurm cluster the Slurm tests share (:func:`_net_slurm_cluster`)."""
+    yield from _net_slurm_cluster()
+
+
+@pytest.fixture
+def faulty_slurm():
+    """A Slurm cluster of this test's own (:func:`_net_slurm_cluster`), for a test that breaks one of its
+    hosts (crash, partition, freeze); its ``.net`` has the faults. SLURM_CONF points at it meanwhile."""
+    yield from _net_slurm_cluster()
+
+
 @pytest.fixture
 def slurm(slurm_cluster):
     """The cluster, checked idle before and after each test (no job left behind)."""
@@ -193,4 +205,4 @@ def slurm(slurm_cluster):
 #: the fixtures that start a cluster: tests using any of them share one xdist worker
 CLUSTER_FIXTURES = frozenset({"ssh_cluster", "slurm_cluster", "slurm"})
 #: fixtures that make a cluster of the test's own (network namespaces: fine on any worker)
-OWN_CLUSTER_FIXTURES = frozenset({"faulty_cluster"})
+OWN_CLUSTER_FIXTURES = frozenset({"faulty_cluster", "faulty_slurm"})

@@ -11,7 +11,7 @@ replace a file by a directory or a FIFO, write a 20 GB record. So, here and only
 - files are written through a temporary file created exclusively (``O_EXCL|O_NOFOLLOW``) in
   the directory's own fd, then renamed over the name (a rename replaces a planted link, it
   never writes through it);
-- a directory the product owns (``exits``, ``hang``, ``progress``, ``detached``) that is not a
+- a directory the product owns (``exits``, ``hang``, ``progress``, ``detached``, ``lease``) that is not a
   real directory is removed (unlinking never follows) and made again; removal is fd-based
   (``shutil.rmtree`` with ``dir_fd``), never through a link.
 
@@ -45,6 +45,8 @@ HANG = "hang"
 PROGRESS = "progress"
 LOGS = "logs"
 DETACHED = "detached"
+#: a Slurm node's lease: its heartbeat and its fence record (dtrain.launch.node.lease)
+LEASE = "lease"
 #: rank 0's result (dtrain.training.metrics.write_result), under METRICS
 RESULT = "result.json"
 #: the resolved DeepSpeed config the launcher hands every rank

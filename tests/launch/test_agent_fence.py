@@ -13,7 +13,7 @@ import sys
 
 import pytest
 
-from dtrain.launch.engine.lost import FENCE_GRACE_S
+from dtrain.launch.node.lease import FENCE_GRACE_S
 
 #: a rank that saves on SIGTERM, as train_digits does: it ignores SIGTERM for its whole grace
 STUBBORN_RANK = ("import os, signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "

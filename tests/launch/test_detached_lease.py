@@ -7,7 +7,7 @@ from __future__ import annotations
 import socket
 import threading
 
-from dtrain.launch.backends.ssh.detached_node import hold_lease
+from dtrain.launch.node.lease import hold_lease
 
 
 def run_lease(lease: float, peer, ended: threading.Event | None = None, clock=None, wait: float = 5.0):

@@ -27,8 +27,9 @@ FORBIDDEN = (
     ("", ("dtrain.links", "dtrain.training", "dtrain.ui", "dtrain.pipeline", "dtrain.plugin"),
      "launch is below the training helper, the UI, the pipeline and the plugin"),
 )
-#: the only dtrain modules a node-side module may import (besides the bare package)
-NODE_MAY_IMPORT = ("dtrain.launch.node", "dtrain.rundir", "dtrain.errors")
+#: the only dtrain modules a node-side module may import (besides the bare package): stdlib-only ones
+#: (the grammar checks a node's own arguments, as the launcher's)
+NODE_MAY_IMPORT = ("dtrain.launch.node", "dtrain.rundir", "dtrain.errors", "dtrain.grammar")
 #: the folders of dtrain/launch, and the modules directly in it: the stable public re-exports
 FOLDERS = {"airflow", "engine", "node", "backends"}
 PUBLIC_REEXPORTS = {
@@ -108,7 +109,7 @@ def test_the_check_catches_what_it_forbids(tmp_path, monkeypatch):
     (launch / "node" / "a.py").write_text("from dtrain.launch.engine import hang\n"
                                           "def f():\n    import airflow.sdk\n"
                                           "def g():\n    from ..airflow import operator\n"
-                                          "from dtrain import grammar\n")
+                                          "from dtrain import args\n")
     (launch / "engine" / "b.py").write_text("def f():\n    from airflow.triggers.base import BaseTrigger\n"
                                             "def g():\n    from dtrain.launch.airflow.resumable import x\n")
     (launch / "airflow" / "c.py").write_text("from dtrain.links import LINKS\n"

@@ -24,13 +24,14 @@ from dataclasses import asdict, dataclass
 
 #: the exit status of a launch that lost a node (dtrain.launch.engine.retry: a lost node, retried)
 LOST_EXIT_CODE = 255
+#: a node silent this long is lost (the ssh and slurm options' ``lost_after``): detection within it plus
+#: the probe, the node's own fence within it plus the fence grace; the issue's goal is 60 s for both
+DEFAULT_LOST_AFTER_S = 30.0
+#: below this a busy host (a long GC, a loaded link) would be declared lost
+MIN_LOST_AFTER_S = 10.0
 #: seconds the probe waits for the connection, then for the banner
 PROBE_TIMEOUT_S = 5.0
 FAULTS = ("unreachable", "frozen", "gone")
-#: seconds a node that fences itself gives its ranks between SIGTERM and SIGKILL (not the stop
-#: grace): cut off from its peers, they cannot reach a checkpoint, and every second they live is a
-#: second they may hold GPUs the retry needs
-FENCE_GRACE_S = 2.0
 
 
 @dataclass(frozen=True)
@@ -52,10 +53,20 @@ def probe(address: str, port: int, timeout: float = PROBE_TIMEOUT_S) -> tuple[st
     return fault_of(address, port, timeout) or ("unreachable", "the connection was lost; the host answers again now")
 
 
-def fault_of(address: str, port: int, timeout: float = PROBE_TIMEOUT_S) -> tuple[str, str] | None:
-    """(fault, detail) if the host's login port shows one of FAULTS, None when its server answers."""
+def handshake_fault(address: str, port: int, timeout: float = PROBE_TIMEOUT_S) -> tuple[str, str] | None:
+    """(fault, detail) when a TCP handshake with the port shows one of FAULTS' ``gone`` or
+    ``unreachable``; None when it completes (nothing is sent: for a server that waits to be spoken
+    to, such as slurmd, which a frozen host's kernel completes too)."""
+    conn = _connect(address, port, timeout)
+    if isinstance(conn, tuple):
+        return conn
+    conn.close()
+    return None
+
+
+def _connect(address: str, port: int, timeout: float) -> "socket.socket | tuple[str, str]":
     try:
-        conn = socket.create_connection((address, port), timeout=timeout)
+        return socket.create_connection((address, port), timeout=timeout)
     except ConnectionRefusedError:
         return "gone", f"port {port} refuses connections: its processes are gone (crashed or rebooted)"
     except (ConnectionResetError, ConnectionAbortedError):
@@ -64,6 +75,13 @@ def fault_of(address: str, port: int, timeout: float = PROBE_TIMEOUT_S) -> tuple
         return "gone", f"port {port} resets connections: its processes are gone (crashed or rebooted)"
     except OSError as e:
         return "unreachable", f"no answer from {address}:{port} within {timeout:g} s ({e.strerror or e})"
+
+
+def fault_of(address: str, port: int, timeout: float = PROBE_TIMEOUT_S) -> tuple[str, str] | None:
+    """(fault, detail) if the host's login port shows one of FAULTS, None when its server answers."""
+    conn = _connect(address, port, timeout)
+    if isinstance(conn, tuple):
+        return conn
     with conn:
         conn.settimeout(timeout)
         try:

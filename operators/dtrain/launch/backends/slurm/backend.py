@@ -26,10 +26,12 @@ from typing import Mapping
 
 from dtrain.errors import DTrainError, LaunchError
 from dtrain.launch.backends.base import Backend, DryRunRequest, JobHandle, JobStatus, run_async
+from dtrain.launch.backends.slurm import lost
 from dtrain.launch.backends.slurm import render as R
 from dtrain.launch.backends.slurm.render import SlurmOptions
 from dtrain.launch.engine.exits import exit_records, ranks_exited_since
 from dtrain.launch.engine.job import Job
+from dtrain.launch.engine.lost import LOST_EXIT_CODE, LostNode
 from dtrain.launch.engine.placement import Placement
 from dtrain.launch.engine.spec import LaunchSpec
 from dtrain.launch.engine.tailfile import TAIL_LINES, LogFollower, read_tail
@@ -92,6 +94,8 @@ def scancel(job_id: str) -> None:
         raise DTrainError(f"scancel {job_id} failed: {proc.stderr.strip()}")
 
 
+#: seconds a cancel waits for Slurm to end a job that lost a node (it cannot end it before SlurmdTimeout)
+LOST_CANCEL_WAIT_S = 5.0
 #: a handle from before the field existed has no stop_grace: the spec's default
 DEFAULT_STOP_GRACE = 30.0
 #: seconds between two looks at the ranks' exit records while they use their grace period (a
@@ -159,6 +163,26 @@ def wait_until_done(job_id: str, run_dir: str, timeout: float = 60.0, interval: 
     return status
 
 
+def lost_node_of(handle: JobHandle, status: JobStatus) -> LostNode | None:
+    """The node a running or failed job lost (:mod:`.lost`); None for a job submitted without
+    leases (an earlier release's handle), a pending, completed or unanswered one."""
+    lost_after, nodes = handle.data.get("lost_after"), handle.data.get("nodes")
+    if not (isinstance(lost_after, (int, float)) and isinstance(nodes, int)) or not status.reachable or status.ok:
+        return None
+    if not status.done and status.state != "RUNNING":
+        return None
+    return lost.lost_node(handle.backend_job_id, handle.run_dir, nodes, float(lost_after), failed=status.done)
+
+
+def with_lost_node(status: JobStatus, node: LostNode | None) -> JobStatus:
+    """``status``, or the lost-node verdict (done, LOST_EXIT_CODE) when the job lost ``node``: the
+    caller then cancels the job, which stops its reachable nodes (a cut-off one fences itself)."""
+    if node is None:
+        return status
+    message = node.message()
+    return JobStatus("LOST", True, LOST_EXIT_CODE, node.node, message, [message, *status.tail], lost=node.to_dict())
+
+
 class SlurmBackend(Backend):
     """Submit the job with sbatch and follow it until it ends; ``cancel`` scancels it."""
 
@@ -211,7 +235,8 @@ class SlurmBackend(Backend):
         return JobHandle(backend=self.name, job_id=job.job_id, backend_job_id=job_id, run_dir=job.run_dir,
                          world_size=job.spec.world_size, submitted_at=time.time(),
                          data={"poll_interval": options.poll_interval,
-                               "stop_grace": self.stop_grace(job.spec)})
+                               "stop_grace": self.stop_grace(job.spec),
+                               "lost_after": options.lost_after, "nodes": job.spec.nodes})
 
     def _with_tail(self, handle: JobHandle, status: JobStatus) -> JobStatus:
         """A finished job's status carries the end of its output file (why it failed, or its summary)."""
@@ -222,10 +247,20 @@ class SlurmBackend(Backend):
         return status
 
     def poll(self, handle: JobHandle) -> JobStatus:
-        return self._with_tail(handle, query(handle.backend_job_id, handle.run_dir))
+        status = self._with_tail(handle, query(handle.backend_job_id, handle.run_dir))
+        return self._lost(handle, status, lost_node_of(handle, status))
 
     async def async_poll(self, handle: JobHandle) -> JobStatus:
-        return self._with_tail(handle, await async_query(handle.backend_job_id, handle.run_dir))
+        import asyncio
+
+        status = self._with_tail(handle, await async_query(handle.backend_job_id, handle.run_dir))
+        return self._lost(handle, status, await asyncio.to_thread(lost_node_of, handle, status))
+
+    def _lost(self, handle: JobHandle, status: JobStatus, node: LostNode | None) -> JobStatus:
+        if node is not None:
+            self.sink(f"[dtrain] {node.message()}: cancelling the job; a node cut off from the controller fences "
+                      f"itself within {handle.data['lost_after']:g} s")
+        return with_lost_node(status, node)
 
     def follow(self, handle: JobHandle) -> None:
         follower = self._followers.setdefault(handle.backend_job_id,
@@ -247,7 +282,16 @@ class SlurmBackend(Backend):
         except DTrainError as e:  # Slurm could not be asked: the cancel below still must happen
             self.sink(f"[dtrain] stopping slurm job {job_id} gracefully failed ({e}): cancelling it")
         scancel(job_id)
-        wait_until_done(job_id, handle.run_dir, timeout=self.cancel_timeout)
+        wait_until_done(job_id, handle.run_dir, timeout=self._cancel_wait(handle))
+
+    def _cancel_wait(self, handle: JobHandle) -> float:
+        """How long a cancel waits for Slurm to end the job. A lost node's step stays COMPLETING until
+        Slurm gives the node up (SlurmdTimeout, minutes): waiting for that would only hold the task; the
+        reachable nodes are stopped by then, and the lost one fences itself."""
+        nodes = handle.data.get("nodes")
+        if isinstance(nodes, int) and lost.shows_a_lost_node(handle.run_dir, nodes):
+            return min(self.cancel_timeout, LOST_CANCEL_WAIT_S)
+        return self.cancel_timeout
 
     async def async_cancel(self, handle: JobHandle, grace: float | None = None) -> None:
         import asyncio

@@ -26,10 +26,11 @@ from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
 
 from dtrain import grammar
-from dtrain.args import coerce_int, mapping_arg
+from dtrain.args import coerce_float, coerce_int, mapping_arg
 from dtrain.errors import DTrainError, LaunchError, SpecError
 from dtrain.launch.backends.base import JobStatus, contract_node_env
 from dtrain.launch.engine.job import Job
+from dtrain.launch.engine.lost import DEFAULT_LOST_AFTER_S, MIN_LOST_AFTER_S
 from dtrain.launch.engine.torchrun import Static, agent_argv
 from dtrain.rundir import RunDir
 
@@ -152,6 +153,9 @@ class SlurmOptions:
         poll_interval: seconds between ``scontrol show job`` polls.
         master_port: rendezvous port on the first node; 0 derives it from the Slurm job id
             at run time (20000 + id % 20000), so concurrent jobs on a node differ.
+        lost_after: seconds (at least 10; default 30) after which a node that cannot reach the
+            Slurm controller, or was frozen, fences itself (stops its ranks), and a node whose
+            heartbeat is that old counts as lost (:mod:`.lost`): Slurm's own SlurmdTimeout is minutes.
     """
 
     partition: str | None = None
@@ -163,6 +167,7 @@ class SlurmOptions:
     extra_sbatch: Sequence[str] = field(default_factory=tuple)
     poll_interval: float = 2.0
     master_port: int = 0
+    lost_after: float = DEFAULT_LOST_AFTER_S
 
     def __post_init__(self) -> None:
         def clean(name: str, value, pattern: re.Pattern, allowed: str):
@@ -199,6 +204,7 @@ class SlurmOptions:
             raise SpecError("poll_interval", self.poll_interval, "between 0.05 and 3600 seconds")
         set_(self, "poll_interval", poll)
         set_(self, "master_port", coerce_int("master_port", self.master_port, minimum=0, maximum=65535))
+        set_(self, "lost_after", coerce_float("lost_after", self.lost_after, minimum=MIN_LOST_AFTER_S, maximum=3600.0))
 
 
 def coerce_options(options: "SlurmOptions | Mapping[str, Any] | str | None" = None) -> "SlurmOptions":
@@ -266,10 +272,14 @@ def node_argv(job: Job, python: str) -> list[str]:
 # re-parented to init) is stopped by the job id and node index it carries: slurmd's
 # proctrack/linuxproc follows parent links and would lose it. The agent dies with this shell
 # (DTRAIN_AGENT_PARENT: dtrain.launch.node.proctree.die_with_parent), also when scancel SIGKILLs
-# the shell, so that no trap runs. "$1" is the agent's interpreter.
+# the shell, so that no trap runs. "$1" is the agent's interpreter. Beside the agent the node holds
+# its lease (dtrain.launch.node.lease: it beats, and fences the node when it cannot reach the
+# controller); the reap stops it with the rest.
 NODE_SHELL = ('export NODE_RANK="$SLURM_NODEID" DTRAIN_NODE_INDEX="$SLURM_NODEID" PET_NODE_RANK="$SLURM_NODEID" '
               'PET_MASTER_ADDR="$MASTER_ADDR" PET_MASTER_PORT="$MASTER_PORT"; py="$1"; '
               'reap() { "$py" -m dtrain.launch.node.proctree reap "$DTRAIN_JOB_ID" --node "$SLURM_NODEID"; }; '
+              '"$py" -m dtrain.launch.node.lease --run-dir "$DTRAIN_RUN_DIR" --node "$SLURM_NODEID" '
+              '--job-id "$DTRAIN_JOB_ID" --lease "$DTRAIN_LOST_AFTER" --peer "$DTRAIN_LEASE_PEER" & '
               'DTRAIN_AGENT_PARENT=$$ "$@" & agent=$!; '
               'trap \'kill -TERM "$agent" 2>/dev/null; wait "$agent"; reap; exit 143\' TERM INT HUP; '
               'wait "$agent"; status=$?; reap; exit "$status"')
@@ -281,6 +291,21 @@ dtrain_node_addr() {
   addr=$(scontrol show node -o "$1" 2>/dev/null | tr ' ' '\\n' | sed -n 's/^NodeAddr=//p')
   if [ -z "$addr" ]; then addr=$(getent hosts "$1" | awk '{print $1; exit}'); fi
   printf '%s\\n' "${addr:-$1}"
+}"""
+
+_CONTROLLER_FUNCTION = """\
+# The controller's ADDRESS:PORT, which every node's lease must reach (dtrain.launch.node.lease).
+dtrain_controller() {
+  local config host port
+  config=$(scontrol show config 2>/dev/null)
+  host=$(printf '%s\\n' "$config" | sed -n 's/^SlurmctldHost\\[0\\] *= *//p' | head -n 1)
+  port=$(printf '%s\\n' "$config" | sed -n 's/^SlurmctldPort *= *\\([0-9]*\\).*/\\1/p' | head -n 1)
+  case "$host" in
+    *'('*')') host=${host#*(}; host=${host%)} ;;
+    *) host=$(getent hosts "$host" | awk '{print $1; exit}') ;;
+  esac
+  case "$host" in *:*) host="[$host]" ;; esac
+  if [ -n "$host" ] && [ -n "$port" ]; then printf '%s:%s\\n' "$host" "$port"; fi
 }"""
 
 
@@ -339,6 +364,10 @@ def render_sbatch(job: Job, options: SlurmOptions, *, workdir: str | None = None
         f"cd {q(workdir)} || exit 1",
         *exports,
         _ADDR_FUNCTION,
+        _CONTROLLER_FUNCTION,
+        f"export DTRAIN_LOST_AFTER={options.lost_after:g}",
+        'DTRAIN_LEASE_PEER=$(dtrain_controller)',
+        "export DTRAIN_LEASE_PEER",
         'MASTER_NODE=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)',
         'MASTER_ADDR=$(dtrain_node_addr "$MASTER_NODE")',
         f"MASTER_PORT={port}",

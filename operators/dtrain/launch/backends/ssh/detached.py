@@ -31,12 +31,13 @@ from typing import Any, Callable, Mapping, Sequence
 from dtrain.errors import LaunchError
 from dtrain.launch.backends.base import JobStatus
 from dtrain.launch.backends.ssh import control
-from dtrain.launch.backends.ssh.detached_node import (HEARTBEAT_S, MODULE, STALE_BEATS, STATES, TAIL_LINES, beat_age,
+from dtrain.launch.backends.ssh.detached_node import (MODULE, STATES, TAIL_LINES, beat_age,
                                                       log_tail, status_from_files)
 from dtrain.launch.backends.ssh.fanout import run_bounded, run_bounded_async
 from dtrain.launch.backends.ssh.hostfile import HostEntry, SSHSettings, coerce_hosts, ssh_argv
 from dtrain.launch.backends.ssh.records import FENCE_REASON_LIMIT, FIELDS, JobKey
 from dtrain.launch.engine.lost import LOST_EXIT_CODE, PROBE_TIMEOUT_S, LostNode, fault_of
+from dtrain.launch.node.lease import HEARTBEAT_S, STALE_BEATS
 from dtrain.rundir import RunDir
 
 Warn = Callable[[str], Any]

@@ -48,7 +48,6 @@ import json
 import os
 import signal
 import socket
-import stat
 import subprocess
 import sys
 import threading
@@ -58,16 +57,14 @@ from typing import Any, Callable
 from dtrain import grammar
 from dtrain.errors import SpecError
 from dtrain.launch.backends.ssh.records import FENCE_REASON_LIMIT, JobKey, RecordError, check, parse
-from dtrain.launch.engine.lost import FENCE_GRACE_S, LOST_EXIT_CODE  # a fenced node's exit code: the lost-node code (stdlib only)
+from dtrain.launch.engine.lost import LOST_EXIT_CODE  # a fenced node's exit code: the lost-node code (stdlib only)
+from dtrain.launch.node.lease import FENCE_GRACE_S, HEARTBEAT_S, LEASE_CHECK_S, age_of, hold_lease, parse_peer
 from dtrain.launch.node.proctree import environ_of, kill_job, kill_tree, of_job
 from dtrain.rundir import DETACHED, RunDir, UnsafeRunDir
 
 MODULE = "dtrain.launch.backends.ssh.detached_node"
 ANNOUNCE = "[dtrain-detached]"
 TAIL_LINES = 40
-HEARTBEAT_S = 5.0
-#: a heartbeat older than this many intervals is stale: only then is the host asked over ssh
-STALE_BEATS = 3
 STATES = ("running", "exited", "lost", "unknown")
 #: a record is a few hundred bytes: more is not the daemon's
 RECORD_LIMIT = 64 * 1024
@@ -75,8 +72,6 @@ RECORD_LIMIT = 64 * 1024
 MAX_INPUT_LINE = 16 * 1024 * 1024
 #: a PID's start time as psutil reads it twice may differ by rounding: not by a second
 START_TIME_SLACK_S = 1.0
-#: how often a node with a lease checks it (a handshake with its peer, and the clock)
-LEASE_CHECK_S = 5.0
 
 
 def node_dir(run_dir: str) -> str:
@@ -155,39 +150,6 @@ def _heartbeat(run_dir: RunDir, node: int, interval: float) -> None:
             run_dir.touch(DETACHED, names(node)["beat"])
         except (OSError, UnsafeRunDir):
             pass  # the filesystem hiccuped, or a rank moved things: a stale beat only makes the watcher ask over ssh
-
-
-def reaches(peer: tuple[str, int], timeout: float) -> bool:
-    """Whether a TCP handshake with ``peer`` completes within ``timeout`` (nothing is sent)."""
-    try:
-        socket.create_connection(peer, timeout=timeout).close()
-        return True
-    except OSError:
-        return False
-
-
-def boot_clock() -> float:
-    """Seconds on a clock that also runs while the host is suspended (a frozen cgroup: any clock)."""
-    return time.clock_gettime(time.CLOCK_BOOTTIME)
-
-
-def hold_lease(lease: float, peer: tuple[str, int] | None, ended: threading.Event, fence: Callable[[str], Any],
-               check_every: float = LEASE_CHECK_S, clock: Callable[[], float] = boot_clock) -> None:
-    """Call ``fence(reason)`` once the node has not reached ``peer`` for ``lease`` seconds, or as soon
-    as ``lease`` seconds passed between two checks (the host was frozen: whatever happened meanwhile,
-    the launcher has given the node up); return without fencing once ``ended`` is set."""
-    last_check = last_reached = clock()
-    while not ended.wait(check_every):
-        now = clock()
-        if now - last_check >= lease:
-            return fence(f"this node was stopped for {now - last_check:.0f} s (frozen or suspended): "
-                         f"its lease of {lease:g} s lapsed meanwhile")
-        if peer is None or reaches(peer, min(check_every, lease / 3)):
-            last_reached = clock()
-        elif (cut_off := clock() - last_reached) >= lease:
-            return fence(f"this node could not reach its peer {peer[0]}:{peer[1]} for {cut_off:.0f} s "
-                         f"(its lease of {lease:g} s lapsed): it is cut off from its job")
-        last_check = clock()
 
 
 # -- start -----------------------------------------------------------------------------------
@@ -326,11 +288,7 @@ def status_from_files(run_dir: str, node: int, now: float, stale_after: float, t
 
 def beat_age(run_dir: str, node: int, now: float) -> float | None:
     """Seconds since the node's heartbeat (by ``now`` against the file's mtime); None without one."""
-    try:
-        beat = RunDir(run_dir).stat(DETACHED, names(node)["beat"])
-    except UnsafeRunDir:
-        return None
-    return now - beat.st_mtime if beat is not None and stat.S_ISREG(beat.st_mode) else None
+    return age_of(RunDir(run_dir), now, DETACHED, names(node)["beat"])
 
 
 def status(run_dir: RunDir, node: int, job_id: str, key: JobKey | None, tail: int = TAIL_LINES) -> dict:
@@ -419,14 +377,6 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     if args.verb in ("start", "daemon") and not args.agent:
         p.error("start needs the agent command after --")
     return args
-
-
-def parse_peer(text: str) -> tuple[str, int]:
-    """``ADDRESS:PORT`` (a host as a hostfile names it, a port 1-65535) as a tuple; SpecError otherwise."""
-    match = grammar.HOST_TARGET.match(text)
-    if match is None or match["user"] or not match["port"] or not 0 < int(match["port"]) < 65536:
-        raise SpecError("--peer", text, "ADDRESS:PORT: a host name, IPv4 or [IPv6] address, and a port 1-65535")
-    return match["host"].strip("[]"), int(match["port"])
 
 
 def read_input(args: argparse.Namespace) -> tuple[bytes, dict[str, str], JobKey | None]:

@@ -26,6 +26,7 @@ from dtrain import grammar
 from dtrain.args import coerce_float, coerce_int, mapping_arg, read_input_file
 from dtrain.errors import SpecError
 from dtrain.launch.backends.ssh.fanout import DEFAULT_FANOUT, MAX_FANOUT
+from dtrain.launch.engine.lost import DEFAULT_LOST_AFTER_S, MIN_LOST_AFTER_S
 
 TARGET_RE = grammar.HOST_TARGET  # the one copy: autotune's hosts follow it too
 USER_RE = grammar.HOST_USER
@@ -117,11 +118,6 @@ def coerce_hosts(value: Any) -> list[HostEntry]:
 
 #: seconds between ssh's keepalives (ServerAliveInterval) and between the launcher's lease renewals
 KEEPALIVE_S = 5
-#: a host silent this long is lost (SSHSettings.lost_after): detection within it plus the probe, the
-#: node's own fence within it plus the stop grace; the issue's goal is 60 s for both
-DEFAULT_LOST_AFTER_S = 30.0
-#: below this a busy host (a long GC, a loaded link) would be declared lost
-MIN_LOST_AFTER_S = 10.0
 
 
 @dataclass(frozen=True)

@@ -30,6 +30,7 @@ from typing import Any, Callable
 
 from dtrain import grammar
 from dtrain.errors import SpecError
+from dtrain.launch.node.lease import FENCE_REASON_LIMIT  # a fenced node's reason, in its exit record
 
 #: the job's secret: 32 random bytes as lowercase hex
 SECRET = grammar.SECRET
@@ -112,8 +113,6 @@ FIELDS: dict[str, dict[str, Callable[[Any], bool]]] = {
     "exit": {"exit_code": _integer(0, MAX_EXIT_CODE),
              "stopped_by_signal": _optional(_integer(1, MAX_SIGNAL)), "time": _number},
 }
-#: a fenced node's reason, in its exit record, is at most this long
-FENCE_REASON_LIMIT = 500
 #: fields a record may lack (a daemon of an earlier version writes none of them)
 OPTIONAL_FIELDS: dict[str, dict[str, Callable[[Any], bool]]] = {
     "exit": {"fenced": _optional(lambda v: isinstance(v, str) and len(v) <= FENCE_REASON_LIMIT)},  # why the node fenced itself

@@ -40,7 +40,7 @@ import sys
 import threading
 import time
 
-from dtrain.launch.engine.lost import FENCE_GRACE_S
+from dtrain.launch.node.lease import FENCE_GRACE_S
 from dtrain.launch.node.proctree import kill_tree
 from dtrain.rundir import RunDir
 

@@ -1,0 +1,107 @@
+"""A lost Slurm node: the launcher's half of the node lease (:mod:`dtrain.launch.node.lease`).
+
+Slurm marks a silent node DOWN only after its SlurmdTimeout (300 s by default), and a job whose
+node is cut off or frozen just waits meanwhile. So every poll of a running job also looks at the
+nodes' leases in the run directory (a stat per node, a small read per fence record: cheap). When
+one shows a sign -- a node fenced itself, a node's heartbeat is older than STALE_BEATS beats, or
+the job failed -- the suspects' slurmd ports are probed (a TCP handshake, in parallel; each node's
+NodeAddr and Port from ``scontrol``, never from the run directory, which the ranks can write):
+
+* ``gone``: the port refuses or resets the handshake: the host's processes are gone (it crashed
+  or rebooted, or its slurmd was killed: the job cannot be controlled there any more);
+* ``frozen``: the handshake completes (the host's kernel answers) but the node's heartbeat is
+  stale: its processes are stopped (slurmd speaks only when spoken to, so no banner tells);
+* ``unreachable``: no answer within the probe's time (a partition), counted only once the node
+  fenced itself, the job failed, or its heartbeat is older than ``lost_after`` (a blip is not a
+  lost node).
+
+A node that fenced itself but answers is still lost (``unreachable``, with its own reason): it
+could not reach the controller, and its ranks are gone.
+"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+from dtrain.launch.backends.slurm import render as R
+from dtrain.launch.engine.lost import PROBE_TIMEOUT_S, LostNode, handshake_fault
+from dtrain.launch.node.lease import HEARTBEAT_S, STALE_BEATS, beat_age, read_fence
+from dtrain.rundir import RunDir
+
+#: slurmd's port when a node's line names none (Slurm's default SlurmdPort)
+DEFAULT_SLURMD_PORT = 6818
+_FIELD = re.compile(r"(?:^|\s)(NodeName|NodeAddr|Port)=(\S+)")
+
+
+def stale_after() -> float:
+    return STALE_BEATS * HEARTBEAT_S
+
+
+def lost_node(job_id: str, run_dir: str, nodes: int, lost_after: float, *, failed: bool,
+              now: float | None = None) -> LostNode | None:
+    """The node the job lost, when the leases show a sign of one; None otherwise. ``failed``: the job
+    has ended with a failure (then every node that beat is a suspect, and a heartbeat is stale because
+    the job ended, so it proves nothing: only a refused, reset or unanswered handshake, or a fence,
+    names a node)."""
+    now = time.time() if now is None else now
+    files = RunDir(run_dir)
+    fenced = {i: reason for i in range(nodes) if (reason := read_fence(files, i)) is not None}
+    ages = {i: age for i in range(nodes) if (age := beat_age(files, i, now)) is not None}
+    stale = set() if failed else {i for i, age in ages.items() if age >= stale_after()}
+    suspects = sorted(set(fenced) | stale | (set(ages) if failed else set()))
+    if not suspects:
+        return None
+    hosts = node_hosts(job_id)
+    if len(hosts) != nodes:  # Slurm cannot say where the nodes are (any more): nothing to probe
+        return None
+    with ThreadPoolExecutor(max_workers=min(32, len(suspects))) as pool:
+        faults = list(pool.map(lambda i: handshake_fault(*hosts[i], timeout=PROBE_TIMEOUT_S), suspects))
+    for index, fault in zip(suspects, faults):
+        address = hosts[index][0]
+        if fault is None and index in stale:
+            return LostNode(index, address, "frozen", f"its slurmd accepts connections but the node's heartbeat is "
+                                                      f"{ages[index]:.0f} s old: its processes are stopped")
+        if fault is not None and (fault[0] == "gone" or index in fenced or failed or ages.get(index, 0.0) >= lost_after):
+            return LostNode(index, address, *fault)
+    if fenced:
+        index = min(fenced)
+        return LostNode(index, hosts[index][0], "unreachable", f"it fenced itself: {fenced[index]}")
+    return None
+
+
+def shows_a_lost_node(run_dir: str, nodes: int, now: float | None = None) -> bool:
+    """Whether a node fenced itself or stopped beating: then Slurm cannot end the job before its
+    SlurmdTimeout, and a cancel need not wait for it (the reachable nodes are stopped at once)."""
+    now = time.time() if now is None else now
+    files = RunDir(run_dir)
+    return any(read_fence(files, i) is not None or (beat_age(files, i, now) or 0.0) >= stale_after()
+               for i in range(nodes))
+
+
+def node_hosts(job_id: str) -> list[tuple[str, int]]:
+    """(NodeAddr, slurmd port) of each of the job's nodes in node-index order (SLURM_NODEID follows
+    ``scontrol show hostnames``); [] when Slurm cannot say."""
+    job = _scontrol(R.show_job_argv(job_id))
+    node_list = R.parse_scontrol_job(job).get("NodeList", "")
+    if not node_list or node_list == "(null)":
+        return []
+    names = _scontrol(["scontrol", "show", "hostnames", node_list]).split()
+    found: dict[str, tuple[str, int]] = {}
+    for line in _scontrol(["scontrol", "show", "node", "-o", node_list]).splitlines():
+        fields = dict(_FIELD.findall(line))
+        if "NodeName" in fields:
+            port = fields.get("Port", "")
+            found[fields["NodeName"]] = (fields.get("NodeAddr", fields["NodeName"]),
+                                         int(port) if port.isdigit() else DEFAULT_SLURMD_PORT)
+    return [found[name] for name in names if name in found]
+
+
+def _scontrol(argv: list[str]) -> str:
+    try:
+        proc = subprocess.run(argv, capture_output=True, text=True, timeout=30, stdin=subprocess.DEVNULL)
+    except (OSError, subprocess.TimeoutExpired):
+        return ""
+    return proc.stdout if proc.returncode == 0 else ""

@@ -1,0 +1,190 @@
+"""A node's lease on its job: it fences itself when it is cut off, and beats so that a watcher can tell.
+
+Nobody can stop a node's ranks from outside once the node is cut off from its job (a partition) or
+was frozen while its job was given up: they would train on, holding their GPUs, until someone logs
+in. So every node holds a lease: it checks every LEASE_CHECK_S seconds that it still reaches its
+**peer** (a TCP handshake, nothing sent) and **fences itself** (stops every process of the job's
+node on its host, with FENCE_GRACE_S) once it has not reached it for the lease, or as soon as the
+lease passed between two checks unseen by it (its host was frozen or suspended: whatever happened
+meanwhile, the watcher has given the node up).
+
+* ssh, deferred/durable: the detached node's daemon (:mod:`dtrain.launch.backends.ssh.detached_node`)
+  holds it with :func:`hold_lease`, its peer another node's login port.
+* Slurm: each node shell starts this module beside the node's agent (``python -m
+  dtrain.launch.node.lease``, see :data:`dtrain.launch.backends.slurm.render.NODE_SHELL`), its peer
+  the Slurm controller: Slurm notices a silent node only after its SlurmdTimeout (minutes), and
+  then cannot reach it to stop its ranks either. It also touches ``lease/node<N>.beat`` in the run
+  directory every HEARTBEAT_S seconds (a frozen or crashed node stops beating: the launcher then
+  asks the node's host, :mod:`dtrain.launch.backends.slurm.lost`) and records a fence in
+  ``lease/node<N>.fenced`` (read as untrusted: any rank can write there).
+
+Stdlib and psutil only (it runs on every node, before and beside the ranks).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import socket
+import stat
+import sys
+import threading
+import time
+from typing import Any, Callable
+
+from dtrain import grammar
+from dtrain.errors import SpecError
+from dtrain.launch.node.proctree import kill_job
+from dtrain.rundir import LEASE, RunDir, UnsafeRunDir
+
+#: seconds a node that fences itself gives its ranks between SIGTERM and SIGKILL (not the stop
+#: grace): cut off from its peers, they cannot reach a checkpoint, and every second they live is a
+#: second they may hold GPUs the retry needs
+FENCE_GRACE_S = 2.0
+#: how often a node with a lease checks it (a handshake with its peer, and the clock)
+LEASE_CHECK_S = 5.0
+#: how often a node touches its beat file
+HEARTBEAT_S = 5.0
+#: a heartbeat older than this many intervals is stale: only then is the node's host asked
+STALE_BEATS = 3
+#: what a fence's reason may hold (it is read back as untrusted): a lease file's, an ssh exit record's
+FENCE_REASON_LIMIT = 500
+ANNOUNCE = "[dtrain-lease]"
+
+
+def reaches(peer: tuple[str, int], timeout: float) -> bool:
+    """Whether a TCP handshake with ``peer`` completes within ``timeout`` (nothing is sent)."""
+    try:
+        socket.create_connection(peer, timeout=timeout).close()
+        return True
+    except OSError:
+        return False
+
+
+def boot_clock() -> float:
+    """Seconds on a clock that also runs while the host is suspended (a frozen cgroup: any clock)."""
+    return time.clock_gettime(time.CLOCK_BOOTTIME)
+
+
+def hold_lease(lease: float, peer: tuple[str, int] | None, ended: threading.Event, fence: Callable[[str], Any],
+               check_every: float = LEASE_CHECK_S, clock: Callable[[], float] = boot_clock) -> None:
+    """Call ``fence(reason)`` once the node has not reached ``peer`` for ``lease`` seconds, or as soon
+    as ``lease`` seconds passed between two checks (the host was frozen: whatever happened meanwhile,
+    the launcher has given the node up); return without fencing once ``ended`` is set."""
+    last_check = last_reached = clock()
+    while not ended.wait(check_every):
+        now = clock()
+        if now - last_check >= lease:
+            return fence(f"this node was stopped for {now - last_check:.0f} s (frozen or suspended): "
+                         f"its lease of {lease:g} s lapsed meanwhile")
+        if peer is None or reaches(peer, min(check_every, lease / 3)):
+            last_reached = clock()
+        elif (cut_off := clock() - last_reached) >= lease:
+            return fence(f"this node could not reach its peer {peer[0]}:{peer[1]} for {cut_off:.0f} s "
+                         f"(its lease of {lease:g} s lapsed): it is cut off from its job")
+        last_check = clock()
+
+
+def beat_name(node: int) -> str:
+    return f"node{node}.beat"
+
+
+def fenced_name(node: int) -> str:
+    return f"node{node}.fenced"
+
+
+def beat(run_dir: RunDir, node: int, interval: float, ended: threading.Event) -> None:
+    """Touch the node's beat file now and every ``interval`` seconds until ``ended`` is set."""
+    while True:
+        try:
+            run_dir.ensure_dir(LEASE)  # the lease folder is the product's: a link or file planted there goes
+            run_dir.touch(LEASE, beat_name(node))
+        except (OSError, UnsafeRunDir):
+            pass  # the filesystem hiccuped, or a rank moved things: a stale beat only makes the watcher look
+        if ended.wait(interval):
+            return
+
+
+def age_of(run_dir: RunDir, now: float, *parts: str) -> float | None:
+    """Seconds since the regular file at ``parts`` was last written (by ``now`` against its mtime, so
+    clocks synchronised to well within a beat, as NTP/chrony keep them); None without one."""
+    try:
+        found = run_dir.stat(*parts)
+    except UnsafeRunDir:
+        return None
+    return now - found.st_mtime if found is not None and stat.S_ISREG(found.st_mode) else None
+
+
+def beat_age(run_dir: RunDir, node: int, now: float) -> float | None:
+    """Seconds since node ``node`` last beat (None: it never did)."""
+    return age_of(run_dir, now, LEASE, beat_name(node))
+
+
+def read_fence(run_dir: RunDir, node: int) -> str | None:
+    """The reason node ``node`` recorded for fencing itself, if it did (untrusted text, bounded)."""
+    try:
+        raw = run_dir.read(LEASE, fenced_name(node), limit=FENCE_REASON_LIMIT + 256)
+    except (OSError, UnsafeRunDir):
+        return None
+    if raw is None:
+        return None
+    try:
+        reason = json.loads(raw).get("reason")
+    except (ValueError, AttributeError):
+        return "it recorded a fence (unreadable record)"
+    if not isinstance(reason, str):
+        return "it recorded a fence (no reason)"
+    return "".join(c if c.isprintable() else "?" for c in reason[:FENCE_REASON_LIMIT])
+
+
+def parse_peer(text: str) -> tuple[str, int]:
+    """``ADDRESS:PORT`` (a host as a hostfile names it, a port 1-65535) as a tuple; SpecError otherwise."""
+    match = grammar.HOST_TARGET.match(text)
+    if match is None or match["user"] or not match["port"] or not 0 < int(match["port"]) < 65536:
+        raise SpecError("--peer", text, "ADDRESS:PORT: a host name, IPv4 or [IPv6] address, and a port 1-65535")
+    return match["host"].strip("[]"), int(match["port"])
+
+
+def run(run_dir: str, node: int, job_id: str, lease: float, peer: tuple[str, int] | None,
+        check_every: float = LEASE_CHECK_S, heartbeat: float = HEARTBEAT_S) -> int:
+    """Beat and hold the lease until the node is fenced (then 0; the caller ends the holder otherwise)."""
+    files = RunDir(run_dir)
+    ended = threading.Event()
+    threading.Thread(target=beat, args=(files, node, heartbeat, ended), daemon=True).start()
+
+    def fence(reason: str) -> None:
+        ended.set()  # a fenced node beats no more
+        print(f"{ANNOUNCE} node={node}: {reason}; fencing: stopping its ranks", file=sys.stderr, flush=True)
+        try:
+            files.ensure_dir(LEASE)
+            files.write(LEASE, fenced_name(node), data=json.dumps({"time": time.time(), "reason": reason}).encode())
+        except (OSError, ValueError):
+            pass  # the fence matters, not its record
+        kill_job(job_id, FENCE_GRACE_S, node)
+
+    hold_lease(lease, peer, threading.Event(), fence, check_every=check_every)
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m dtrain.launch.node.lease",
+                                     description="hold this node's lease on its job (see the module's docstring)")
+    parser.add_argument("--run-dir", required=True)
+    parser.add_argument("--node", required=True)
+    parser.add_argument("--job-id", required=True)
+    parser.add_argument("--lease", required=True, help="seconds without reaching the peer before fencing")
+    parser.add_argument("--peer", default="", help="ADDRESS:PORT this node must reach (empty: only the clock check)")
+    args = parser.parse_args(argv)
+    try:
+        grammar.check("--job-id", args.job_id, grammar.NAME, "letters, digits and _ . + - (1-128)")
+        node = int(grammar.finite("--node", args.node, minimum=0, maximum=1 << 20))
+        lease = grammar.finite("--lease", args.lease, minimum=LEASE_CHECK_S * 2, maximum=86400)
+        peer = parse_peer(args.peer) if args.peer else None
+        RunDir(args.run_dir)
+    except (SpecError, UnsafeRunDir) as e:
+        parser.error(str(e))  # exit 2, naming the field, the value and what is allowed
+    return run(args.run_dir, node, args.job_id, lease, peer)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,132 @@
+"""How the Slurm backend decides that a job lost a node (dtrain.launch.backends.slurm.lost), from the
+leases in the run directory and one TCP handshake with each suspect's slurmd port. Where the nodes are
+(``scontrol``: their NodeAddr and Port) is replaced by local ports here -- one listening, one closed,
+one that answers nothing -- the only stand-in; tests/faults/test_lost_node_slurm.py runs the real faults."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import time
+
+import pytest
+
+from dtrain.launch.backends.slurm import lost
+from dtrain.launch.node.lease import beat_name, fenced_name
+from dtrain.rundir import LEASE, RunDir
+
+
+@pytest.fixture
+def ports(monkeypatch):
+    listening = socket.create_server(("127.0.0.1", 0))  # a live (or frozen) host's kernel completes the handshake
+    closed = socket.create_server(("127.0.0.1", 0))
+    refused = closed.getsockname()[1]
+    closed.close()  # a crashed host's kernel refuses
+    # A partitioned host answers nothing: a listener whose accept queue is full drops every further SYN.
+    silent = socket.create_server(("127.0.0.1", 0), backlog=0)
+    queued = []
+    for _ in range(3):
+        client = socket.socket()
+        client.settimeout(0.2)
+        try:
+            client.connect(silent.getsockname())
+        except OSError:
+            pass
+        queued.append(client)
+    monkeypatch.setattr(lost, "PROBE_TIMEOUT_S", 0.5)
+    yield {"alive": ("127.0.0.1", listening.getsockname()[1]), "gone": ("127.0.0.1", refused),
+           "cut": ("127.0.0.1", silent.getsockname()[1])}
+    for sock in (listening, silent, *queued):
+        sock.close()
+
+
+@pytest.fixture
+def cluster(tmp_path, monkeypatch):
+    """(run_dir, place(node kind per index), asked: how often Slurm was asked where the nodes are)."""
+    run_dir = RunDir(str(tmp_path / "run"))
+    run_dir.ensure_dir(LEASE)
+    hosts: list[tuple[str, int]] = []
+    asked: list[str] = []
+
+    def node_hosts(job_id: str):
+        asked.append(job_id)
+        return list(hosts)
+
+    monkeypatch.setattr(lost, "node_hosts", node_hosts)
+    return run_dir, hosts, asked
+
+
+def beat(run_dir: RunDir, node: int, age: float) -> None:
+    run_dir.touch(LEASE, beat_name(node))
+    then = time.time() - age
+    os.utime(run_dir.join(LEASE, beat_name(node)), (then, then))
+
+
+def decide(run_dir: RunDir, failed: bool = False, lost_after: float = 30.0):
+    return lost.lost_node("7", run_dir.path, 2, lost_after, failed=failed)
+
+
+def test_fresh_beats_and_no_fence_ask_nobody(cluster, ports):
+    run_dir, hosts, asked = cluster
+    assert decide(run_dir) is None  # nothing started beating yet
+    beat(run_dir, 0, 1.0)
+    beat(run_dir, 1, 4.0)
+    assert decide(run_dir) is None and asked == []  # a running job costs a stat per node, no probe
+
+
+def test_a_stale_beat_and_an_answering_kernel_is_a_frozen_node(cluster, ports):
+    run_dir, hosts, _ = cluster
+    hosts += [ports["alive"], ports["alive"]]
+    beat(run_dir, 0, 1.0)
+    beat(run_dir, 1, 20.0)
+    found = decide(run_dir)
+    assert (found.node, found.address, found.fault) == (1, "127.0.0.1", "frozen")
+    assert "heartbeat is 20 s old" in found.detail
+
+
+def test_a_stale_beat_and_a_refused_port_is_a_gone_node(cluster, ports):
+    run_dir, hosts, _ = cluster
+    hosts += [ports["alive"], ports["gone"]]
+    beat(run_dir, 0, 1.0)
+    beat(run_dir, 1, 16.0)
+    assert decide(run_dir).fault == "gone"
+
+
+def test_no_answer_counts_only_once_the_beat_is_older_than_lost_after(cluster, ports):
+    run_dir, hosts, _ = cluster
+    hosts += [ports["alive"], ports["cut"]]
+    beat(run_dir, 0, 1.0)
+    beat(run_dir, 1, 20.0)
+    assert decide(run_dir) is None  # a blip so far
+    beat(run_dir, 1, 31.0)
+    found = decide(run_dir)
+    assert (found.node, found.address, found.fault) == (1, "127.0.0.1", "unreachable")
+    assert "within 0.5 s" in found.detail
+
+
+def test_a_node_that_fenced_itself_is_lost_with_its_reason_even_if_it_answers(cluster, ports):
+    run_dir, hosts, _ = cluster
+    hosts += [ports["alive"], ports["alive"]]
+    beat(run_dir, 0, 1.0)
+    beat(run_dir, 1, 1.0)
+    run_dir.write(LEASE, fenced_name(1), data=json.dumps({"reason": "this node could not reach its peer"}).encode())
+    found = decide(run_dir)
+    assert (found.node, found.fault) == (1, "unreachable")
+    assert found.detail == "it fenced itself: this node could not reach its peer"
+
+
+def test_after_a_failure_only_the_handshake_names_a_node_never_an_old_beat(cluster, ports):
+    run_dir, hosts, _ = cluster
+    hosts += [ports["alive"], ports["alive"]]
+    beat(run_dir, 0, 120.0)
+    beat(run_dir, 1, 120.0)  # the job ended a while ago: its beats stopped with it
+    assert decide(run_dir, failed=True) is None
+    hosts[1] = ports["gone"]
+    assert decide(run_dir, failed=True).fault == "gone"  # the node that crashed and failed the job
+
+
+def test_nothing_is_decided_when_slurm_cannot_say_where_the_nodes_are(cluster, ports):
+    run_dir, hosts, asked = cluster
+    beat(run_dir, 1, 60.0)
+    assert decide(run_dir) is None and asked == ["7"]
