@@ -17,7 +17,7 @@ Measurements stop at ``--cap`` seconds ("> cap": still not detected / still runn
 Prints one line per fault and release, then one line per fault with both and their ratio. Needs root
 (namespaces, sshd) and a clean clone with history for --previous.
 
-    .venv/bin/python bench/faults.py [--faults partition,freeze,crash] [--modes attached,durable] [--previous 2a122e2] [--cap 150] [--resume]
+    .venv/bin/python bench/faults.py [--faults partition,freeze,crash] [--modes attached,durable,slurm] [--previous 2a122e2] [--cap 150] [--resume]
     .venv/bin/python bench/faults.py --stragglers [--faults slow-cpu,slow-link] [--cap 60]
 
 Modes: ``attached`` (``dtrain launch``: an ssh session per host holds the job) and ``durable`` (the
@@ -38,7 +38,12 @@ batch, so that the healthy job is not bound by its all-reduce already); measured
 slow CPU, the network for a slow link), capped at ``--cap``; then the job is stopped and its end-of-job
 stall report kept. Whether any line ever blamed node 0 (healthy) is printed too.
 
-Not measured yet (issue 25): slurm and mpi.
+``slurm`` mode: ``dtrain launch --backend slurm`` on a Slurm cluster of the same two hosts (a slurmd on
+each, slurmctld here; its SlurmdTimeout is 60 s, Slurm's default 300 s), default settings; compare it with
+``--previous 533a83a``, the last commit before the Slurm nodes' leases (2a122e2's Slurm backend ran on
+127.0.0.1 only).
+
+Not measured yet (issue 25): mpi.
 """
 
 from __future__ import annotations
@@ -62,8 +67,9 @@ from tests.remote.sshd_cluster import start_cluster  # noqa: E402
 SCRIPT = os.path.join(REPO, "tests", "remote", "ddp_train.py")
 FAULTS = ("partition", "freeze", "crash")
 #: attached: ``dtrain launch`` (an ssh session per host holds the job); durable: the operator's default mode,
-#: a detached job (a daemon per host) that the launcher follows by polling (:data:`DURABLE`)
-MODES = ("attached", "durable")
+#: a detached job (a daemon per host) that the launcher follows by polling (:data:`DURABLE`); slurm:
+#: ``dtrain launch --backend slurm`` on a Slurm cluster of the same hosts
+MODES = ("attached", "durable", "slurm")
 #: the durable mode's launcher, as the operator runs it (submit detached, then follow), for either release
 DURABLE = """
 import json, sys
@@ -104,16 +110,23 @@ def inject(net: NetCluster, fault: str) -> None:
 
 def measure(fault: str, mode: str, code_dir: str, work: str, cap: float) -> dict:
     """One lost node on a fresh 2-host cluster whose hosts and launcher run the code in ``code_dir``."""
-    env, net, ssh = start_hosts(code_dir, work)
     run_dir = os.path.join(work, "run")
-    if mode == "durable":
-        spec = {"command": [sys.executable, SCRIPT, "--steps", "2", "--hang"], "nodes": 2, "procs_per_node": 1,
-                "backend": "ssh", "device": "cpu", "run_dir": run_dir, "env": {"GLOO_SOCKET_IFNAME": "eth0"},
-                "backend_options": {"hostfile": ssh.hostfile(1), "key_file": ssh.key_file,  # default settings
-                                    "known_hosts_file": ssh.known_hosts, "strict_host_key_checking": "yes"}}
-        argv = [sys.executable, "-c", DURABLE, json.dumps(spec)]
+    command = [sys.executable, SCRIPT, "--steps", "2", "--hang"]
+    if mode == "slurm":
+        env, net, slurm = start_slurm(code_dir, work)
+        argv = slurm_argv(run_dir, command)
+        stop = lambda: stop_slurm(net, slurm, run_dir)  # noqa: E731
     else:
-        argv = attached_argv(ssh, run_dir, [sys.executable, SCRIPT, "--steps", "2", "--hang"])
+        env, net, ssh = start_hosts(code_dir, work)
+        stop = lambda: stop_hosts(net, ssh, run_dir)  # noqa: E731
+        if mode == "durable":
+            spec = {"command": command, "nodes": 2, "procs_per_node": 1,
+                    "backend": "ssh", "device": "cpu", "run_dir": run_dir, "env": {"GLOO_SOCKET_IFNAME": "eth0"},
+                    "backend_options": {"hostfile": ssh.hostfile(1), "key_file": ssh.key_file,  # default settings
+                                        "known_hosts_file": ssh.known_hosts, "strict_host_key_checking": "yes"}}
+            argv = [sys.executable, "-c", DURABLE, json.dumps(spec)]
+        else:
+            argv = attached_argv(ssh, run_dir, command)
     log = open(os.path.join(work, "launch.log"), "w+b")
     cli = start_launch(argv, code_dir, env, log)
     try:
@@ -140,8 +153,43 @@ def measure(fault: str, mode: str, code_dir: str, work: str, cap: float) -> dict
         return {"detected": detected, "gone": gone, "exit": cli.poll(), "verdict": (lines or [""])[-1].strip()}
     finally:
         stop_launch(cli)
-        stop_hosts(net, ssh, run_dir)
+        stop()
         log.close()
+
+
+def start_slurm(code_dir: str, work: str):
+    """A fresh 2-host Slurm cluster (namespaces, a slurmd each, slurmctld here; tests/slurm/cluster.py, whose
+    SlurmdTimeout is 60 s: Slurm's default is 300 s); the jobs get the launcher's environment (sbatch's
+    --export=ALL), so they run the code in ``code_dir`` too. Returns that environment, the network and the cluster."""
+    from tests.slurm.cluster import SlurmCluster
+
+    net = NetCluster(2, decoy=False).start()  # every host's link is eth0: the previous release's workaround works
+    try:
+        slurm = SlurmCluster(os.path.join(work, "slurm"), net=net).start()
+    except BaseException:
+        net.stop()
+        raise
+    env = dict(os.environ, PYTHONPATH=os.path.join(code_dir, "operators"), DTRAIN_HOME=os.path.join(work, "home"),
+               **slurm.env)
+    return env, net, slurm
+
+
+def stop_slurm(net: NetCluster, slurm, run_dir: str) -> None:
+    net.thaw(1)
+    net.heal(1)
+    slurm.stop()
+    net.stop()
+    for pid in job_pids(run_dir):
+        try:
+            os.kill(pid, 9)
+        except ProcessLookupError:
+            pass
+
+
+def slurm_argv(run_dir: str, command: list[str]) -> list[str]:
+    """``dtrain launch --backend slurm`` of ``command``, one rank on each of the 2 nodes, default settings."""
+    return [sys.executable, "-m", "dtrain.cli", "launch", "--backend", "slurm", "--nodes", "2", "--procs-per-node", "1",
+            "--device", "cpu", "--run-dir", run_dir, "--env", "GLOO_SOCKET_IFNAME=eth0", "--", *command]
 
 
 def start_hosts(code_dir: str, work: str):
@@ -330,6 +378,10 @@ def straggler_both(fault: str, new: dict, old: dict, cap: float) -> str:
             f"{'yes' if new['blamed_node0'] else 'no'} vs {'yes' if old['blamed_node0'] else 'no'}")
 
 
+def backend_of(mode: str) -> str:
+    return mode if mode == "slurm" else f"ssh {mode}"
+
+
 def worktree(rev: str, where: str) -> str:
     subprocess.run(["git", "-C", REPO, "worktree", "add", "--detach", where, rev], check=True, capture_output=True)
     return where
@@ -372,7 +424,7 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--faults", default=",".join(FAULTS))
     p.add_argument("--previous", default=PREVIOUS, help="the git revision to compare with")
-    p.add_argument("--modes", default=",".join(MODES), help="attached, durable or both")
+    p.add_argument("--modes", default="attached,durable", help=f"a list of {', '.join(MODES)}")
     p.add_argument("--cap", type=float, default=150.0)
     p.add_argument("--resume", action="store_true",
                    help="measure the time until training resumes (attached mode, one immediate retry) instead")
@@ -406,13 +458,13 @@ def main() -> int:
                 for release, code in (("this", REPO), ("previous", previous)):
                     found = measure(fault, mode, code, tempfile.mkdtemp(dir=work), args.cap)
                     results[mode, fault, release] = found
-                    print(f"faults ssh {mode} {fault} [{release} release]: detected {seconds(found['detected'], args.cap)}, "
+                    print(f"faults {backend_of(mode)} {fault} [{release} release]: detected {seconds(found['detected'], args.cap)}, "
                           f"every rank gone {seconds(found['gone'], args.cap)}; exit {found['exit']}: {found['verdict']}",
                           flush=True)
         for mode in modes:
             for fault in faults:
                 new, old = results[mode, fault, "this"], results[mode, fault, "previous"]
-                print(f"faults ssh {mode} {fault}: detected {seconds(new['detected'], args.cap)} vs previous "
+                print(f"faults {backend_of(mode)} {fault}: detected {seconds(new['detected'], args.cap)} vs previous "
                       f"{seconds(old['detected'], args.cap)} = {ratio(new['detected'], old['detected'], args.cap)}; "
                       f"every rank gone {seconds(new['gone'], args.cap)} vs previous {seconds(old['gone'], args.cap)} "
                       f"= {ratio(new['gone'], old['gone'], args.cap)}")
