@@ -1,6 +1,7 @@
 """A node lost mid-training on a Slurm cluster whose nodes are hosts with their own addresses
 (tests/netcluster.py, a cluster of the test's own): partitioned (its link down), frozen (every process
-on it stopped, slurmd too) or crashed (every process on it killed, slurmd too).
+on it stopped, slurmd too), crashed (every process on it killed, slurmd too) or left without its slurmd
+(only slurmd killed).
 
 Slurm's own answer comes after SlurmdTimeout (minutes on a real cluster), and it could not stop a cut-off
 node's ranks anyway. Here each ends the launch with the lost-node verdict (exit 255, the node, its
@@ -13,9 +14,11 @@ by the deferred mode's trigger (the async poll)."""
 from __future__ import annotations
 
 import asyncio
+import os
 import threading
 import time
 
+import psutil
 import pytest
 
 from dtrain.errors import LaunchError
@@ -154,3 +157,19 @@ def test_deferred_a_crashed_node_is_named_gone(faulty_slurm, tmp_path, capsys):
     finally:
         backend.cancel(handle)
     assert on_host(net, 1, handle.job_id) == []
+
+
+def test_a_node_whose_slurmd_was_killed_fences_itself_and_is_named_gone(faulty_slurm, tmp_path, capsys):
+    """Its host lives on and its ranks train on (slurmstepd does not need slurmd), but nothing could stop
+    them any more: the node's lease checks its own slurmd too, and fences the node after lost_after."""
+    net = faulty_slurm.net
+    launcher, thread, results, lines = start(tmp_path, lost_after=SHORT_LOST_AFTER)
+    job_id = launcher.job.job_id
+    slurmd = [p for p in psutil.process_iter(["cmdline"]) if p.info["cmdline"][:1] and
+              os.path.basename(p.info["cmdline"][0]) == "slurmd" and "node2" in p.info["cmdline"]]
+    assert len(slurmd) == 1, slurmd
+    slurmd[0].kill()
+    result = finish(thread, results, lines, 120, capsys, "slurmd-killed")
+    assert_lost(result, net, lines, "gone")
+    assert "it fenced itself: this node's own daemon at " in result.lost["detail"], result.lost
+    assert on_host(net, 1, job_id) == []  # fenced: its ranks did not outlive the verdict

@@ -44,3 +44,20 @@ def test_no_fence_once_the_agent_ended():
     ended.set()
     fenced, thread = run_lease(0.2, ("127.0.0.1", 1), ended=ended, wait=2)
     assert fenced == [] and not thread.is_alive()
+
+
+def test_a_node_whose_own_daemon_stops_answering_fences_after_the_lease():
+    """A Slurm node whose slurmd was killed: it still reaches the controller, but nothing could stop its ranks."""
+    peer_listener, own_listener = socket.create_server(("127.0.0.1", 0)), socket.create_server(("127.0.0.1", 0))
+    peer, own = peer_listener.getsockname(), own_listener.getsockname()
+    fenced: list[str] = []
+    thread = threading.Thread(target=hold_lease, args=(0.5, peer, threading.Event(), fenced.append),
+                              kwargs={"check_every": 0.05, "own": own}, daemon=True)
+    thread.start()
+    thread.join(1.5)
+    assert fenced == [] and thread.is_alive()  # both answer: it holds
+    own_listener.close()
+    thread.join(5)
+    peer_listener.close()
+    assert not thread.is_alive() and len(fenced) == 1
+    assert fenced[0].startswith(f"this node's own daemon at 127.0.0.1:{own[1]} has not answered for "), fenced

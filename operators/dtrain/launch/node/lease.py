@@ -67,11 +67,13 @@ def boot_clock() -> float:
 
 
 def hold_lease(lease: float, peer: tuple[str, int] | None, ended: threading.Event, fence: Callable[[str], Any],
-               check_every: float = LEASE_CHECK_S, clock: Callable[[], float] = boot_clock) -> None:
-    """Call ``fence(reason)`` once the node has not reached ``peer`` for ``lease`` seconds, or as soon
+               check_every: float = LEASE_CHECK_S, clock: Callable[[], float] = boot_clock,
+               own: tuple[str, int] | None = None) -> None:
+    """Call ``fence(reason)`` once the node has not reached ``peer`` for ``lease`` seconds, or its ``own``
+    daemon (the node's slurmd: without it nobody can stop this node's ranks) for that long, or as soon
     as ``lease`` seconds passed between two checks (the host was frozen: whatever happened meanwhile,
     the launcher has given the node up); return without fencing once ``ended`` is set."""
-    last_check = last_reached = clock()
+    last_check = last_reached = last_own = clock()
     while not ended.wait(check_every):
         now = clock()
         if now - last_check >= lease:
@@ -82,6 +84,11 @@ def hold_lease(lease: float, peer: tuple[str, int] | None, ended: threading.Even
         elif (cut_off := clock() - last_reached) >= lease:
             return fence(f"this node could not reach its peer {peer[0]}:{peer[1]} for {cut_off:.0f} s "
                          f"(its lease of {lease:g} s lapsed): it is cut off from its job")
+        if own is not None and reaches(own, min(check_every, lease / 3)):
+            last_own = clock()
+        elif own is not None and (alone := clock() - last_own) >= lease:
+            return fence(f"this node's own daemon at {own[0]}:{own[1]} has not answered for {alone:.0f} s (its "
+                         f"lease of {lease:g} s lapsed): nothing could stop this node's ranks any more")
         last_check = clock()
 
 
@@ -137,16 +144,16 @@ def read_fence(run_dir: RunDir, node: int) -> str | None:
     return "".join(c if c.isprintable() else "?" for c in reason[:FENCE_REASON_LIMIT])
 
 
-def parse_peer(text: str) -> tuple[str, int]:
+def parse_peer(text: str, field: str = "--peer") -> tuple[str, int]:
     """``ADDRESS:PORT`` (a host as a hostfile names it, a port 1-65535) as a tuple; SpecError otherwise."""
     match = grammar.HOST_TARGET.match(text)
     if match is None or match["user"] or not match["port"] or not 0 < int(match["port"]) < 65536:
-        raise SpecError("--peer", text, "ADDRESS:PORT: a host name, IPv4 or [IPv6] address, and a port 1-65535")
+        raise SpecError(field, text, "ADDRESS:PORT: a host name, IPv4 or [IPv6] address, and a port 1-65535")
     return match["host"].strip("[]"), int(match["port"])
 
 
 def run(run_dir: str, node: int, job_id: str, lease: float, peer: tuple[str, int] | None,
-        check_every: float = LEASE_CHECK_S, heartbeat: float = HEARTBEAT_S) -> int:
+        check_every: float = LEASE_CHECK_S, heartbeat: float = HEARTBEAT_S, own: tuple[str, int] | None = None) -> int:
     """Beat and hold the lease until the node is fenced (then 0; the caller ends the holder otherwise)."""
     files = RunDir(run_dir)
     ended = threading.Event()
@@ -162,7 +169,7 @@ def run(run_dir: str, node: int, job_id: str, lease: float, peer: tuple[str, int
             pass  # the fence matters, not its record
         kill_job(job_id, FENCE_GRACE_S, node)
 
-    hold_lease(lease, peer, threading.Event(), fence, check_every=check_every)
+    hold_lease(lease, peer, threading.Event(), fence, check_every=check_every, own=own)
     return 0
 
 
@@ -174,16 +181,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--job-id", required=True)
     parser.add_argument("--lease", required=True, help="seconds without reaching the peer before fencing")
     parser.add_argument("--peer", default="", help="ADDRESS:PORT this node must reach (empty: only the clock check)")
+    parser.add_argument("--own", default="", help="ADDRESS:PORT of this node's own daemon (its slurmd), which must answer")
     args = parser.parse_args(argv)
     try:
         grammar.check("--job-id", args.job_id, grammar.NAME, "letters, digits and _ . + - (1-128)")
         node = int(grammar.finite("--node", args.node, minimum=0, maximum=1 << 20))
         lease = grammar.finite("--lease", args.lease, minimum=LEASE_CHECK_S * 2, maximum=86400)
         peer = parse_peer(args.peer) if args.peer else None
+        own = parse_peer(args.own, "--own") if args.own else None
         RunDir(args.run_dir)
     except (SpecError, UnsafeRunDir) as e:
         parser.error(str(e))  # exit 2, naming the field, the value and what is allowed
-    return run(args.run_dir, node, args.job_id, lease, peer)
+    return run(args.run_dir, node, args.job_id, lease, peer, own=own)
 
 
 if __name__ == "__main__":

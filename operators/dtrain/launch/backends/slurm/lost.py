@@ -8,7 +8,8 @@ the job failed -- the suspects' slurmd ports are probed (a TCP handshake, in par
 NodeAddr and Port from ``scontrol``, never from the run directory, which the ranks can write):
 
 * ``gone``: the port refuses or resets the handshake: the host's processes are gone (it crashed
-  or rebooted, or its slurmd was killed: the job cannot be controlled there any more);
+  or rebooted), or its slurmd alone was killed: then the job cannot be controlled there any more,
+  and the node's lease fences it (its own slurmd did not answer for ``lost_after``);
 * ``frozen``: the handshake completes (the host's kernel answers) but the node's heartbeat is
   stale: its processes are stopped (slurmd speaks only when spoken to, so no banner tells);
 * ``unreachable``: no answer within the probe's time (a partition), counted only once the node
@@ -65,7 +66,8 @@ def lost_node(job_id: str, run_dir: str, nodes: int, lost_after: float, *, faile
             return LostNode(index, address, "frozen", f"its slurmd accepts connections but the node's heartbeat is "
                                                       f"{ages[index]:.0f} s old: its processes are stopped")
         if fault is not None and (fault[0] == "gone" or index in fenced or failed or ages.get(index, 0.0) >= lost_after):
-            return LostNode(index, address, *fault)
+            kind, detail = fault
+            return LostNode(index, address, kind, detail + (f"; it fenced itself: {fenced[index]}" if index in fenced else ""))
     if fenced:
         index = min(fenced)
         return LostNode(index, hosts[index][0], "unreachable", f"it fenced itself: {fenced[index]}")

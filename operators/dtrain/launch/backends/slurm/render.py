@@ -274,12 +274,16 @@ def node_argv(job: Job, python: str) -> list[str]:
 # (DTRAIN_AGENT_PARENT: dtrain.launch.node.proctree.die_with_parent), also when scancel SIGKILLs
 # the shell, so that no trap runs. "$1" is the agent's interpreter. Beside the agent the node holds
 # its lease (dtrain.launch.node.lease: it beats, and fences the node when it cannot reach the
-# controller); the reap stops it with the rest.
+# controller, or its own slurmd -- NodeAddr and Port as scontrol tells -- stops answering); the reap
+# stops it with the rest.
 NODE_SHELL = ('export NODE_RANK="$SLURM_NODEID" DTRAIN_NODE_INDEX="$SLURM_NODEID" PET_NODE_RANK="$SLURM_NODEID" '
               'PET_MASTER_ADDR="$MASTER_ADDR" PET_MASTER_PORT="$MASTER_PORT"; py="$1"; '
               'reap() { "$py" -m dtrain.launch.node.proctree reap "$DTRAIN_JOB_ID" --node "$SLURM_NODEID"; }; '
+              'read -r oa op < <(scontrol show node -o "$SLURMD_NODENAME" 2>/dev/null | tr " " "\\n" '
+              '| sed -n "s/^NodeAddr=//p;s/^Port=//p" | head -n 2 | tr "\\n" " "); '
+              'case "$oa" in *:*) oa="[$oa]" ;; esac; own=; if [ -n "$oa" ] && [ -n "$op" ]; then own="$oa:$op"; fi; '
               '"$py" -m dtrain.launch.node.lease --run-dir "$DTRAIN_RUN_DIR" --node "$SLURM_NODEID" '
-              '--job-id "$DTRAIN_JOB_ID" --lease "$DTRAIN_LOST_AFTER" --peer "$DTRAIN_LEASE_PEER" & '
+              '--job-id "$DTRAIN_JOB_ID" --lease "$DTRAIN_LOST_AFTER" --peer "$DTRAIN_LEASE_PEER" --own "$own" & '
               'DTRAIN_AGENT_PARENT=$$ "$@" & agent=$!; '
               'trap \'kill -TERM "$agent" 2>/dev/null; wait "$agent"; reap; exit 143\' TERM INT HUP; '
               'wait "$agent"; status=$?; reap; exit "$status"')
