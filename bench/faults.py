@@ -115,7 +115,7 @@ def measure(fault: str, mode: str, code_dir: str, work: str, cap: float) -> dict
     if mode == "slurm":
         env, net, slurm = start_slurm(code_dir, work)
         argv = slurm_argv(run_dir, command)
-        stop = lambda: stop_slurm(net, slurm, run_dir)  # noqa: E731
+        stop = lambda: stop_hosts(net, slurm, run_dir)  # noqa: E731
     else:
         env, net, ssh = start_hosts(code_dir, work)
         stop = lambda: stop_hosts(net, ssh, run_dir)  # noqa: E731
@@ -174,18 +174,6 @@ def start_slurm(code_dir: str, work: str):
     return env, net, slurm
 
 
-def stop_slurm(net: NetCluster, slurm, run_dir: str) -> None:
-    net.thaw(1)
-    net.heal(1)
-    slurm.stop()
-    net.stop()
-    for pid in job_pids(run_dir):
-        try:
-            os.kill(pid, 9)
-        except ProcessLookupError:
-            pass
-
-
 def slurm_argv(run_dir: str, command: list[str]) -> list[str]:
     """``dtrain launch --backend slurm`` of ``command``, one rank on each of the 2 nodes, default settings."""
     return [sys.executable, "-m", "dtrain.cli", "launch", "--backend", "slurm", "--nodes", "2", "--procs-per-node", "1",
@@ -212,11 +200,11 @@ def start_hosts(code_dir: str, work: str):
     return env, net, ssh
 
 
-def stop_hosts(net: NetCluster, ssh, run_dir: str) -> None:
-    """Undo any fault of host 1, stop the cluster, and kill what is left of the job."""
+def stop_hosts(net: NetCluster, cluster, run_dir: str) -> None:
+    """Undo any fault of host 1, stop the cluster (its sshds or its Slurm), and kill what is left of the job."""
     net.thaw(1)
     net.heal(1)
-    ssh.stop()
+    cluster.stop()
     net.stop()
     for pid in job_pids(run_dir):  # the previous release leaves ranks behind: not the next run's problem
         try:

@@ -32,9 +32,13 @@ def on_host(net, index: int, job_id: str) -> list[str]:
 
 
 def start(cluster, tmp_path, **ssh):
-    spec = LaunchSpec(command=train_command("--steps", "2", "--hang"), nodes=2, procs_per_node=1, backend="ssh",
-                      device="cpu", run_dir=str(tmp_path / "run"), stop_grace=2.0,
-                      backend_options={"hostfile": cluster.hostfile(1), **cluster.ssh_settings(), **ssh})
+    return launch(LaunchSpec(command=train_command("--steps", "2", "--hang"), nodes=2, procs_per_node=1, backend="ssh",
+                             device="cpu", run_dir=str(tmp_path / "run"), stop_grace=2.0,
+                             backend_options={"hostfile": cluster.hostfile(1), **cluster.ssh_settings(), **ssh}))
+
+
+def launch(spec: LaunchSpec):
+    """``Launcher(spec).run()`` in a thread, once both ranks trained their steps: (launcher, thread, results, lines)."""
     lines: list[str] = []
     launcher = Launcher(spec, sink=lines.append)
     results = []

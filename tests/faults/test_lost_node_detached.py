@@ -11,7 +11,6 @@ partitioned host (one disk), so the heartbeat alone cannot tell a partition: the
 from __future__ import annotations
 
 import asyncio
-import os
 import threading
 
 import pytest
@@ -94,34 +93,54 @@ def test_durable_a_frozen_node_is_named_and_fences_itself_when_it_thaws(faulty_c
     assert "frozen or suspended" in fence_reason(handle.run_dir, 1)
 
 
-def test_deferred_a_crashed_node_is_named_gone(faulty_cluster, tmp_path):
-    """The trigger's watch; the task's resume raises the lost-node verdict and stops the other node."""
-    from dtrain.launch.airflow.deferrable import resume_job, write_submission
-    from dtrain.launch.airflow.trigger import DistributedJobTrigger
+def submit_deferred(backend_name: str, spec: LaunchSpec):
+    """Submit as the deferred operator does (detached, with its submission record); (backend, handle) once
+    both ranks trained their steps."""
+    from dtrain.launch.airflow.deferrable import write_submission
     from dtrain.launch.engine.job import prepare_job
 
-    net = faulty_cluster.net
-    spec = spec_for(faulty_cluster, tmp_path, lost_after=SHORT_LOST_AFTER)
-    backend = get_backend_class("ssh")(sink=lambda line: None)
+    backend = get_backend_class(backend_name)(sink=lambda line: None)
     handle = backend.submit(prepare_job(spec), detached=True)
     write_submission(handle)
+    assert poll_until(lambda: len(reports(handle.run_dir)) == 2, 120, 0.2)
+    return backend, handle
+
+
+def first_event(handle, timeout: float = 90) -> dict:
+    """The first event of the deferred mode's trigger watching ``handle``."""
+    from dtrain.launch.airflow.trigger import DistributedJobTrigger
+
+    trigger = DistributedJobTrigger(handle=handle.to_dict(), poll_interval=1, max_poll_interval=5)
+
+    async def first():
+        async for event in trigger.run():
+            return event.payload
+
+    return asyncio.run(asyncio.wait_for(first(), timeout))
+
+
+def assert_resumed_lost(event: dict, net, handle, fault: str) -> None:
+    """The event names node 1, its address and ``fault``; the task's resume raises the lost-node verdict
+    (retried) and stops node 0."""
+    from dtrain.launch.airflow.deferrable import resume_job
+
+    assert event["status"] == "failed" and event["state"] == "LOST", event
+    assert (event["lost"]["node"], event["lost"]["address"], event["lost"]["fault"]) == \
+        (1, net.hosts[1].address, fault), event
+    with pytest.raises(LaunchError) as raised:
+        resume_job(None, event)
+    assert raised.value.exit_code == 255 and retry.classify(raised.value).action == retry.RETRY
+    assert f"node 1 ({net.hosts[1].address}) lost: {fault} (" in str(raised.value)
+    assert poll_until(lambda: on_host(net, 0, handle.job_id) == [], 30, 0.2), on_host(net, 0, handle.job_id)
+
+
+def test_deferred_a_crashed_node_is_named_gone(faulty_cluster, tmp_path):
+    """The trigger's watch; the task's resume raises the lost-node verdict and stops the other node."""
+    net = faulty_cluster.net
+    backend, handle = submit_deferred("ssh", spec_for(faulty_cluster, tmp_path, lost_after=SHORT_LOST_AFTER))
     try:
-        assert poll_until(lambda: len(reports(handle.run_dir)) == 2, 120, 0.2)
-        trigger = DistributedJobTrigger(handle=handle.to_dict(), poll_interval=1, max_poll_interval=5)
-
-        async def first_event():
-            async for event in trigger.run():
-                return event.payload
-
         net.crash(1)
-        event = asyncio.run(asyncio.wait_for(first_event(), 90))
-        assert event["status"] == "failed" and event["state"] == "LOST", event
-        assert (event["lost"]["node"], event["lost"]["fault"]) == (1, "gone"), event
-        with pytest.raises(LaunchError) as raised:
-            resume_job(None, event)
-        assert raised.value.exit_code == 255 and retry.classify(raised.value).action == retry.RETRY
-        assert f"node 1 ({net.hosts[1].address}) lost: gone (" in str(raised.value)
-        assert poll_until(lambda: on_host(net, 0, handle.job_id) == [], 30, 0.2), on_host(net, 0, handle.job_id)
+        assert_resumed_lost(first_event(handle), net, handle, "gone")
     finally:
         backend.cancel(handle)
     assert on_host(net, 1, handle.job_id) == []

@@ -13,34 +13,24 @@ by the deferred mode's trigger (the async poll)."""
 
 from __future__ import annotations
 
-import asyncio
 import os
-import threading
 import time
 
 import psutil
 import pytest
 
-from dtrain.errors import LaunchError
-from dtrain.launch.backends import get_backend_class
-from dtrain.launch.engine import retry
-from dtrain.launch.engine.launcher import Launcher
 from dtrain.launch.engine.spec import LaunchSpec
 from dtrain.launch.node.lease import fenced_name
 from dtrain.rundir import LEASE, RunDir
-from tests.remote.conftest import job_processes, reports, still_alive, train_command
+from tests.faults.test_lost_node import assert_lost, launch, on_host
+from tests.faults.test_lost_node_detached import assert_resumed_lost, first_event, submit_deferred
+from tests.remote.conftest import reports, train_command
 from tests.support import poll_until
 
 pytestmark = pytest.mark.timeout(300)
 
 #: lost_after for the faults whose detection time is not the point (the default, 30 s, for a partition)
 SHORT_LOST_AFTER = 12.0
-
-
-def on_host(net, index: int, job_id: str) -> list[str]:
-    """The job's live processes on host ``index`` of the namespace cluster."""
-    pids = net.hosts[index].pids()
-    return still_alive([p for p in job_processes(job_id) if p.pid in pids])
 
 
 def spec_for(tmp_path, **options) -> LaunchSpec:
@@ -50,15 +40,7 @@ def spec_for(tmp_path, **options) -> LaunchSpec:
 
 
 def start(tmp_path, **options):
-    lines: list[str] = []
-    launcher = Launcher(spec_for(tmp_path, **options), sink=lines.append)
-    results = []
-    thread = threading.Thread(target=lambda: results.append(launcher.run()), daemon=True)
-    thread.start()
-    # both ranks trained their steps (a real all-reduce across the hosts) and now run on
-    assert poll_until(lambda: launcher.job is not None and len(reports(launcher.job.run_dir)) == 2, 120, 0.2), \
-        "\n".join(lines[-40:])
-    return launcher, thread, results, lines
+    return launch(spec_for(tmp_path, **options))
 
 
 def finish(thread, results, lines, bound: float, capsys, fault: str):
@@ -71,21 +53,6 @@ def finish(thread, results, lines, bound: float, capsys, fault: str):
         print(f"\n[fault] slurm, {fault} node: verdict {verdict:.1f} s after the fault, launch ended after "
               f"{time.monotonic() - cut:.1f} s")
     return results[0]
-
-
-def assert_lost(result, net, lines, fault: str):
-    log = "\n".join(lines[-40:])
-    address = net.hosts[1].address
-    assert result.exit_code == 255 and result.failed_node == 1, log
-    assert (result.lost["node"], result.lost["address"], result.lost["fault"]) == (1, address, fault), log
-    assert result.lost["message"].startswith(f"node 1 ({address}) lost: {fault} (")
-    assert any(f"[dtrain] node 1 ({address}) lost: {fault}" in line for line in lines), log
-    with pytest.raises(Exception) as raised:
-        result.raise_for_status()
-    assert result.lost["message"] in str(raised.value)
-    assert retry.classify(raised.value).action == retry.RETRY  # the lost-node class: the retry resumes
-    # the reachable node was cleaned by the cancel
-    assert poll_until(lambda: on_host(net, 0, result.job_id) == [], 15, 0.2), on_host(net, 0, result.job_id)
 
 
 def test_a_partitioned_node_fences_itself_while_still_cut_off_and_is_named(faulty_slurm, tmp_path, capsys):
@@ -123,37 +90,16 @@ def test_a_frozen_node_is_named_and_fences_itself_when_it_thaws(faulty_slurm, tm
 
 def test_deferred_a_crashed_node_is_named_gone(faulty_slurm, tmp_path, capsys):
     """The trigger's watch (async poll); the task's resume raises the lost-node verdict and cancels the job."""
-    from dtrain.launch.airflow.deferrable import resume_job, write_submission
-    from dtrain.launch.airflow.trigger import DistributedJobTrigger
-    from dtrain.launch.engine.job import prepare_job
-
     net = faulty_slurm.net
-    spec = spec_for(tmp_path, lost_after=SHORT_LOST_AFTER)
-    backend = get_backend_class("slurm")(sink=lambda line: None)
-    handle = backend.submit(prepare_job(spec), detached=True)
-    write_submission(handle)
+    backend, handle = submit_deferred("slurm", spec_for(tmp_path, lost_after=SHORT_LOST_AFTER))
     try:
-        assert poll_until(lambda: len(reports(handle.run_dir)) == 2, 120, 0.2)
-        trigger = DistributedJobTrigger(handle=handle.to_dict(), poll_interval=1, max_poll_interval=5)
-
-        async def first_event():
-            async for event in trigger.run():
-                return event.payload
-
         net.crash(1)
         crashed = time.monotonic()
-        event = asyncio.run(asyncio.wait_for(first_event(), 90))
+        event = first_event(handle)
         with capsys.disabled():
             print(f"\n[fault] slurm, crashed node, deferred: the trigger's event {time.monotonic() - crashed:.1f} s "
                   "after the fault")
-        assert event["status"] == "failed" and event["state"] == "LOST", event
-        assert (event["lost"]["node"], event["lost"]["address"], event["lost"]["fault"]) == \
-            (1, net.hosts[1].address, "gone"), event
-        with pytest.raises(LaunchError) as raised:
-            resume_job(None, event)
-        assert raised.value.exit_code == 255 and retry.classify(raised.value).action == retry.RETRY
-        assert f"node 1 ({net.hosts[1].address}) lost: gone (" in str(raised.value)
-        assert poll_until(lambda: on_host(net, 0, handle.job_id) == [], 30, 0.2), on_host(net, 0, handle.job_id)
+        assert_resumed_lost(event, net, handle, "gone")
     finally:
         backend.cancel(handle)
     assert on_host(net, 1, handle.job_id) == []

@@ -43,7 +43,7 @@ def ports(monkeypatch):
 
 @pytest.fixture
 def cluster(tmp_path, monkeypatch):
-    """(run_dir, place(node kind per index), asked: how often Slurm was asked where the nodes are)."""
+    """(run_dir, hosts: the (address, port) of each node by index, asked: the job ids Slurm was asked about)."""
     run_dir = RunDir(str(tmp_path / "run"))
     run_dir.ensure_dir(LEASE)
     hosts: list[tuple[str, int]] = []
