@@ -7,7 +7,7 @@ Slurm's own answer comes after SlurmdTimeout (minutes on a real cluster), and it
 node's ranks anyway. Here each ends the launch with the lost-node verdict (exit 255, the node, its
 address and the fault class; the retry policy's lost-node class), the reachable node cleaned by the
 cancel, and the lost node's ranks gone: a partitioned node fences itself while still cut off (its lease
-could not reach the controller), a frozen one as soon as it thaws. The partition and the freeze are
+could not reach its peer, the other node's slurmd), a frozen one as soon as it thaws. The partition and the freeze are
 followed by the launcher (``dtrain launch``, and the operator's durable mode: the same poll), the crash
 by the deferred mode's trigger (the async poll)."""
 
@@ -56,7 +56,7 @@ def finish(thread, results, lines, bound: float, capsys, fault: str):
 
 
 def test_a_partitioned_node_fences_itself_while_still_cut_off_and_is_named(faulty_slurm, tmp_path, capsys):
-    """Default settings: the node's lease (it must reach the controller) lapses after 30 s."""
+    """Default settings: the node's lease (it must reach its peer, the other node's slurmd) lapses after 30 s."""
     net = faulty_slurm.net
     launcher, thread, results, lines = start(tmp_path)
     job_id = launcher.job.job_id
@@ -111,8 +111,9 @@ def test_a_node_whose_slurmd_was_killed_fences_itself_and_is_named_gone(faulty_s
     net = faulty_slurm.net
     launcher, thread, results, lines = start(tmp_path, lost_after=SHORT_LOST_AFTER)
     job_id = launcher.job.job_id
-    slurmd = [p for p in psutil.process_iter(["cmdline"]) if p.info["cmdline"][:1] and
-              os.path.basename(p.info["cmdline"][0]) == "slurmd" and "node2" in p.info["cmdline"]]
+    commands = [(p, p.info["cmdline"] or []) for p in psutil.process_iter(["cmdline"])]  # None: gone, a zombie
+    slurmd = [p for p, argv in commands if argv[:1] and os.path.basename(argv[0]) == "slurmd" and "node2" in argv
+              and p.pid in net.hosts[1].pids()]
     assert len(slurmd) == 1, slurmd
     slurmd[0].kill()
     result = finish(thread, results, lines, 120, capsys, "slurmd-killed")

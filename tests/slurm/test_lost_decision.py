@@ -49,11 +49,11 @@ def cluster(tmp_path, monkeypatch):
     hosts: list[tuple[str, int]] = []
     asked: list[str] = []
 
-    def node_hosts(job_id: str):
+    def job_hosts(job_id: str):
         asked.append(job_id)
         return list(hosts)
 
-    monkeypatch.setattr(lost, "node_hosts", node_hosts)
+    monkeypatch.setattr(lost, "job_hosts", job_hosts)
     return run_dir, hosts, asked
 
 
@@ -130,3 +130,42 @@ def test_nothing_is_decided_when_slurm_cannot_say_where_the_nodes_are(cluster, p
     run_dir, hosts, asked = cluster
     beat(run_dir, 1, 60.0)
     assert decide(run_dir) is None and asked == ["7"]
+
+
+@pytest.mark.parametrize("lost_kind, fault", [("gone", "gone"), ("cut", "unreachable")])
+def test_the_verdict_names_the_lost_node_not_its_peer_that_fenced_itself(cluster, ports, lost_kind, fault):
+    """Node 0's peer is node 1: when node 1 is lost, node 0 fences itself too (it cannot reach it)."""
+    run_dir, hosts, _ = cluster
+    hosts += [ports["alive"], ports[lost_kind]]
+    beat(run_dir, 0, 1.0)
+    beat(run_dir, 1, 1.0)  # a partitioned node's beat stays fresh where the shared filesystem still reaches it
+    run_dir.write(LEASE, fenced_name(0), data=json.dumps({"reason": "could not reach its peer node 1"}).encode())
+    found = decide(run_dir)
+    assert (found.node, found.fault) == (1, fault), found
+
+
+SCONTROL_NODES = (
+    "NodeName=node1 Arch=x86_64 CoresPerSocket=1 NodeAddr=10.231.123.11 NodeHostName=vm Port=36121 Version=22.05.8 "
+    "State=IDLE\n"
+    "NodeName=node2 Arch=x86_64 NodeAddr=10.231.123.12 NodeHostName=vm Version=22.05.8 State=IDLE\n"  # no Port=
+    "NodeName=node3 NodeAddr=node3 Port=99999\n")  # out of range: the default
+
+
+def test_scontrol_node_lines_give_each_nodes_slurmd_address_and_port():
+    from dtrain.launch.backends.slurm.render import DEFAULT_SLURMD_PORT, parse_nodes
+
+    assert parse_nodes(SCONTROL_NODES) == {"node1": ("10.231.123.11", 36121), "node2": ("10.231.123.12", DEFAULT_SLURMD_PORT),
+                                           "node3": ("node3", DEFAULT_SLURMD_PORT)}
+
+
+@pytest.mark.parametrize("nodes, node, expected", [
+    (3, 0, ("h1", "h0")), (3, 2, ("h0", "h2")),  # the next node's slurmd; the last node's peer is node 0
+    (1, 0, (None, "h0")),  # alone: no peer, its own slurmd still
+    (2, 5, (None, None)), (0, 0, (None, None)),  # Slurm did not say: the clock check only
+])
+def test_each_node_leases_on_the_next_nodes_slurmd_and_its_own(monkeypatch, nodes, node, expected):
+    from dtrain.launch.backends.slurm import node_lease
+
+    monkeypatch.setattr(node_lease, "node_hosts", lambda node_list: [(f"h{i}", 6818) for i in range(nodes)])
+    peer, own = node_lease.targets("node[1-3]", node)
+    assert (peer and peer[0], own and own[0]) == expected

@@ -59,28 +59,13 @@ dtrain_node_addr() {
   if [ -z "$addr" ]; then addr=$(getent hosts "$1" | awk '{print $1; exit}'); fi
   printf '%s\n' "${addr:-$1}"
 }
-# The controller's ADDRESS:PORT, which every node's lease must reach (dtrain.launch.node.lease).
-dtrain_controller() {
-  local config host port
-  config=$(scontrol show config 2>/dev/null)
-  host=$(printf '%s\n' "$config" | sed -n 's/^SlurmctldHost\[0\] *= *//p' | head -n 1)
-  port=$(printf '%s\n' "$config" | sed -n 's/^SlurmctldPort *= *\([0-9]*\).*/\1/p' | head -n 1)
-  case "$host" in
-    *'('*')') host=${host#*(}; host=${host%)} ;;
-    *) host=$(getent hosts "$host" | awk '{print $1; exit}') ;;
-  esac
-  case "$host" in *:*) host="[$host]" ;; esac
-  if [ -n "$host" ] && [ -n "$port" ]; then printf '%s:%s\n' "$host" "$port"; fi
-}
 export DTRAIN_LOST_AFTER=30
-DTRAIN_LEASE_PEER=$(dtrain_controller)
-export DTRAIN_LEASE_PEER
 MASTER_NODE=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)
 MASTER_ADDR=$(dtrain_node_addr "$MASTER_NODE")
 MASTER_PORT=$((20000 + SLURM_JOB_ID % 20000))
 export MASTER_ADDR MASTER_PORT
 echo "[dtrain] slurm job $SLURM_JOB_ID on $SLURM_JOB_NODELIST: rendezvous $MASTER_NODE ($MASTER_ADDR:$MASTER_PORT)"
-srun --nodes=2 --ntasks=2 --ntasks-per-node=1 --kill-on-bad-exit=1 bash -c 'export NODE_RANK="$SLURM_NODEID" DTRAIN_NODE_INDEX="$SLURM_NODEID" PET_NODE_RANK="$SLURM_NODEID" PET_MASTER_ADDR="$MASTER_ADDR" PET_MASTER_PORT="$MASTER_PORT"; py="$1"; reap() { "$py" -m dtrain.launch.node.proctree reap "$DTRAIN_JOB_ID" --node "$SLURM_NODEID"; }; read -r oa op < <(scontrol show node -o "$SLURMD_NODENAME" 2>/dev/null | tr " " "\n" | sed -n "s/^NodeAddr=//p;s/^Port=//p" | head -n 2 | tr "\n" " "); case "$oa" in *:*) oa="[$oa]" ;; esac; own=; if [ -n "$oa" ] && [ -n "$op" ]; then own="$oa:$op"; fi; "$py" -m dtrain.launch.node.lease --run-dir "$DTRAIN_RUN_DIR" --node "$SLURM_NODEID" --job-id "$DTRAIN_JOB_ID" --lease "$DTRAIN_LOST_AFTER" --peer "$DTRAIN_LEASE_PEER" --own "$own" & DTRAIN_AGENT_PARENT=$$ "$@" & agent=$!; trap '"'"'kill -TERM "$agent" 2>/dev/null; wait "$agent"; reap; exit 143'"'"' TERM INT HUP; wait "$agent"; status=$?; reap; exit "$status"' dtrain-node \
+srun --nodes=2 --ntasks=2 --ntasks-per-node=1 --kill-on-bad-exit=1 bash -c 'export NODE_RANK="$SLURM_NODEID" DTRAIN_NODE_INDEX="$SLURM_NODEID" PET_NODE_RANK="$SLURM_NODEID" PET_MASTER_ADDR="$MASTER_ADDR" PET_MASTER_PORT="$MASTER_PORT"; py="$1"; reap() { "$py" -m dtrain.launch.node.proctree reap "$DTRAIN_JOB_ID" --node "$SLURM_NODEID"; }; "$py" -m dtrain.launch.backends.slurm.node_lease --run-dir "$DTRAIN_RUN_DIR" --node "$SLURM_NODEID" --job-id "$DTRAIN_JOB_ID" --lease "$DTRAIN_LOST_AFTER" & DTRAIN_AGENT_PARENT=$$ "$@" & agent=$!; trap '"'"'kill -TERM "$agent" 2>/dev/null; wait "$agent"; reap; exit 143'"'"' TERM INT HUP; wait "$agent"; status=$?; reap; exit "$status"' dtrain-node \
   /opt/venv/bin/python -m dtrain.launch.node.torchrun_agent --nnodes=2 --nproc-per-node=4 --rdzv-backend=dtrain-static --rdzv-id=dtrain-abc123 --rdzv-conf=timeout=300 --max-restarts=0 --no-python /opt/venv/bin/python -m dtrain.launch.node.rank_entry train.py --lr 0.1 --tag '$(touch /tmp/pwned); `id` '"'"'quoted'"'"' "dq" 
  next'
 status=$?

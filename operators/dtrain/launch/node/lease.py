@@ -10,10 +10,10 @@ meanwhile, the watcher has given the node up).
 
 * ssh, deferred/durable: the detached node's daemon (:mod:`dtrain.launch.backends.ssh.detached_node`)
   holds it with :func:`hold_lease`, its peer another node's login port.
-* Slurm: each node shell starts this module beside the node's agent (``python -m
-  dtrain.launch.node.lease``, see :data:`dtrain.launch.backends.slurm.render.NODE_SHELL`), its peer
-  the Slurm controller: Slurm notices a silent node only after its SlurmdTimeout (minutes), and
-  then cannot reach it to stop its ranks either. It also touches ``lease/node<N>.beat`` in the run
+* Slurm: each node shell starts it beside the node's agent
+  (:mod:`dtrain.launch.backends.slurm.node_lease`), its peer the next node's slurmd and its own
+  slurmd checked too: Slurm notices a silent node only after its SlurmdTimeout (minutes), and then
+  cannot reach it to stop its ranks either. It also touches ``lease/node<N>.beat`` in the run
   directory every HEARTBEAT_S seconds (a frozen or crashed node stops beating: the launcher then
   asks the node's host, :mod:`dtrain.launch.backends.slurm.lost`) and records a fence in
   ``lease/node<N>.fenced`` (read as untrusted: any rank can write there).
@@ -30,6 +30,7 @@ import stat
 import sys
 import threading
 import time
+from dataclasses import dataclass
 from typing import Any, Callable
 
 from dtrain import grammar
@@ -173,26 +174,44 @@ def run(run_dir: str, node: int, job_id: str, lease: float, peer: tuple[str, int
     return 0
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m dtrain.launch.node.lease",
-                                     description="hold this node's lease on its job (see the module's docstring)")
+@dataclass(frozen=True)
+class LeaseArgs:
+    run_dir: str
+    node: int
+    job_id: str
+    lease: float
+    peer: tuple[str, int] | None
+    own: tuple[str, int] | None
+
+
+def parse_args(argv: list[str] | None, prog: str = "python -m dtrain.launch.node.lease",
+               targets: bool = True) -> LeaseArgs:
+    """The lease's arguments, checked (exit 2 naming the field, the value and what is allowed, before
+    anything starts). ``targets``: whether --peer and --own are taken (a backend may find them itself)."""
+    parser = argparse.ArgumentParser(prog=prog, description="hold this node's lease on its job")
     parser.add_argument("--run-dir", required=True)
     parser.add_argument("--node", required=True)
     parser.add_argument("--job-id", required=True)
     parser.add_argument("--lease", required=True, help="seconds without reaching the peer before fencing")
-    parser.add_argument("--peer", default="", help="ADDRESS:PORT this node must reach (empty: only the clock check)")
-    parser.add_argument("--own", default="", help="ADDRESS:PORT of this node's own daemon (its slurmd), which must answer")
+    if targets:
+        parser.add_argument("--peer", default="", help="ADDRESS:PORT this node must reach (empty: only the clock check)")
+        parser.add_argument("--own", default="", help="ADDRESS:PORT of this node's own daemon, which must answer")
     args = parser.parse_args(argv)
     try:
         grammar.check("--job-id", args.job_id, grammar.NAME, "letters, digits and _ . + - (1-128)")
         node = int(grammar.finite("--node", args.node, minimum=0, maximum=1 << 20))
         lease = grammar.finite("--lease", args.lease, minimum=LEASE_CHECK_S * 2, maximum=86400)
-        peer = parse_peer(args.peer) if args.peer else None
-        own = parse_peer(args.own, "--own") if args.own else None
+        peer = parse_peer(args.peer) if targets and args.peer else None
+        own = parse_peer(args.own, "--own") if targets and args.own else None
         RunDir(args.run_dir)
     except (SpecError, UnsafeRunDir) as e:
-        parser.error(str(e))  # exit 2, naming the field, the value and what is allowed
-    return run(args.run_dir, node, args.job_id, lease, peer, own=own)
+        parser.error(str(e))
+    return LeaseArgs(args.run_dir, node, args.job_id, lease, peer, own)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    return run(args.run_dir, args.node, args.job_id, args.lease, args.peer, own=args.own)
 
 
 if __name__ == "__main__":

@@ -258,7 +258,7 @@ class SlurmBackend(Backend):
 
     def _lost(self, handle: JobHandle, status: JobStatus, node: LostNode | None) -> JobStatus:
         if node is not None:
-            self.sink(f"[dtrain] {node.message()}: cancelling the job; a node cut off from the controller fences "
+            self.sink(f"[dtrain] {node.message()}: cancelling the job; a node cut off from its peer fences "
                       f"itself within {handle.data['lost_after']:g} s")
         return with_lost_node(status, node)
 

@@ -20,7 +20,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                    help="an extra sbatch option such as --qos=high or --exclusive (repeatable)")
     g.add_argument("--slurm-poll-interval", type=float, default=None, help="seconds between job state polls")
     g.add_argument("--slurm-lost-after", type=float, default=None,
-                   help="seconds (>= 10; default 30) after which a node cut off from the controller fences itself "
+                   help="seconds (>= 10; default 30) after which a node cut off from its peer fences itself "
                         "and a silent node counts as lost")
 
 

@@ -153,8 +153,8 @@ class SlurmOptions:
         poll_interval: seconds between ``scontrol show job`` polls.
         master_port: rendezvous port on the first node; 0 derives it from the Slurm job id
             at run time (20000 + id % 20000), so concurrent jobs on a node differ.
-        lost_after: seconds (at least 10; default 30) after which a node that cannot reach the
-            Slurm controller, or was frozen, fences itself (stops its ranks), and a node whose
+        lost_after: seconds (at least 10; default 30) after which a node that cannot reach the next
+            node's slurmd or its own, or was frozen, fences itself (stops its ranks), and a node whose
             heartbeat is that old counts as lost (:mod:`.lost`): Slurm's own SlurmdTimeout is minutes.
     """
 
@@ -273,17 +273,13 @@ def node_argv(job: Job, python: str) -> list[str]:
 # proctrack/linuxproc follows parent links and would lose it. The agent dies with this shell
 # (DTRAIN_AGENT_PARENT: dtrain.launch.node.proctree.die_with_parent), also when scancel SIGKILLs
 # the shell, so that no trap runs. "$1" is the agent's interpreter. Beside the agent the node holds
-# its lease (dtrain.launch.node.lease: it beats, and fences the node when it cannot reach the
-# controller, or its own slurmd -- NodeAddr and Port as scontrol tells -- stops answering); the reap
-# stops it with the rest.
+# its lease (.node_lease: it beats, and fences the node when it cannot reach the next node's slurmd,
+# or its own slurmd stops answering); the reap stops it with the rest.
 NODE_SHELL = ('export NODE_RANK="$SLURM_NODEID" DTRAIN_NODE_INDEX="$SLURM_NODEID" PET_NODE_RANK="$SLURM_NODEID" '
               'PET_MASTER_ADDR="$MASTER_ADDR" PET_MASTER_PORT="$MASTER_PORT"; py="$1"; '
               'reap() { "$py" -m dtrain.launch.node.proctree reap "$DTRAIN_JOB_ID" --node "$SLURM_NODEID"; }; '
-              'read -r oa op < <(scontrol show node -o "$SLURMD_NODENAME" 2>/dev/null | tr " " "\\n" '
-              '| sed -n "s/^NodeAddr=//p;s/^Port=//p" | head -n 2 | tr "\\n" " "); '
-              'case "$oa" in *:*) oa="[$oa]" ;; esac; own=; if [ -n "$oa" ] && [ -n "$op" ]; then own="$oa:$op"; fi; '
-              '"$py" -m dtrain.launch.node.lease --run-dir "$DTRAIN_RUN_DIR" --node "$SLURM_NODEID" '
-              '--job-id "$DTRAIN_JOB_ID" --lease "$DTRAIN_LOST_AFTER" --peer "$DTRAIN_LEASE_PEER" --own "$own" & '
+              '"$py" -m dtrain.launch.backends.slurm.node_lease --run-dir "$DTRAIN_RUN_DIR" --node "$SLURM_NODEID" '
+              '--job-id "$DTRAIN_JOB_ID" --lease "$DTRAIN_LOST_AFTER" & '
               'DTRAIN_AGENT_PARENT=$$ "$@" & agent=$!; '
               'trap \'kill -TERM "$agent" 2>/dev/null; wait "$agent"; reap; exit 143\' TERM INT HUP; '
               'wait "$agent"; status=$?; reap; exit "$status"')
@@ -296,22 +292,6 @@ dtrain_node_addr() {
   if [ -z "$addr" ]; then addr=$(getent hosts "$1" | awk '{print $1; exit}'); fi
   printf '%s\\n' "${addr:-$1}"
 }"""
-
-_CONTROLLER_FUNCTION = """\
-# The controller's ADDRESS:PORT, which every node's lease must reach (dtrain.launch.node.lease).
-dtrain_controller() {
-  local config host port
-  config=$(scontrol show config 2>/dev/null)
-  host=$(printf '%s\\n' "$config" | sed -n 's/^SlurmctldHost\\[0\\] *= *//p' | head -n 1)
-  port=$(printf '%s\\n' "$config" | sed -n 's/^SlurmctldPort *= *\\([0-9]*\\).*/\\1/p' | head -n 1)
-  case "$host" in
-    *'('*')') host=${host#*(}; host=${host%)} ;;
-    *) host=$(getent hosts "$host" | awk '{print $1; exit}') ;;
-  esac
-  case "$host" in *:*) host="[$host]" ;; esac
-  if [ -n "$host" ] && [ -n "$port" ]; then printf '%s:%s\\n' "$host" "$port"; fi
-}"""
-
 
 def export_line(name: str, value: str) -> str:
     """``export NAME=VALUE`` for the script. The name is not quoted (a shell cannot quote one), so
@@ -368,10 +348,7 @@ def render_sbatch(job: Job, options: SlurmOptions, *, workdir: str | None = None
         f"cd {q(workdir)} || exit 1",
         *exports,
         _ADDR_FUNCTION,
-        _CONTROLLER_FUNCTION,
         f"export DTRAIN_LOST_AFTER={options.lost_after:g}",
-        'DTRAIN_LEASE_PEER=$(dtrain_controller)',
-        "export DTRAIN_LEASE_PEER",
         'MASTER_NODE=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)',
         'MASTER_ADDR=$(dtrain_node_addr "$MASTER_NODE")',
         f"MASTER_PORT={port}",
@@ -413,6 +390,31 @@ def parse_scontrol_job(text: str) -> dict[str, str]:
         if m:
             fields[key] = m.group(1)
     return fields
+
+
+#: slurmd's port when a node's line names none (Slurm's default SlurmdPort)
+DEFAULT_SLURMD_PORT = 6818
+_NODE_FIELD = re.compile(r"(?:^|\s)(NodeName|NodeAddr|Port)=(\S+)")
+
+
+def parse_nodes(text: str) -> dict[str, tuple[str, int]]:
+    """``scontrol show node -o LIST`` -> {NodeName: (NodeAddr, slurmd port)}."""
+    found: dict[str, tuple[str, int]] = {}
+    for line in text.splitlines():
+        fields = dict(_NODE_FIELD.findall(line))
+        if "NodeName" in fields:
+            port = fields.get("Port", "")
+            found[fields["NodeName"]] = (fields.get("NodeAddr", fields["NodeName"]),
+                                         int(port) if port.isdigit() and 0 < int(port) < 65536 else DEFAULT_SLURMD_PORT)
+    return found
+
+
+def show_nodes_argv(node_list: str) -> list[str]:
+    return ["scontrol", "show", "node", "-o", node_list]
+
+
+def hostnames_argv(node_list: str) -> list[str]:
+    return ["scontrol", "show", "hostnames", node_list]
 
 
 def parse_sacct(text: str) -> dict[str, str]:
