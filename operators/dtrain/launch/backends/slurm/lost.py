@@ -31,6 +31,7 @@ from dtrain.launch.engine.lost import PROBE_TIMEOUT_S, LostNode, handshake_fault
 from dtrain.launch.node.lease import HEARTBEAT_S, STALE_BEATS, beat_age, read_fence
 from dtrain.rundir import RunDir
 
+
 def stale_after() -> float:
     return STALE_BEATS * HEARTBEAT_S
 

@@ -293,6 +293,7 @@ dtrain_node_addr() {
   printf '%s\\n' "${addr:-$1}"
 }"""
 
+
 def export_line(name: str, value: str) -> str:
     """``export NAME=VALUE`` for the script. The name is not quoted (a shell cannot quote one), so
     it is checked against the shell grammar of a name here too, whatever built the Job; the value
