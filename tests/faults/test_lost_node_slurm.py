@@ -67,7 +67,7 @@ def test_a_partitioned_node_fences_itself_while_still_cut_off_and_is_named(fault
         assert_lost(result, net, lines, "unreachable")
         # still partitioned, and its ranks are gone: it fenced itself when its lease lapsed
         assert on_host(net, 1, job_id) == []
-        reason = RunDir(result.run_dir).read(LEASE, fenced_name(1), limit=4096)
+        reason = RunDir(result.run_dir).read(LEASE, job_id, fenced_name(1), limit=4096)
         assert reason is not None and b"could not reach its peer" in reason, reason
     finally:
         net.heal(1)

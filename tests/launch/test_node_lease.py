@@ -43,32 +43,32 @@ def test_a_cut_off_node_fences_its_ranks_records_why_and_stops_beating(tmp_path,
                               kwargs={"check_every": 0.05, "heartbeat": 0.1}, daemon=True)
     holder.start()
     files = RunDir(run_dir)
-    assert poll_until(lambda: lease.beat_age(files, 1, time.time()) is not None, 5, 0.05)
+    assert poll_until(lambda: lease.beat_age(files, JOB, 1, time.time()) is not None, 5, 0.05)
     time.sleep(1.0)  # longer than the lease: it reaches its peer, so it holds
-    assert rank.poll() is None and holder.is_alive() and lease.read_fence(files, 1) is None
+    assert rank.poll() is None and holder.is_alive() and lease.read_fence(files, JOB, 1) is None
     listener.close()  # cut off (the peer refuses: fast here)
     holder.join(10)
     assert not holder.is_alive()
     assert rank.wait(timeout=10) == -signal.SIGKILL  # SIGTERM ignored: killed after the fence grace
-    reason = lease.read_fence(files, 1)
+    reason = lease.read_fence(files, JOB, 1)
     assert reason.startswith(f"this node could not reach its peer 127.0.0.1:{peer[1]} for "), reason
-    age = lease.beat_age(files, 1, time.time())
+    age = lease.beat_age(files, JOB, 1, time.time())
     time.sleep(0.5)
-    assert lease.beat_age(files, 1, time.time()) >= age + 0.4  # a fenced node beats no more
+    assert lease.beat_age(files, JOB, 1, time.time()) >= age + 0.4  # a fenced node beats no more
 
 
 def test_a_fence_record_is_read_as_untrusted_text(tmp_path):
     files = RunDir(str(tmp_path))
-    files.ensure_dir(LEASE)
-    files.write(LEASE, lease.fenced_name(0), data=json.dumps({"reason": "cut\x1b[2J off\n"}).encode())
-    assert lease.read_fence(files, 0) == "cut?[2J off?"  # no control character reaches a log line
-    files.write(LEASE, lease.fenced_name(0), data=json.dumps({"reason": "x" * 100_000}).encode())
-    assert lease.read_fence(files, 0) is None  # larger than any fence record: not read, ignored
-    files.write(LEASE, lease.fenced_name(0), data=b"\x00not json")
-    assert lease.read_fence(files, 0) == "it recorded a fence (unreadable record)"
-    os.remove(files.join(LEASE, lease.fenced_name(0)))
-    os.symlink("/etc/passwd", files.join(LEASE, lease.fenced_name(0)))
-    assert lease.read_fence(files, 0) is None  # a planted link is not followed
+    files.ensure_dir(LEASE, JOB)
+    files.write(LEASE, JOB, lease.fenced_name(0), data=json.dumps({"reason": "cut\x1b[2J off\n"}).encode())
+    assert lease.read_fence(files, JOB, 0) == "cut?[2J off?"  # no control character reaches a log line
+    files.write(LEASE, JOB, lease.fenced_name(0), data=json.dumps({"reason": "x" * 100_000}).encode())
+    assert lease.read_fence(files, JOB, 0) is None  # larger than any fence record: not read, ignored
+    files.write(LEASE, JOB, lease.fenced_name(0), data=b"\x00not json")
+    assert lease.read_fence(files, JOB, 0) == "it recorded a fence (unreadable record)"
+    os.remove(files.join(LEASE, JOB, lease.fenced_name(0)))
+    os.symlink("/etc/passwd", files.join(LEASE, JOB, lease.fenced_name(0)))
+    assert lease.read_fence(files, JOB, 0) is None  # a planted link is not followed
 
 
 @pytest.mark.parametrize("argv, named", [

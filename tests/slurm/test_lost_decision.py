@@ -16,6 +16,9 @@ from dtrain.launch.backends.slurm import lost
 from dtrain.launch.node.lease import beat_name, fenced_name
 from dtrain.rundir import LEASE, RunDir
 
+#: the dtrain job whose leases are decided on (Slurm's job id is "7")
+JOB = "dtrain-0123456789ab"
+
 
 @pytest.fixture
 def ports(monkeypatch):
@@ -45,7 +48,7 @@ def ports(monkeypatch):
 def cluster(tmp_path, monkeypatch):
     """(run_dir, hosts: the (address, port) of each node by index, asked: the job ids Slurm was asked about)."""
     run_dir = RunDir(str(tmp_path / "run"))
-    run_dir.ensure_dir(LEASE)
+    run_dir.ensure_dir(LEASE, JOB)
     hosts: list[tuple[str, int]] = []
     asked: list[str] = []
 
@@ -57,14 +60,20 @@ def cluster(tmp_path, monkeypatch):
     return run_dir, hosts, asked
 
 
-def beat(run_dir: RunDir, node: int, age: float) -> None:
-    run_dir.touch(LEASE, beat_name(node))
+def beat(run_dir: RunDir, node: int, age: float, job: str = JOB) -> None:
+    run_dir.ensure_dir(LEASE, job)
+    run_dir.touch(LEASE, job, beat_name(node))
     then = time.time() - age
-    os.utime(run_dir.join(LEASE, beat_name(node)), (then, then))
+    os.utime(run_dir.join(LEASE, job, beat_name(node)), (then, then))
+
+
+def fence(run_dir: RunDir, node: int, reason: str, job: str = JOB) -> None:
+    run_dir.ensure_dir(LEASE, job)
+    run_dir.write(LEASE, job, fenced_name(node), data=json.dumps({"reason": reason}).encode())
 
 
 def decide(run_dir: RunDir, failed: bool = False, lost_after: float = 30.0):
-    return lost.lost_node("7", run_dir.path, 2, lost_after, failed=failed)
+    return lost.lost_node(JOB, "7", run_dir.path, 2, lost_after, failed=failed)
 
 
 def test_fresh_beats_and_no_fence_ask_nobody(cluster, ports):
@@ -110,7 +119,7 @@ def test_a_node_that_fenced_itself_is_lost_with_its_reason_even_if_it_answers(cl
     hosts += [ports["alive"], ports["alive"]]
     beat(run_dir, 0, 1.0)
     beat(run_dir, 1, 1.0)
-    run_dir.write(LEASE, fenced_name(1), data=json.dumps({"reason": "this node could not reach its peer"}).encode())
+    fence(run_dir, 1, "this node could not reach its peer")
     found = decide(run_dir)
     assert (found.node, found.fault) == (1, "unreachable")
     assert found.detail == "it fenced itself: this node could not reach its peer"
@@ -126,6 +135,21 @@ def test_after_a_failure_only_the_handshake_names_a_node_never_an_old_beat(clust
     assert decide(run_dir, failed=True).fault == "gone"  # the node that crashed and failed the job
 
 
+def test_the_leases_of_the_job_a_retry_replaces_are_not_the_retrys(cluster, ports):
+    """An Airflow retry runs in the same run directory. The job before it lost node 1: its beats went
+    stale and node 1 fenced itself (and may still write there, once its link heals). The retry's nodes
+    have not beaten yet, or beat fresh: nothing of the old job's is a sign of a lost node of this one."""
+    run_dir, hosts, asked = cluster
+    hosts += [ports["alive"], ports["alive"]]
+    beat(run_dir, 0, 90.0, job="dtrain-before")
+    beat(run_dir, 1, 120.0, job="dtrain-before")
+    fence(run_dir, 1, "this node could not reach its peer", job="dtrain-before")
+    assert decide(run_dir) is None and not lost.shows_a_lost_node(run_dir.path, JOB, 2)
+    beat(run_dir, 0, 1.0)
+    beat(run_dir, 1, 1.0)
+    assert decide(run_dir) is None and asked == []  # not even a probe
+
+
 def test_nothing_is_decided_when_slurm_cannot_say_where_the_nodes_are(cluster, ports):
     run_dir, hosts, asked = cluster
     beat(run_dir, 1, 60.0)
@@ -139,7 +163,7 @@ def test_the_verdict_names_the_lost_node_not_its_peer_that_fenced_itself(cluster
     hosts += [ports["alive"], ports[lost_kind]]
     beat(run_dir, 0, 1.0)
     beat(run_dir, 1, 1.0)  # a partitioned node's beat stays fresh where the shared filesystem still reaches it
-    run_dir.write(LEASE, fenced_name(0), data=json.dumps({"reason": "could not reach its peer node 1"}).encode())
+    fence(run_dir, 0, "could not reach its peer node 1")
     found = decide(run_dir)
     assert (found.node, found.fault) == (1, fault), found
 

@@ -13,10 +13,13 @@ meanwhile, the watcher has given the node up).
 * Slurm: each node shell starts it beside the node's agent
   (:mod:`dtrain.launch.backends.slurm.node_lease`), its peer the next node's slurmd and its own
   slurmd checked too: Slurm notices a silent node only after its SlurmdTimeout (minutes), and then
-  cannot reach it to stop its ranks either. It also touches ``lease/node<N>.beat`` in the run
-  directory every HEARTBEAT_S seconds (a frozen or crashed node stops beating: the launcher then
+  cannot reach it to stop its ranks either. It also touches ``lease/<job id>/node<N>.beat`` in the
+  run directory every HEARTBEAT_S seconds (a frozen or crashed node stops beating: the launcher then
   asks the node's host, :mod:`dtrain.launch.backends.slurm.lost`) and records a fence in
-  ``lease/node<N>.fenced`` (read as untrusted: any rank can write there).
+  ``lease/<job id>/node<N>.fenced`` (read as untrusted: any rank can write there). A folder per
+  job: a retry runs in the same run directory (it resumes from the checkpoints there), and the job
+  it replaces left its nodes' beats and fences behind; its nodes may even beat or fence after the
+  retry started (a partitioned node whose link heals, a frozen one that thaws).
 
 Stdlib and psutil only (it runs on every node, before and beside the ranks).
 """
@@ -101,12 +104,12 @@ def fenced_name(node: int) -> str:
     return f"node{node}.fenced"
 
 
-def beat(run_dir: RunDir, node: int, interval: float, ended: threading.Event) -> None:
+def beat(run_dir: RunDir, job_id: str, node: int, interval: float, ended: threading.Event) -> None:
     """Touch the node's beat file now and every ``interval`` seconds until ``ended`` is set."""
     while True:
         try:
-            run_dir.ensure_dir(LEASE)  # the lease folder is the product's: a link or file planted there goes
-            run_dir.touch(LEASE, beat_name(node))
+            run_dir.ensure_dir(LEASE, job_id)  # the lease folder is the product's: a link or file planted there goes
+            run_dir.touch(LEASE, job_id, beat_name(node))
         except (OSError, UnsafeRunDir):
             pass  # the filesystem hiccuped, or a rank moved things: a stale beat only makes the watcher look
         if ended.wait(interval):
@@ -123,15 +126,16 @@ def age_of(run_dir: RunDir, now: float, *parts: str) -> float | None:
     return now - found.st_mtime if found is not None and stat.S_ISREG(found.st_mode) else None
 
 
-def beat_age(run_dir: RunDir, node: int, now: float) -> float | None:
-    """Seconds since node ``node`` last beat (None: it never did)."""
-    return age_of(run_dir, now, LEASE, beat_name(node))
+def beat_age(run_dir: RunDir, job_id: str, node: int, now: float) -> float | None:
+    """Seconds since node ``node`` of job ``job_id`` last beat (None: it never did)."""
+    return age_of(run_dir, now, LEASE, job_id, beat_name(node))
 
 
-def read_fence(run_dir: RunDir, node: int) -> str | None:
-    """The reason node ``node`` recorded for fencing itself, if it did (untrusted text, bounded)."""
+def read_fence(run_dir: RunDir, job_id: str, node: int) -> str | None:
+    """The reason node ``node`` of job ``job_id`` recorded for fencing itself, if it did (untrusted
+    text, bounded)."""
     try:
-        raw = run_dir.read(LEASE, fenced_name(node), limit=FENCE_REASON_LIMIT + 256)
+        raw = run_dir.read(LEASE, job_id, fenced_name(node), limit=FENCE_REASON_LIMIT + 256)
     except (OSError, UnsafeRunDir):
         return None
     if raw is None:
@@ -158,14 +162,14 @@ def run(run_dir: str, node: int, job_id: str, lease: float, peer: tuple[str, int
     """Beat and hold the lease until the node is fenced (then 0; the caller ends the holder otherwise)."""
     files = RunDir(run_dir)
     ended = threading.Event()
-    threading.Thread(target=beat, args=(files, node, heartbeat, ended), daemon=True).start()
+    threading.Thread(target=beat, args=(files, job_id, node, heartbeat, ended), daemon=True).start()
 
     def fence(reason: str) -> None:
         ended.set()  # a fenced node beats no more
         print(f"{ANNOUNCE} node={node}: {reason}; fencing: stopping its ranks", file=sys.stderr, flush=True)
         try:
-            files.ensure_dir(LEASE)
-            files.write(LEASE, fenced_name(node), data=json.dumps({"time": time.time(), "reason": reason}).encode())
+            files.ensure_dir(LEASE, job_id)
+            files.write(LEASE, job_id, fenced_name(node), data=json.dumps({"time": time.time(), "reason": reason}).encode())
         except (OSError, ValueError):
             pass  # the fence matters, not its record
         kill_job(job_id, FENCE_GRACE_S, node)

@@ -171,7 +171,8 @@ def lost_node_of(handle: JobHandle, status: JobStatus) -> LostNode | None:
         return None
     if not status.done and status.state != "RUNNING":
         return None
-    return lost.lost_node(handle.backend_job_id, handle.run_dir, nodes, float(lost_after), failed=status.done)
+    return lost.lost_node(handle.job_id, handle.backend_job_id, handle.run_dir, nodes, float(lost_after),
+                          failed=status.done)
 
 
 def with_lost_node(status: JobStatus, node: LostNode | None) -> JobStatus:
@@ -289,7 +290,7 @@ class SlurmBackend(Backend):
         Slurm gives the node up (SlurmdTimeout, minutes): waiting for that would only hold the task; the
         reachable nodes are stopped by then, and the lost one fences itself."""
         nodes = handle.data.get("nodes")
-        if isinstance(nodes, int) and lost.shows_a_lost_node(handle.run_dir, nodes):
+        if isinstance(nodes, int) and lost.shows_a_lost_node(handle.run_dir, handle.job_id, nodes):
             return min(self.cancel_timeout, LOST_CANCEL_WAIT_S)
         return self.cancel_timeout
 

@@ -36,21 +36,22 @@ def stale_after() -> float:
     return STALE_BEATS * HEARTBEAT_S
 
 
-def lost_node(job_id: str, run_dir: str, nodes: int, lost_after: float, *, failed: bool,
+def lost_node(job_id: str, slurm_job_id: str, run_dir: str, nodes: int, lost_after: float, *, failed: bool,
               now: float | None = None) -> LostNode | None:
-    """The node the job lost, when the leases show a sign of one; None otherwise. ``failed``: the job
-    has ended with a failure (its heartbeats then stopped with it, so a stale one proves nothing).
+    """The node job ``job_id`` (Slurm's ``slurm_job_id``) lost, when its leases show a sign of one; None
+    otherwise. ``failed``: the job has ended with a failure (its heartbeats then stopped with it, so a
+    stale one proves nothing).
 
     On a sign every node is probed, not only the ones that showed it: when node 1 is cut off or gone,
     node 0 fences itself too (it cannot reach node 1, its peer), and the verdict must name node 1."""
     now = time.time() if now is None else now
     files = RunDir(run_dir)
-    fenced = {i: reason for i in range(nodes) if (reason := read_fence(files, i)) is not None}
-    ages = {i: age for i in range(nodes) if (age := beat_age(files, i, now)) is not None}
+    fenced = {i: reason for i in range(nodes) if (reason := read_fence(files, job_id, i)) is not None}
+    ages = {i: age for i in range(nodes) if (age := beat_age(files, job_id, i, now)) is not None}
     stale = set() if failed else {i for i, age in ages.items() if age >= stale_after()}
     if not (fenced or stale or (failed and ages)):
         return None
-    hosts = job_hosts(job_id)
+    hosts = job_hosts(slurm_job_id)
     if len(hosts) != nodes:  # Slurm cannot say where the nodes are (any more): nothing to probe
         return None
     with ThreadPoolExecutor(max_workers=min(32, nodes)) as pool:
@@ -68,12 +69,12 @@ def lost_node(job_id: str, run_dir: str, nodes: int, lost_after: float, *, faile
     return None
 
 
-def shows_a_lost_node(run_dir: str, nodes: int, now: float | None = None) -> bool:
+def shows_a_lost_node(run_dir: str, job_id: str, nodes: int, now: float | None = None) -> bool:
     """Whether a node fenced itself or stopped beating: then Slurm cannot end the job before its
     SlurmdTimeout, and a cancel need not wait for it (the reachable nodes are stopped at once)."""
     now = time.time() if now is None else now
     files = RunDir(run_dir)
-    return any(read_fence(files, i) is not None or (beat_age(files, i, now) or 0.0) >= stale_after()
+    return any(read_fence(files, job_id, i) is not None or (beat_age(files, job_id, i, now) or 0.0) >= stale_after()
                for i in range(nodes))
 
 
