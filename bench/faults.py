@@ -24,11 +24,12 @@ Modes: ``attached`` (``dtrain launch``: an ssh session per host holds the job) a
 operator's default: a detached daemon per host, followed by polling, as Launcher.submit_detached +
 attach; deferred mode's trigger decides with the same poll).
 
-``--resume``: the time until training resumes instead. The package's reference script (checkpoint
-every 5 steps) on both hosts; host 1 is faulted after step 7; at the verdict the host comes back (the
-link healed, the host thawed, or its sshd started again after the crash, as a reboot) and the same
-``dtrain launch`` runs again at once, as an Airflow retry with ``retry_delay=0`` would: measured from
-the fault until the retry's rank 0 logs its first step, with the step it resumed from.
+``--resume``: the time until training resumes instead, in each of ``--modes``. The package's reference
+script (checkpoint every 5 steps) on both hosts; host 1 is faulted after step 7; at the verdict the host
+comes back (the link healed, the host thawed, or its sshd or slurmd started again after the crash, as a
+reboot) and the same launch runs again at once, as an Airflow retry with ``retry_delay=0`` would:
+measured from the fault until the retry's rank 0 logs its first step, with the step it resumed from.
+For Slurm that includes the wait for the lost node to be allocatable again.
 
 ``--stragglers``: a slow host instead of a lost one. A DDP job that trains until stopped
 (``tests/faults/scripts/straggler_train.py``: an MLP on a fixed batch, gradients all-reduced, the
@@ -49,6 +50,7 @@ Not measured yet (issue 25): mpi.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import shutil
@@ -111,22 +113,7 @@ def inject(net: NetCluster, fault: str) -> None:
 def measure(fault: str, mode: str, code_dir: str, work: str, cap: float) -> dict:
     """One lost node on a fresh 2-host cluster whose hosts and launcher run the code in ``code_dir``."""
     run_dir = os.path.join(work, "run")
-    command = [sys.executable, SCRIPT, "--steps", "2", "--hang"]
-    if mode == "slurm":
-        env, net, slurm = start_slurm(code_dir, work)
-        argv = slurm_argv(run_dir, command)
-        stop = lambda: stop_hosts(net, slurm, run_dir)  # noqa: E731
-    else:
-        env, net, ssh = start_hosts(code_dir, work)
-        stop = lambda: stop_hosts(net, ssh, run_dir)  # noqa: E731
-        if mode == "durable":
-            spec = {"command": command, "nodes": 2, "procs_per_node": 1,
-                    "backend": "ssh", "device": "cpu", "run_dir": run_dir, "env": {"GLOO_SOCKET_IFNAME": "eth0"},
-                    "backend_options": {"hostfile": ssh.hostfile(1), "key_file": ssh.key_file,  # default settings
-                                        "known_hosts_file": ssh.known_hosts, "strict_host_key_checking": "yes"}}
-            argv = [sys.executable, "-c", DURABLE, json.dumps(spec)]
-        else:
-            argv = attached_argv(ssh, run_dir, command)
+    env, net, cluster, argv = start_mode(mode, code_dir, work, run_dir, [sys.executable, SCRIPT, "--steps", "2", "--hang"])
     log = open(os.path.join(work, "launch.log"), "w+b")
     cli = start_launch(argv, code_dir, env, log)
     try:
@@ -153,8 +140,24 @@ def measure(fault: str, mode: str, code_dir: str, work: str, cap: float) -> dict
         return {"detected": detected, "gone": gone, "exit": cli.poll(), "verdict": (lines or [""])[-1].strip()}
     finally:
         stop_launch(cli)
-        stop()
+        stop_hosts(net, cluster, run_dir)
         log.close()
+
+
+def start_mode(mode: str, code_dir: str, work: str, run_dir: str, command: list[str]):
+    """A fresh 2-host cluster for ``mode`` whose hosts and launcher run the code in ``code_dir``, and the
+    launcher's argv for ``command`` on it (one rank a host, default settings): (env, net, cluster, argv)."""
+    if mode == "slurm":
+        env, net, slurm = start_slurm(code_dir, work)
+        return env, net, slurm, slurm_argv(run_dir, command)
+    env, net, ssh = start_hosts(code_dir, work)
+    if mode == "attached":
+        return env, net, ssh, attached_argv(ssh, run_dir, command)
+    spec = {"command": command, "nodes": 2, "procs_per_node": 1,
+            "backend": "ssh", "device": "cpu", "run_dir": run_dir, "env": {"GLOO_SOCKET_IFNAME": "eth0"},
+            "backend_options": {"hostfile": ssh.hostfile(1), "key_file": ssh.key_file,  # default settings
+                                "known_hosts_file": ssh.known_hosts, "strict_host_key_checking": "yes"}}
+    return env, net, ssh, [sys.executable, "-c", DURABLE, json.dumps(spec)]
 
 
 def start_slurm(code_dir: str, work: str):
@@ -246,23 +249,23 @@ def rank_steps(run_dir: str, rank: int = 0) -> list[int]:
         return []
 
 
-def bring_back(net: NetCluster, ssh, fault: str) -> None:
-    """The lost host is back at the verdict: the link healed, the host thawed, or rebooted (its sshd again)."""
+def bring_back(net: NetCluster, cluster, fault: str) -> None:
+    """The lost host is back at the verdict: the link healed, the host thawed, or rebooted (its sshd or
+    slurmd again)."""
     if fault == "partition":
         net.heal(1)
     elif fault == "freeze":
         net.thaw(1)
     else:
-        ssh.reboot(1)
+        cluster.reboot(1)
 
 
-def measure_resume(fault: str, code_dir: str, work: str, cap: float) -> dict:
+def measure_resume(fault: str, mode: str, code_dir: str, work: str, cap: float) -> dict:
     """Fault host 1 of a checkpointing job (``RESUME_JOB``) after its checkpoint at step ``EVERY``, bring the
     host back at the verdict and relaunch the same command at once (an Airflow retry with no delay):
     the time from the fault until the retry logs its first step, and the step it resumed from."""
-    env, net, ssh = start_hosts(code_dir, work)
     run_dir = os.path.join(work, "run")
-    argv = attached_argv(ssh, run_dir, RESUME_JOB)
+    env, net, cluster, argv = start_mode(mode, code_dir, work, run_dir, RESUME_JOB)
     launches: list[subprocess.Popen] = []
     logs = [open(os.path.join(work, f"launch{i}.log"), "w+b") for i in (1, 2)]
 
@@ -285,7 +288,7 @@ def measure_resume(fault: str, code_dir: str, work: str, cap: float) -> dict:
         if first.poll() is None:
             return found
         found["detected"], found["exit"] = time.monotonic() - t0, first.poll()
-        bring_back(net, ssh, fault)
+        bring_back(net, cluster, fault)
         logged = len(rank_steps(run_dir))
         retry = launch(logs[1])
         while time.monotonic() - t0 < cap and retry.poll() is None:
@@ -298,7 +301,7 @@ def measure_resume(fault: str, code_dir: str, work: str, cap: float) -> dict:
     finally:
         for cli in launches:
             stop_launch(cli)
-        stop_hosts(net, ssh, run_dir)
+        stop_hosts(net, cluster, run_dir)
         for log in logs:
             log.close()
 
@@ -385,24 +388,24 @@ def ratio(new: float | None, old: float | None, cap: float) -> str:
     return f"{new / (old if old is not None else cap):.2f}x" + ("" if old is not None else " (at most)")
 
 
-def resume_row(fault: str, release: str, found: dict, cap: float) -> str:
-    return (f"faults ssh resume {fault} [{release} release]: detected {seconds(found['detected'], cap)}, "
+def resume_row(mode: str, fault: str, release: str, found: dict, cap: float) -> str:
+    return (f"faults {backend_of(mode)} resume {fault} [{release} release]: detected {seconds(found['detected'], cap)}, "
             f"training resumed {seconds(found['resumed'], cap)} after the fault (from step "
             f"{found['from_step']}); first launch exit {found['exit']}")
 
 
-def resume_both(fault: str, new: dict, old: dict, cap: float) -> str:
-    return (f"faults ssh resume {fault}: training resumed {seconds(new['resumed'], cap)} vs previous "
+def resume_both(mode: str, fault: str, new: dict, old: dict, cap: float) -> str:
+    return (f"faults {backend_of(mode)} resume {fault}: training resumed {seconds(new['resumed'], cap)} vs previous "
             f"{seconds(old['resumed'], cap)} = {ratio(new['resumed'], old['resumed'], cap)} "
             f"[checkpoint every {EVERY} steps, host back at the verdict, retry at once]")
 
 
 def compare(faults: list[str], releases: dict[str, str], work: str, cap: float, measure, row, both) -> None:
-    """``measure(fault, code, work, cap)`` each fault on each release; a ``row`` per run, then ``both`` per fault."""
+    """``measure(fault, code_dir=, work=, cap=)`` each fault on each release; a ``row`` per run, then ``both`` per fault."""
     results = {}
     for fault in faults:
         for release, code in releases.items():
-            found = results[fault, release] = measure(fault, code, tempfile.mkdtemp(dir=work), cap)
+            found = results[fault, release] = measure(fault, code_dir=code, work=tempfile.mkdtemp(dir=work), cap=cap)
             print(row(fault, release, found, cap), flush=True)
     for fault in faults:
         print(both(fault, results[fault, "this"], results[fault, "previous"], cap))
@@ -415,7 +418,7 @@ def main() -> int:
     p.add_argument("--modes", default="attached,durable", help=f"a list of {', '.join(MODES)}")
     p.add_argument("--cap", type=float, default=150.0)
     p.add_argument("--resume", action="store_true",
-                   help="measure the time until training resumes (attached mode, one immediate retry) instead")
+                   help="measure the time until training resumes (one immediate retry) instead")
     p.add_argument("--stragglers", action="store_true",
                    help=f"slow host 1 instead ({', '.join(STRAGGLERS)}): the time until the straggler is named")
     args = p.parse_args()
@@ -435,7 +438,9 @@ def main() -> int:
         previous = worktree(args.previous, os.path.join(work, "previous"))
         releases = {"this": REPO, "previous": previous}
         if args.resume:
-            compare(faults, releases, work, args.cap, measure_resume, resume_row, resume_both)
+            for mode in modes:
+                compare(faults, releases, work, args.cap, functools.partial(measure_resume, mode=mode),
+                        functools.partial(resume_row, mode), functools.partial(resume_both, mode))
             return 0
         if args.stragglers:
             compare(faults, releases, work, args.cap, measure_straggler, straggler_row, straggler_both)

@@ -171,6 +171,17 @@ class SlurmCluster:
             raise
         return self
 
+    def reboot(self, index: int, timeout: float = 30.0) -> None:
+        """Start host ``index``'s slurmd again after a crash killed it (a host that rebooted: same address,
+        same spool), and wait until slurmctld has heard from it (sinfo's state loses its "*": not responding)."""
+        node = self.nodes[index]
+        self._spawn(f"slurmd-{node}", [_binary("slurmd"), "-D", "-N", node, "-f", self.conf], self.host(node))
+
+        def responding() -> bool:
+            out = self.run(["sinfo", "-h", "-n", node, "-o", "%t"], check=False).stdout.strip()
+            return bool(out) and not out.endswith("*")
+        self._wait_for(responding, timeout, f"{node}'s slurmd to register again")
+
     def _all_idle(self) -> bool:
         for name, proc in self.daemons.items():
             if proc.poll() is not None:
