@@ -18,7 +18,7 @@ Prints one line per fault and release, then one line per fault with both and the
 (namespaces, sshd) and a clean clone with history for --previous.
 
     .venv/bin/python bench/faults.py [--faults partition,freeze,crash] [--modes attached,durable,slurm] [--previous 2a122e2] [--cap 150] [--resume]
-    .venv/bin/python bench/faults.py --stragglers [--faults slow-cpu,slow-link] [--cap 60]
+    .venv/bin/python bench/faults.py --stragglers [--faults slow-cpu,slow-link] [--modes attached,durable,slurm] [--cap 60]
 
 Modes: ``attached`` (``dtrain launch``: an ssh session per host holds the job) and ``durable`` (the
 operator's default: a detached daemon per host, followed by polling, as Launcher.submit_detached +
@@ -31,7 +31,7 @@ reboot) and the same launch runs again at once, as an Airflow retry with ``retry
 measured from the fault until the retry's rank 0 logs its first step, with the step it resumed from.
 For Slurm that includes the wait for the lost node to be allocatable again.
 
-``--stragglers``: a slow host instead of a lost one. A DDP job that trains until stopped
+``--stragglers``: a slow host instead of a lost one, in each of ``--modes``. A DDP job that trains until stopped
 (``tests/faults/scripts/straggler_train.py``: an MLP on a fixed batch, gradients all-reduced, the
 training helper's metrics) on both hosts; once both ranks logged 200 steps host 1 gets a quarter of a CPU
 (``slow-cpu``: cgroup cfs quota) or a rate-limited link (``slow-link``: tc tbf, 40 mbit, and 4x the
@@ -322,13 +322,13 @@ def log_lines(log) -> list[str]:
     return log.read().decode(errors="replace").splitlines()
 
 
-def measure_straggler(fault: str, code_dir: str, work: str, cap: float) -> dict:
+def measure_straggler(fault: str, mode: str, code_dir: str, work: str, cap: float) -> dict:
     """Slow host 1 of a running DDP job; the time until the launcher names the straggler (or the network)."""
     slow, script_args, verdict = STRAGGLERS[fault]
-    env, net, ssh = start_hosts(code_dir, work)
     run_dir = os.path.join(work, "run")
+    env, net, cluster, argv = start_mode(mode, code_dir, work, run_dir, [sys.executable, STRAGGLER_SCRIPT, *script_args])
     log = open(os.path.join(work, "launch.log"), "w+b")
-    cli = start_launch(attached_argv(ssh, run_dir, [sys.executable, STRAGGLER_SCRIPT, *script_args]), code_dir, env, log)
+    cli = start_launch(argv, code_dir, env, log)
     found = {"named": None, "blamed_node0": False, "report": ""}
     try:
         deadline = time.monotonic() + 180
@@ -354,17 +354,17 @@ def measure_straggler(fault: str, code_dir: str, work: str, cap: float) -> dict:
         return found
     finally:
         stop_launch(cli)
-        stop_hosts(net, ssh, run_dir)
+        stop_hosts(net, cluster, run_dir)
         log.close()
 
 
-def straggler_row(fault: str, release: str, found: dict, cap: float) -> str:
-    return (f"faults ssh {fault} [{release} release]: named {seconds(found['named'], cap)} after the slowdown; "
+def straggler_row(mode: str, fault: str, release: str, found: dict, cap: float) -> str:
+    return (f"faults {backend_of(mode)} {fault} [{release} release]: named {seconds(found['named'], cap)} after the slowdown; "
             f"healthy node 0 blamed: {'yes' if found['blamed_node0'] else 'no'}; its report at the end: {found['report']}")
 
 
-def straggler_both(fault: str, new: dict, old: dict, cap: float) -> str:
-    return (f"faults ssh {fault}: named while running {seconds(new['named'], cap)} vs previous "
+def straggler_both(mode: str, fault: str, new: dict, old: dict, cap: float) -> str:
+    return (f"faults {backend_of(mode)} {fault}: named while running {seconds(new['named'], cap)} vs previous "
             f"{seconds(old['named'], cap)} = {ratio(new['named'], old['named'], cap)}; healthy node blamed: "
             f"{'yes' if new['blamed_node0'] else 'no'} vs {'yes' if old['blamed_node0'] else 'no'}")
 
@@ -437,13 +437,12 @@ def main() -> int:
     try:
         previous = worktree(args.previous, os.path.join(work, "previous"))
         releases = {"this": REPO, "previous": previous}
-        if args.resume:
+        if args.resume or args.stragglers:
+            measure, row, both = ((measure_resume, resume_row, resume_both) if args.resume
+                                  else (measure_straggler, straggler_row, straggler_both))
             for mode in modes:
-                compare(faults, releases, work, args.cap, functools.partial(measure_resume, mode=mode),
-                        functools.partial(resume_row, mode), functools.partial(resume_both, mode))
-            return 0
-        if args.stragglers:
-            compare(faults, releases, work, args.cap, measure_straggler, straggler_row, straggler_both)
+                compare(faults, releases, work, args.cap, functools.partial(measure, mode=mode),
+                        functools.partial(row, mode), functools.partial(both, mode))
             return 0
         results: dict[tuple[str, str, str], dict] = {}
         for mode in modes:
