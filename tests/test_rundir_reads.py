@@ -4,6 +4,8 @@ launcher, the UI, the autotuner's result reader), and no descriptor is left open
 
 from __future__ import annotations
 
+import gc
+
 import os
 
 import pytest
@@ -43,5 +45,12 @@ def test_deeply_nested_json_reads_as_no_value(tmp_path):
     (tmp_path / "metrics").mkdir()
     (tmp_path / "metrics" / "rank0.jsonl").write_text('{"step": 1}\n' + "[" * 200_000 + "\n")
     run = RunDir(str(tmp_path))
-    assert run.read_json("exits", "rank0.restart0.json") is None and run.exits() == []
-    assert run.metrics() == {0: [{"step": 1}]}
+    # The reads run at the edge of the recursion limit: a finalizer of an earlier test's garbage that the
+    # GC ran there overflowed in pytest's unraisable hook and failed this test (a clean-clone run).
+    gc.collect()
+    gc.disable()
+    try:
+        assert run.read_json("exits", "rank0.restart0.json") is None and run.exits() == []
+        assert run.metrics() == {0: [{"step": 1}]}
+    finally:
+        gc.enable()
