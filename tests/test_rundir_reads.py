@@ -5,7 +5,6 @@ launcher, the UI, the autotuner's result reader), and no descriptor is left open
 from __future__ import annotations
 
 import gc
-
 import os
 
 import pytest

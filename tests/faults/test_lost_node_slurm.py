@@ -20,7 +20,7 @@ import psutil
 import pytest
 
 from dtrain.launch.engine.spec import LaunchSpec
-from dtrain.launch.node.lease import fenced_name
+from dtrain.launch.node.lease import fenced_name, read_fence
 from dtrain.rundir import LEASE, RunDir
 from tests.faults.test_lost_node import assert_lost, launch, on_host
 from tests.faults.test_lost_node_detached import assert_resumed_lost, first_event, submit_deferred
@@ -120,9 +120,7 @@ def test_a_node_whose_slurmd_was_killed_fences_itself_and_is_named_gone(faulty_s
     assert_lost(result, net, lines, "gone")
     # Node 0, whose peer is node 1's slurmd, fences itself at about the same moment: the verdict may come
     # before node 1's own fence record (seen in a clean-clone run), so that record is read itself.
-    fence = RunDir(result.run_dir).join(LEASE, job_id, fenced_name(1))
-    assert poll_until(lambda: os.path.exists(fence), SHORT_LOST_AFTER + 10, 0.2), "node 1 never fenced itself"
-    reason = RunDir(result.run_dir).read(LEASE, job_id, fenced_name(1), limit=4096)
-    assert reason is not None and b"this node's own daemon at " in reason, reason
+    reason = poll_until(lambda: read_fence(RunDir(result.run_dir), job_id, 1), SHORT_LOST_AFTER + 10, 0.2)
+    assert reason is not None and "this node's own daemon at " in reason, reason
     # fenced: its ranks are gone within the fence's grace (2 s)
     assert poll_until(lambda: on_host(net, 1, job_id) == [], 10, 0.2), on_host(net, 1, job_id)

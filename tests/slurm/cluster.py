@@ -163,7 +163,7 @@ class SlurmCluster:
         self._spawn("slurmctld", [_binary("slurmctld"), "-D", "-i", "-f", self.conf])
         for node in self.nodes:
             os.makedirs(os.path.join(self.root, "spool", node), exist_ok=True)
-            self._spawn(f"slurmd-{node}", [_binary("slurmd"), "-D", "-N", node, "-f", self.conf], self.host(node))
+            self._start_slurmd(node)
         try:
             self._wait_for(self._all_idle, timeout, "both nodes idle in sinfo")
         except Exception:
@@ -171,11 +171,14 @@ class SlurmCluster:
             raise
         return self
 
+    def _start_slurmd(self, node: str) -> None:
+        self._spawn(f"slurmd-{node}", [_binary("slurmd"), "-D", "-N", node, "-f", self.conf], self.host(node))
+
     def reboot(self, index: int, timeout: float = 30.0) -> None:
         """Start host ``index``'s slurmd again after a crash killed it (a host that rebooted: same address,
         same spool), and wait until slurmctld has heard from it (sinfo's state loses its "*": not responding)."""
         node = self.nodes[index]
-        self._spawn(f"slurmd-{node}", [_binary("slurmd"), "-D", "-N", node, "-f", self.conf], self.host(node))
+        self._start_slurmd(node)
 
         def responding() -> bool:
             out = self.run(["sinfo", "-h", "-n", node, "-o", "%t"], check=False).stdout.strip()
