@@ -70,8 +70,9 @@ SCRIPT = os.path.join(REPO, "tests", "remote", "ddp_train.py")
 FAULTS = ("partition", "freeze", "crash")
 #: attached: ``dtrain launch`` (an ssh session per host holds the job); durable: the operator's default mode,
 #: a detached job (a daemon per host) that the launcher follows by polling (:data:`DURABLE`); slurm:
-#: ``dtrain launch --backend slurm`` on a Slurm cluster of the same hosts
-MODES = ("attached", "durable", "slurm")
+#: ``dtrain launch --backend slurm`` on a Slurm cluster of the same hosts; mpi: ``dtrain launch --backend ssh
+#: --distribution mpi`` (mpirun over ssh, an orted per host)
+MODES = ("attached", "durable", "slurm", "mpi")
 #: the durable mode's launcher, as the operator runs it (submit detached, then follow), for either release
 DURABLE = """
 import json, sys
@@ -151,8 +152,8 @@ def start_mode(mode: str, code_dir: str, work: str, run_dir: str, command: list[
         env, net, slurm = start_slurm(code_dir, work)
         return env, net, slurm, slurm_argv(run_dir, command)
     env, net, ssh = start_hosts(code_dir, work)
-    if mode == "attached":
-        return env, net, ssh, attached_argv(ssh, run_dir, command)
+    if mode in ("attached", "mpi"):
+        return env, net, ssh, attached_argv(ssh, run_dir, command, mpi=mode == "mpi")
     spec = {"command": command, "nodes": 2, "procs_per_node": 1,
             "backend": "ssh", "device": "cpu", "run_dir": run_dir, "env": {"GLOO_SOCKET_IFNAME": "eth0"},
             "backend_options": {"hostfile": ssh.hostfile(1), "key_file": ssh.key_file,  # default settings
@@ -231,9 +232,10 @@ def stop_launch(cli: subprocess.Popen) -> None:
             cli.kill()
 
 
-def attached_argv(ssh, run_dir: str, command: list[str]) -> list[str]:
-    """``dtrain launch`` of ``command`` on both hosts, one rank each, default settings."""
+def attached_argv(ssh, run_dir: str, command: list[str], mpi: bool = False) -> list[str]:
+    """``dtrain launch`` of ``command`` on both hosts, one rank each, default settings (``mpi``: by mpirun)."""
     return [sys.executable, "-m", "dtrain.cli", "launch", "--backend", "ssh", "--hostfile", ssh.hostfile(1),
+            *(["--distribution", "mpi"] if mpi else []),
             "--nodes", "2", "--procs-per-node", "1", "--device", "cpu", "--run-dir", run_dir,
             "--ssh-key", ssh.key_file, "--ssh-known-hosts", ssh.known_hosts, "--ssh-strict-host-key-checking", "yes",
             # the previous release needs it on hosts of their own (this one finds it itself): the same job for both

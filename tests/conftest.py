@@ -27,6 +27,11 @@ os.environ.setdefault("AIRFLOW__DAG_PROCESSOR__DAG_BUNDLE_CONFIG_LIST", json.dum
      "kwargs": {"path": os.path.join(REPO, "tests", "ui", "dags")}},
 ]))
 os.environ.setdefault("PYTHONUNBUFFERED", "1")
+# OpenMPI's session directories, per pytest process (each xdist worker's own): the namespace hosts share
+# one /tmp and one hostname, so two mpiruns of parallel tests raced on /tmp/ompi.<host>.<uid> (one job's
+# cleanup removed it as another's orted created its directory in it: "orte_session_dir failed"). mpirun
+# passes the setting on to every orted (-mca orte_tmpdir_base). Real hosts have a /tmp each.
+os.environ["OMPI_MCA_orte_tmpdir_base"] = _home
 # The venv's bin must be on PATH: launched ranks, `airflow` subcommands and `dtrain` run from it.
 _bin = os.path.dirname(sys.executable)
 if _bin not in os.environ.get("PATH", "").split(os.pathsep):

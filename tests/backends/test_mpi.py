@@ -64,3 +64,25 @@ def test_outcome_of_the_records_is_the_first_rank_that_failed_on_its_own():
     assert outcome_of(records[:1]) == (143, None)  # only stopped ranks: still a failure
     assert outcome_of([{"rank": 0, "exit_code": 0, "time": 1.0}]) == (0, None)
     assert outcome_of([]) == (0, None)
+
+
+@needs_mpirun
+def test_mpirun_over_ssh_asks_every_node_for_a_lease_on_the_hosts_login_ports(tmp_path):
+    """Each node's local rank 0 holds the node's lease (dtrain.launch.node.lease.start_from_env): the launcher
+    exports every node's login endpoint, in node order, and lost_after; on this host there is none."""
+    from dtrain.launch.engine.job import prepare_job
+    from dtrain.launch.node.lease import LEASE_ENV, PEERS_ENV
+
+    spec = LaunchSpec(command=[SCRIPT], nodes=3, procs_per_node=1, backend="ssh", distribution="mpi",
+                      device="cpu", run_dir=str(tmp_path / "run"), rdzv_port=29500,
+                      backend_options={"hosts": ["10.0.0.1", "bob@10.0.0.2:2222", "[fd00::3]"], "port": 2200,
+                                       "lost_after": 20})
+    request = MPIBackend().dryrun(prepare_job(spec, create=False))
+    assert {k: v for k, v in request.env.items() if k.startswith("DTRAIN_LEASE")} == {
+        LEASE_ENV: "20", PEERS_ENV: "10.0.0.1:2200,10.0.0.2:2222,[fd00::3]:2200"}
+    argv = request.argvs[0]
+    exported = {argv[i + 1] for i, token in enumerate(argv) if token == "-x"}
+    assert {LEASE_ENV, PEERS_ENV} <= exported and "20" not in argv  # by name: values stay out of argv
+    here = LaunchSpec(command=[SCRIPT], nodes=1, procs_per_node=2, backend="mpi", distribution="mpi",
+                      device="cpu", run_dir=str(tmp_path / "here"))
+    assert not any(k.startswith("DTRAIN_LEASE") for k in MPIBackend().dryrun(prepare_job(here, create=False)).env)

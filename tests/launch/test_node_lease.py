@@ -85,3 +85,52 @@ def test_bad_arguments_exit_2_naming_the_field_before_anything_starts(tmp_path, 
                           capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2 and named in proc.stderr, proc.stderr
     assert not run_dir.exists()
+
+
+def env_asking(node: str = "1", local_rank: str = "0", **over) -> dict[str, str]:
+    """A rank's environment under mpirun over ssh: the launcher asked every node for a lease of 30 s."""
+    return {"DTRAIN_NODE_INDEX": node, "LOCAL_RANK": local_rank, "DTRAIN_JOB_ID": JOB, "DTRAIN_RUN_DIR": "/tmp/run",
+            **lease.lease_env([("10.0.0.1", 22), ("10.0.0.2", 2222), ("fd00::3", 22)], 30.0), **over}
+
+
+def test_the_lease_variables_name_each_nodes_peer_the_next_node_and_are_taken_out_of_the_env():
+    environ = env_asking()
+    assert environ[lease.PEERS_ENV] == "10.0.0.1:22,10.0.0.2:2222,[fd00::3]:22"
+    assert lease.lease_of_env(environ) == (1, 30.0, ("fd00::3", 22))
+    assert lease.LEASE_ENV not in environ and lease.PEERS_ENV not in environ  # the rank does not inherit them
+    assert lease.lease_of_env(env_asking(node="2")) == (2, 30.0, ("10.0.0.1", 22))  # the last node's: node 0
+    assert lease.lease_of_env({"DTRAIN_NODE_INDEX": "0", **lease.lease_env([("h", 22)], 12)}) == (0, 12.0, None)
+    assert lease.lease_of_env({"DTRAIN_NODE_INDEX": "0"}) is None  # no lease asked for
+
+
+@pytest.mark.parametrize("over, named", [
+    ({lease.LEASE_ENV: "nan"}, lease.LEASE_ENV), ({lease.LEASE_ENV: "1"}, lease.LEASE_ENV),
+    ({lease.PEERS_ENV: "h;rm:22"}, lease.PEERS_ENV), ({lease.PEERS_ENV: "h:0"}, lease.PEERS_ENV),
+    ({"DTRAIN_NODE_INDEX": "3"}, "DTRAIN_NODE_INDEX"), ({"DTRAIN_NODE_INDEX": "1.5"}, "DTRAIN_NODE_INDEX"),
+    ({"DTRAIN_JOB_ID": "a/../b"}, "DTRAIN_JOB_ID"), ({"DTRAIN_RUN_DIR": "run"}, "run_dir='run'"),
+])
+def test_a_bad_lease_variable_holds_no_lease_and_says_which(over, named, capsys, monkeypatch):
+    started = []
+    monkeypatch.setattr(lease.threading, "Thread", lambda **kw: started.append(kw))
+    environ = env_asking(**over)
+    assert lease.start_from_env(environ) is False and started == []
+    err = capsys.readouterr().err
+    assert err.startswith(f"{lease.ANNOUNCE} no lease held: ") and named in err, err
+    assert lease.LEASE_ENV not in environ and lease.PEERS_ENV not in environ
+
+
+def test_only_a_nodes_local_rank_0_holds_its_lease(monkeypatch):
+    started = []
+
+    class Thread:
+        def __init__(self, target, args, name, daemon):
+            started.append((target, args, name, daemon))
+
+        def start(self):
+            pass
+
+    monkeypatch.setattr(lease.threading, "Thread", Thread)
+    environ = env_asking(local_rank="1")
+    assert lease.start_from_env(environ) is False and started == [] and lease.LEASE_ENV not in environ
+    assert lease.start_from_env(env_asking()) is True
+    assert started == [(lease.run, ("/tmp/run", 1, JOB, 30.0, ("fd00::3", 22)), "dtrain-lease", True)]

@@ -18,11 +18,13 @@ from tests.remote.conftest import (job_processes, needs_mpirun, needs_sshd, repo
 pytestmark = [needs_sshd, needs_mpirun, pytest.mark.timeout(240)]
 
 
-def orteds_since(t0: float) -> list[int]:
-    """OpenMPI daemons started since ``t0`` that still run (they carry no job id to look for)."""
+def orteds_since(t0: float, cluster) -> list[int]:
+    """OpenMPI daemons on ``cluster``'s hosts started since ``t0`` that still run (they carry no job id
+    to look for; the hosts' namespaces tell them from those of a parallel test's cluster)."""
+    hosts = set().union(*(host.pids() for host in cluster.net.hosts))
     out = []
     for proc in psutil.process_iter(["name", "create_time"]):
-        if proc.info["name"] == "orted" and proc.info["create_time"] >= t0 - 1:
+        if proc.info["name"] == "orted" and proc.info["create_time"] >= t0 - 1 and proc.pid in hosts:
             out.append(proc.pid)
     return out
 
@@ -56,7 +58,7 @@ def test_mpirun_trains_ddp_on_two_hosts_with_the_env_mapped(net_cluster, tmp_pat
     assert got[0]["losses"][-1] < got[0]["losses"][0] * 0.9
     assert any(line.startswith("[node1 rank3] rank 3 done") for line in lines)
     assert still_alive(job_processes(result.job_id)) == []
-    assert wait_for(lambda: orteds_since(t0) == [] and net_cluster.session_pids() == set(), timeout=10)
+    assert wait_for(lambda: orteds_since(t0, net_cluster) == [] and net_cluster.session_pids() == set(), timeout=10)
 
 
 def test_mpi_failing_rank_stops_every_rank_with_its_exit_code(net_cluster, tmp_path):
@@ -67,7 +69,7 @@ def test_mpi_failing_rank_stops_every_rank_with_its_exit_code(net_cluster, tmp_p
     assert result.exit_code == 3 and result.failed_rank == 2, "\n".join(lines[-40:])
     assert result.failed_node == 1
     assert still_alive(job_processes(result.job_id)) == []
-    assert wait_for(lambda: orteds_since(t0) == [] and net_cluster.session_pids() == set(), timeout=10)
+    assert wait_for(lambda: orteds_since(t0, net_cluster) == [] and net_cluster.session_pids() == set(), timeout=10)
 
 
 def test_dtrain_launch_mpi_on_this_host_passes_options_and_exit_status(tmp_path):

@@ -278,14 +278,14 @@ def test_accepted_mpi_options_run_with_the_real_mpirun():
 
 def test_generated_ssh_config_and_mpi_hostfile():
     settings = SSHSettings(user="train", key_file="/k/id", known_hosts_file="/k/known",
-                           strict_host_key_checking="yes", connect_timeout=10)
+                           strict_host_key_checking="yes", connect_timeout=10, lost_after=12)
     hosts = [HostEntry("127.0.0.1", 2, None, 2201), HostEntry("gpu-2", 2, "alice", None)]
     assert ssh_config_text(hosts, settings) == (
         "Host dtrain-node0\n  HostName 127.0.0.1\n  BatchMode yes\n  StrictHostKeyChecking yes\n"
-        "  ConnectTimeout 10\n  LogLevel ERROR\n  Port 2201\n  User train\n  IdentityFile /k/id\n"
+        "  ConnectTimeout 10\n  ServerAliveInterval 5\n  ServerAliveCountMax 3\n  LogLevel ERROR\n  Port 2201\n  User train\n  IdentityFile /k/id\n"
         "  IdentitiesOnly yes\n  UserKnownHostsFile /k/known\n"
         "Host dtrain-node1\n  HostName gpu-2\n  BatchMode yes\n  StrictHostKeyChecking yes\n"
-        "  ConnectTimeout 10\n  LogLevel ERROR\n  User alice\n  IdentityFile /k/id\n"
+        "  ConnectTimeout 10\n  ServerAliveInterval 5\n  ServerAliveCountMax 3\n  LogLevel ERROR\n  User alice\n  IdentityFile /k/id\n"
         "  IdentitiesOnly yes\n  UserKnownHostsFile /k/known\n"
     )
     assert mpi_hostfile_text(len(hosts), 2) == "dtrain-node0 slots=2\ndtrain-node1 slots=2\n"

@@ -13,6 +13,7 @@ import time
 import pytest
 
 from dtrain.launch.backends.slurm import lost
+from dtrain.launch.engine.lost import shows_a_lost_node
 from dtrain.launch.node.lease import beat_name, fenced_name
 from dtrain.rundir import LEASE, RunDir
 
@@ -144,7 +145,7 @@ def test_the_leases_of_the_job_a_retry_replaces_are_not_the_retrys(cluster, port
     beat(run_dir, 0, 90.0, job="dtrain-before")
     beat(run_dir, 1, 120.0, job="dtrain-before")
     fence(run_dir, 1, "this node could not reach its peer", job="dtrain-before")
-    assert decide(run_dir) is None and not lost.shows_a_lost_node(run_dir.path, JOB, 2)
+    assert decide(run_dir) is None and not shows_a_lost_node(run_dir.path, JOB, 2)
     beat(run_dir, 0, 1.0)
     beat(run_dir, 1, 1.0)
     assert decide(run_dir) is None and asked == []  # not even a probe

@@ -45,6 +45,7 @@ from dtrain.launch.engine.processes import STUCK_GRACE_S, LineSink, print_sink, 
 
 if TYPE_CHECKING:  # imported for annotations only: the spec imports the registry
     from dtrain.launch.engine.job import Job
+    from dtrain.launch.engine.lost import LostNode
     from dtrain.launch.engine.placement import Placement
     from dtrain.launch.engine.spec import LaunchSpec
 
@@ -140,6 +141,15 @@ class JobStatus:
     def ok(self) -> bool:
         return self.done and self.exit_code == 0
 
+    @classmethod
+    def of_lost_node(cls, node: "LostNode", tail: Sequence[str] = ()) -> "JobStatus":
+        """The lost-node verdict (done, LOST_EXIT_CODE, the message first in the tail): the caller then
+        cancels the job, which stops its reachable nodes (a cut-off one fences itself)."""
+        from dtrain.launch.engine.lost import LOST_EXIT_CODE
+
+        message = node.message()
+        return cls("LOST", True, LOST_EXIT_CODE, node.node, message, [message, *tail], lost=node.to_dict())
+
 
 @dataclass(frozen=True)
 class DryRunRequest:
@@ -172,12 +182,18 @@ class NodeAccess:
         ssh_config: an ssh_config text with one ``Host dtrain-nodeN`` alias per node, for
             mpirun's rsh agent; None when every node is this host.
         loopback: every node is on this machine (collectives then use the loopback interface).
+        endpoints: each node's login (address, port), in node order: what its lease reaches (the next
+            node's) and what the launcher probes when a node seems lost; empty on this host.
+        lost_after: seconds a node may be silent before it is lost and fences itself (its lease); None:
+            the nodes hold no lease (this host).
     """
 
     addresses: tuple[str, ...]
     python: str
     ssh_config: str | None = None
     loopback: bool = True
+    endpoints: tuple[tuple[str, int], ...] = ()
+    lost_after: float | None = None
 
 
 @dataclass

@@ -20,7 +20,13 @@ retry policy reads as a lost node (transient: the Airflow retry resumes from the
 from __future__ import annotations
 
 import socket
+import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
+from typing import Callable, Sequence
+
+from dtrain.launch.node.lease import HEARTBEAT_S, STALE_BEATS, beat_age, read_fence
+from dtrain.rundir import RunDir
 
 #: the exit status of a launch that lost a node (dtrain.launch.engine.retry: a lost node, retried)
 LOST_EXIT_CODE = 255
@@ -100,3 +106,69 @@ def fault_of(address: str, port: int, timeout: float = PROBE_TIMEOUT_S) -> tuple
 def lost_node(node: int, address: str, port: int, timeout: float = PROBE_TIMEOUT_S) -> LostNode:
     fault, detail = probe(address, port, timeout)
     return LostNode(node=node, address=address, fault=fault, detail=detail)
+
+
+#: (address, port) -> (fault, detail) or None: how a watcher probes a node's daemon (handshake_fault, fault_of)
+Probe = Callable[[str, int], "tuple[str, str] | None"]
+
+
+def stale_after() -> float:
+    """A node's heartbeat older than this is stale: only then is its host asked."""
+    return STALE_BEATS * HEARTBEAT_S
+
+
+def lost_by_leases(run_dir: str, job_id: str, nodes: int, lost_after: float, *, failed: bool,
+                   hosts: Callable[[], Sequence[tuple[str, int]]], probe: Probe, silent_daemon: str | None,
+                   now: float | None = None) -> LostNode | None:
+    """The node job ``job_id`` lost, when its nodes' leases (:mod:`dtrain.launch.node.lease`) in the run
+    directory show a sign of one; None otherwise. A stat per node and a small read per fence record:
+    cheap enough for every poll. The launcher's half of the lease, for every backend whose nodes hold one.
+
+    A sign: a node fenced itself, a node's heartbeat is older than :func:`stale_after`, or the job
+    ``failed`` (its heartbeats then stopped with it, so a stale one proves nothing). On a sign every
+    node is probed (``probe(address, port)`` on ``hosts()``, in parallel; where the nodes are comes from
+    the backend, never from the run directory, which the ranks can write), not only the ones that
+    showed it: when node 1 is cut off or gone, node 0 fences itself too (it cannot reach node 1, its
+    peer), and the verdict must name node 1:
+
+    * ``gone`` or ``frozen`` from the probe is a verdict at once;
+    * ``unreachable`` (no answer: a partition) only once a node fenced itself, the job failed, or the
+      node's heartbeat is older than ``lost_after`` (a blip is not a lost node);
+    * ``silent_daemon``: the name of the probed daemon when it speaks only when spoken to (slurmd), so
+      that a probe cannot tell a frozen host from a live one: a handshake that completes to a host
+      whose heartbeat is stale is then ``frozen`` (its kernel answers, its processes are stopped).
+      None: the probe tells it (``fault_of`` waits for sshd's banner).
+
+    A node that fenced itself while every node answers is still lost (``unreachable``, with its own
+    reason): it could not reach its peer, and its ranks are gone."""
+    now = time.time() if now is None else now
+    files = RunDir(run_dir)
+    fenced = {i: reason for i in range(nodes) if (reason := read_fence(files, job_id, i)) is not None}
+    ages = {i: age for i in range(nodes) if (age := beat_age(files, job_id, i, now)) is not None}
+    stale = set() if failed else {i for i, age in ages.items() if age >= stale_after()}
+    if not (fenced or stale or (failed and ages)):
+        return None
+    where = list(hosts())
+    if len(where) != nodes:  # the backend cannot say where the nodes are (any more): nothing to probe
+        return None
+    with ThreadPoolExecutor(max_workers=min(32, nodes)) as pool:
+        faults = list(pool.map(lambda i: probe(*where[i]), range(nodes)))
+    for index, fault in enumerate(faults):
+        address, why = where[index][0], f"; it fenced itself: {fenced[index]}" if index in fenced else ""
+        if fault is None and silent_daemon and index in stale:
+            return LostNode(index, address, "frozen", f"its {silent_daemon} accepts connections but the node's heartbeat is "
+                                                      f"{ages[index]:.0f} s old: its processes are stopped")
+        if fault is not None and (fault[0] != "unreachable" or fenced or failed or ages.get(index, 0.0) >= lost_after):
+            return LostNode(index, address, fault[0], fault[1] + why)
+    if fenced:
+        index = min(fenced)
+        return LostNode(index, where[index][0], "unreachable", f"it fenced itself: {fenced[index]}")
+    return None
+
+
+def shows_a_lost_node(run_dir: str, job_id: str, nodes: int, now: float | None = None) -> bool:
+    """Whether a node of job ``job_id`` fenced itself or stopped beating (no probe)."""
+    now = time.time() if now is None else now
+    files = RunDir(run_dir)
+    return any(read_fence(files, job_id, i) is not None or (beat_age(files, job_id, i, now) or 0.0) >= stale_after()
+               for i in range(nodes))

@@ -10,6 +10,10 @@ meanwhile, the watcher has given the node up).
 
 * ssh, deferred/durable: the detached node's daemon (:mod:`dtrain.launch.backends.ssh.detached_node`)
   holds it with :func:`hold_lease`, its peer another node's login port.
+* mpi (mpirun over ssh): the rank wrapper of each node's local rank 0 holds it in a thread
+  (:func:`start_from_env`), its peer the next node's login port, from the variables the launcher
+  exported (:func:`lease_env`); it beats like Slurm's nodes, below, and the launcher probes the nodes'
+  login ports on a sign (:func:`dtrain.launch.engine.lost.lost_by_leases`).
 * Slurm: each node shell starts it beside the node's agent
   (:mod:`dtrain.launch.backends.slurm.node_lease`), its peer the next node's slurmd and its own
   slurmd checked too: Slurm notices a silent node only after its SlurmdTimeout (minutes), and then
@@ -34,7 +38,7 @@ import sys
 import threading
 import time
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, MutableMapping, Sequence
 
 from dtrain import grammar
 from dtrain.errors import SpecError
@@ -176,6 +180,54 @@ def run(run_dir: str, node: int, job_id: str, lease: float, peer: tuple[str, int
 
     hold_lease(lease, peer, threading.Event(), fence, check_every=check_every, own=own)
     return 0
+
+
+#: the variables with which a launcher asks each node's rank wrapper to hold the node's lease (mpi):
+#: the lease in seconds, and every node's login ``ADDRESS:PORT`` in node order (its peer is the next)
+LEASE_ENV, PEERS_ENV = "DTRAIN_LEASE_SECONDS", "DTRAIN_LEASE_PEERS"
+
+
+def lease_env(endpoints: Sequence[tuple[str, int]], lease: float) -> dict[str, str]:
+    """The variables that ask every node to hold a lease of ``lease`` seconds on the job."""
+    return {LEASE_ENV: f"{lease:g}",
+            PEERS_ENV: ",".join(f"[{a}]:{p}" if ":" in a else f"{a}:{p}" for a, p in endpoints)}
+
+
+def lease_of_env(environ: MutableMapping[str, str]) -> tuple[int, float, tuple[str, int] | None] | None:
+    """(node, lease, peer) of this node, the lease's variables taken out of ``environ`` (the rank must not
+    inherit them); None when the launcher asked for no lease. The node is ``DTRAIN_NODE_INDEX``; its
+    peer the next node's endpoint (none for a single node). SpecError naming the variable on a bad value."""
+    seconds, peers = environ.pop(LEASE_ENV, None), environ.pop(PEERS_ENV, "")
+    if seconds is None:
+        return None
+    lease = grammar.finite(LEASE_ENV, seconds, minimum=LEASE_CHECK_S * 2, maximum=86400)
+    endpoints = [parse_peer(text, PEERS_ENV) for text in peers.split(",")] if peers else []
+    node = environ.get("DTRAIN_NODE_INDEX", "")
+    if not (node.isascii() and node.isdigit() and int(node) < max(1, len(endpoints))):
+        raise SpecError("DTRAIN_NODE_INDEX", node, f"a node index below {max(1, len(endpoints))} ({PEERS_ENV})")
+    index = int(node)
+    return index, lease, endpoints[(index + 1) % len(endpoints)] if len(endpoints) > 1 else None
+
+
+def start_from_env(environ: MutableMapping[str, str]) -> bool:
+    """Hold this node's lease in a daemon thread of this process when the launcher asked for one and
+    this is the node's local rank 0 (one holder per node); whether it does. The variables are taken
+    out of ``environ`` on every rank. A bad value is reported and holds no lease (the job runs on,
+    as without one)."""
+    try:
+        asked = lease_of_env(environ)
+        if asked is None or environ.get("LOCAL_RANK") != "0":
+            return False
+        job_id = grammar.check("DTRAIN_JOB_ID", environ.get("DTRAIN_JOB_ID", ""), grammar.NAME,
+                               "letters, digits and _ . + - (1-128)")
+        run_dir = environ.get("DTRAIN_RUN_DIR", "")
+        RunDir(run_dir)
+    except (SpecError, UnsafeRunDir) as e:
+        print(f"{ANNOUNCE} no lease held: {e}", file=sys.stderr, flush=True)
+        return False
+    node, seconds, peer = asked
+    threading.Thread(target=run, args=(run_dir, node, job_id, seconds, peer), name="dtrain-lease", daemon=True).start()
+    return True
 
 
 @dataclass(frozen=True)

@@ -8,6 +8,8 @@ torchrun (or mpirun) starts this in place of the user's command, on every rank. 
   MASTER_ADDR through (dtrain.launch.node.netif);
 * fills the command's placeholders (``{deepspeed_config}``, ``{local_rank}``...; see
   dtrain.launch.node.placeholders) and appends ``--local_rank=N`` when the launch asked for it;
+* on local rank 0, holds the node's lease when the launcher asked for one (mpirun over ssh:
+  dtrain.launch.node.lease.start_from_env): the node fences itself when cut off from its peers;
 * runs the command as an argv list (no shell), in this process group, and makes the
   kernel kill it if this wrapper dies (PR_SET_PDEATHSIG), so no rank outlives its agent;
 * streams the command's stdout and stderr line by line, prefixed ``[nodeN rankR]``, and keeps
@@ -35,7 +37,7 @@ import sys
 import threading
 import time
 
-from dtrain.launch.node import ds_shm, hang_files, placeholders, proctree
+from dtrain.launch.node import ds_shm, hang_files, lease, placeholders, proctree
 from dtrain.launch.node.env_contract import contract_from_env, deepspeed_launcher_env
 from dtrain.launch.node.netif import socket_ifname_env
 from dtrain.launch.node.ranklog import RankLog
@@ -204,6 +206,7 @@ def main(argv: list[str] | None = None) -> int:
     environ.update(socket_ifname_env(environ))  # after the contract: MASTER_ADDR may come from mpirun's variables
     if "NODE_RANK" in environ:  # mpirun's ranks share one environment: their node index is their NODE_RANK
         environ.setdefault("DTRAIN_NODE_INDEX", environ["NODE_RANK"])
+    lease.start_from_env(environ)  # mpirun's nodes have no agent of ours: local rank 0 holds the node's lease
     environ.setdefault("PYTHONUNBUFFERED", "1")
     # A rank that dies in native code (an abort in a collective library, a segfault) prints
     # every thread's Python stack first, so its tail says where; a user's own setting wins.

@@ -15,6 +15,15 @@ Teardown: SIGTERM to mpirun first (it stops the ranks on every host through its 
 then the supervisor's process-tree teardown after the grace period. A killed mpirun also
 stops the remote ranks: each orted exits when it loses mpirun.
 
+A lost node (mpirun over ssh): mpirun's nodes have no agent of ours, so each node's local rank 0
+holds the node's lease (:mod:`dtrain.launch.node.lease`, its peer the next node's login port; the
+launcher exports the endpoints and ``lost_after``): a node cut off from its peer fences itself,
+and every node beats in ``lease/<job id>/``. Each poll reads the leases (once a second) and, on a
+sign (a fence, a stale beat, or mpirun failing), probes every node's login port
+(:func:`dtrain.launch.engine.lost.lost_by_leases`): the job then ends with the lost-node verdict,
+not with mpirun's own account of a lost daemon (or none: a partitioned node's orted can keep its
+ranks waiting for minutes).
+
 mpirun can hang in its own teardown after every rank ended (races in OpenMPI's runtime at
 finalize: open-mpi/ompi#4726, #7790). Every rank's wrapper writes an exit record as it ends,
 so once each rank has one and mpirun still runs ``linger_seconds`` later, the job is over: its
@@ -34,9 +43,11 @@ from dtrain.launch.backends.base import Backend, DryRunRequest, JobHandle, JobSt
 from dtrain.launch.backends.mpi.render import check_export_names, coerce_mpi_options, mpirun_argv, mpirun_env
 from dtrain.launch.engine.exits import exit_records, first_failure_of, ranks_exited_since, records_since
 from dtrain.launch.engine.job import Job
+from dtrain.launch.engine.lost import PROBE_TIMEOUT_S, LostNode, fault_of, lost_by_leases
 from dtrain.launch.engine.placement import Placement
 from dtrain.launch.engine.processes import NodeSupervisor
 from dtrain.launch.engine.spec import LaunchSpec
+from dtrain.launch.node.lease import lease_env
 from dtrain.rundir import RunDir
 
 
@@ -47,8 +58,11 @@ def mpi_hostfile_text(nodes: int, procs_per_node: int) -> str:
 
 #: How long mpirun may outlive the last of its ranks (it normally exits within a second).
 LINGER_S = 30.0
-#: How often poll looks for exit records (poll itself runs every 20 ms).
+#: How often poll looks for exit records and leases (poll itself runs every 20 ms).
 RECORDS_CHECK_S = 1.0
+#: How often the nodes are probed while a lease shows a sign but no verdict (a stale beat of a node
+#: whose local rank 0 ended first, a fence record being written)
+PROBE_AGAIN_S = 5.0
 
 
 def outcome_of(records: list[dict]) -> tuple[int, int | None]:
@@ -83,6 +97,8 @@ class MPIBackend(Backend):
         self._records_before: dict[str, int] = {}
         self._records_checked = 0.0
         self._ranks_ended_at: float | None = None
+        self._access: NodeAccess | None = None  # the submitted job's nodes
+        self._leases_checked = self._probed = 0.0
 
     @classmethod
     def validate(cls, spec: LaunchSpec) -> None:
@@ -131,7 +147,8 @@ class MPIBackend(Backend):
         master = access.addresses[0]
         # One environment for every rank: each one's node index comes from its NODE_RANK (rank wrapper).
         exported = {"MASTER_ADDR": master, "MASTER_PORT": str(port), "AZ_BATCH_MASTER_NODE": f"{master}:{port}",
-                    **self.node_env(job, port=port)}
+                    **self.node_env(job, port=port),
+                    **(lease_env(access.endpoints, access.lost_after) if access.lost_after is not None else {})}
         argv = mpirun_argv(nodes=spec.nodes, procs_per_node=spec.procs_per_node, python=access.python,
                            command=spec.command, export=sorted(exported),
                            hostfile=files[1] if files else None,
@@ -148,6 +165,7 @@ class MPIBackend(Backend):
         self._records_before, self._ranks_ended_at = exit_records(job.run_dir), None  # not this mpirun's ranks
         self.sink("[dtrain] mpirun: " + " ".join(argv[: argv.index("-m") - 1]))
         self.supervisor.job_id = job.job_id  # teardown also finds what left the tree
+        self._access = self.node_access(job.spec.placement)
         self._grace_now = self.supervisor.grace_seconds = self.stop_grace(job.spec)
         self.supervisor.start([argv], [mpirun_env({**os.environ, **request.env})], cwd=job.spec.workdir)
         return JobHandle(backend=self.name, job_id=job.job_id, backend_job_id=job.job_id, run_dir=job.run_dir,
@@ -155,10 +173,32 @@ class MPIBackend(Backend):
 
     def poll(self, handle: JobHandle) -> JobStatus:
         done, code, node = self.supervisor.check(expected=1)
+        lost = self._lost_node(handle, failed=done and code != 0)
+        if lost is not None:
+            self.sink(f"[dtrain] {lost.message()}: stopping mpirun; a node cut off from its peer fences itself "
+                      f"within {self._access.lost_after:g} s")
+            return JobStatus.of_lost_node(lost, self.logs(handle))
         if not done:
             return self._outlived_ranks(handle) or JobStatus(state="RUNNING", done=False)
         return JobStatus(state="COMPLETED" if code == 0 else "FAILED", done=True, exit_code=code,
                          failed_node=None if node is None else 0, tail=[] if node is None else list(node.tail))
+
+    def _lost_node(self, handle: JobHandle, failed: bool) -> LostNode | None:
+        """The node the job lost, from the nodes' leases (at most once a second, the nodes probed at most
+        every PROBE_AGAIN_S while running); always looked at once mpirun failed."""
+        access, now = self._access, time.monotonic()
+        if access is None or access.lost_after is None or not access.endpoints:
+            return None
+        if not failed and (now - self._leases_checked < RECORDS_CHECK_S or now - self._probed < PROBE_AGAIN_S):
+            return None
+        self._leases_checked = now
+
+        def probe(address: str, port: int) -> tuple[str, str] | None:
+            self._probed = time.monotonic()
+            return fault_of(address, port, timeout=PROBE_TIMEOUT_S)
+
+        return lost_by_leases(handle.run_dir, handle.job_id, len(access.endpoints), access.lost_after,
+                              failed=failed, hosts=lambda: access.endpoints, probe=probe, silent_daemon=None)
 
     def _outlived_ranks(self, handle: JobHandle) -> JobStatus | None:
         """The job's end when every rank has ended and mpirun has not, ``linger_seconds`` on."""

@@ -31,7 +31,7 @@ from dtrain.launch.backends.slurm import render as R
 from dtrain.launch.backends.slurm.render import SlurmOptions
 from dtrain.launch.engine.exits import exit_records, ranks_exited_since
 from dtrain.launch.engine.job import Job
-from dtrain.launch.engine.lost import LOST_EXIT_CODE, LostNode
+from dtrain.launch.engine.lost import LostNode, shows_a_lost_node
 from dtrain.launch.engine.placement import Placement
 from dtrain.launch.engine.spec import LaunchSpec
 from dtrain.launch.engine.tailfile import TAIL_LINES, LogFollower, read_tail
@@ -175,15 +175,6 @@ def lost_node_of(handle: JobHandle, status: JobStatus) -> LostNode | None:
                           failed=status.done)
 
 
-def with_lost_node(status: JobStatus, node: LostNode | None) -> JobStatus:
-    """``status``, or the lost-node verdict (done, LOST_EXIT_CODE) when the job lost ``node``: the
-    caller then cancels the job, which stops its reachable nodes (a cut-off one fences itself)."""
-    if node is None:
-        return status
-    message = node.message()
-    return JobStatus("LOST", True, LOST_EXIT_CODE, node.node, message, [message, *status.tail], lost=node.to_dict())
-
-
 class SlurmBackend(Backend):
     """Submit the job with sbatch and follow it until it ends; ``cancel`` scancels it."""
 
@@ -261,7 +252,7 @@ class SlurmBackend(Backend):
         if node is not None:
             self.sink(f"[dtrain] {node.message()}: cancelling the job; a node cut off from its peer fences "
                       f"itself within {handle.data['lost_after']:g} s")
-        return with_lost_node(status, node)
+        return status if node is None else JobStatus.of_lost_node(node, status.tail)
 
     def follow(self, handle: JobHandle) -> None:
         follower = self._followers.setdefault(handle.backend_job_id,
@@ -290,7 +281,7 @@ class SlurmBackend(Backend):
         Slurm gives the node up (SlurmdTimeout, minutes): waiting for that would only hold the task; the
         reachable nodes are stopped by then, and the lost one fences itself."""
         nodes = handle.data.get("nodes")
-        if isinstance(nodes, int) and lost.shows_a_lost_node(handle.run_dir, handle.job_id, nodes):
+        if isinstance(nodes, int) and shows_a_lost_node(handle.run_dir, handle.job_id, nodes):
             return min(self.cancel_timeout, LOST_CANCEL_WAIT_S)
         return self.cancel_timeout
 

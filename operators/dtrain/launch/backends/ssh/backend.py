@@ -101,7 +101,10 @@ def ssh_config_text(hosts: Sequence[HostEntry], settings: SSHSettings) -> str:
     for i, host in enumerate(hosts):
         lines = [f"Host dtrain-node{i}", f"  HostName {host.address}", "  BatchMode yes",
                  f"  StrictHostKeyChecking {settings.strict_host_key_checking}",
-                 f"  ConnectTimeout {settings.connect_timeout}", "  LogLevel ERROR"]
+                 f"  ConnectTimeout {settings.connect_timeout}",
+                 # a host cut off ends mpirun's session to it after lost_after, as it ends ours
+                 f"  ServerAliveInterval {KEEPALIVE_S}", f"  ServerAliveCountMax {settings.keepalive_count}",
+                 "  LogLevel ERROR"]
         port = host.port or settings.port
         if port:
             lines.append(f"  Port {port}")
@@ -256,10 +259,11 @@ class SSHBackend(Backend):
     @classmethod
     def node_access(cls, placement: Placement) -> NodeAccess:
         settings = cls._settings(placement)
-        return NodeAccess(addresses=tuple(h.address for h in placement.resolved.hosts),
-                          python=settings.python or sys.executable,
-                          ssh_config=ssh_config_text(placement.resolved.hosts, settings),
-                          loopback=cls.on_this_host(placement))
+        hosts = placement.resolved.hosts
+        return NodeAccess(addresses=tuple(h.address for h in hosts), python=settings.python or sys.executable,
+                          ssh_config=ssh_config_text(hosts, settings), loopback=cls.on_this_host(placement),
+                          endpoints=tuple((h.address, settings.login_port(h)) for h in hosts),
+                          lost_after=settings.lost_after)
 
     @classmethod
     def on_this_host(cls, placement: Placement) -> bool:
