@@ -17,8 +17,8 @@ Measurements stop at ``--cap`` seconds ("> cap": still not detected / still runn
 Prints one line per fault and release, then one line per fault with both and their ratio. Needs root
 (namespaces, sshd) and a clean clone with history for --previous.
 
-    .venv/bin/python bench/faults.py [--faults partition,freeze,crash] [--modes attached,durable,slurm] [--previous 2a122e2] [--cap 150] [--resume]
-    .venv/bin/python bench/faults.py --stragglers [--faults slow-cpu,slow-link] [--modes attached,durable,slurm] [--cap 60]
+    .venv/bin/python bench/faults.py [--faults partition,freeze,crash] [--modes attached,durable,slurm,mpi] [--previous 2a122e2] [--cap 150] [--resume]
+    .venv/bin/python bench/faults.py --stragglers [--faults slow-cpu,slow-link] [--modes attached,durable,slurm,mpi] [--cap 60]
 
 Modes: ``attached`` (``dtrain launch``: an ssh session per host holds the job) and ``durable`` (the
 operator's default: a detached daemon per host, followed by polling, as Launcher.submit_detached +
@@ -440,10 +440,10 @@ def main() -> int:
         previous = worktree(args.previous, os.path.join(work, "previous"))
         releases = {"this": REPO, "previous": previous}
         if args.resume or args.stragglers:
-            measure, row, both = ((measure_resume, resume_row, resume_both) if args.resume
-                                  else (measure_straggler, straggler_row, straggler_both))
+            measure_one, row, both = ((measure_resume, resume_row, resume_both) if args.resume
+                                      else (measure_straggler, straggler_row, straggler_both))
             for mode in modes:
-                compare(faults, releases, work, args.cap, functools.partial(measure, mode=mode),
+                compare(faults, releases, work, args.cap, functools.partial(measure_one, mode=mode),
                         functools.partial(row, mode), functools.partial(both, mode))
             return 0
         results: dict[tuple[str, str, str], dict] = {}

@@ -86,3 +86,43 @@ def test_mpirun_over_ssh_asks_every_node_for_a_lease_on_the_hosts_login_ports(tm
     here = LaunchSpec(command=[SCRIPT], nodes=1, procs_per_node=2, backend="mpi", distribution="mpi",
                       device="cpu", run_dir=str(tmp_path / "here"))
     assert not any(k.startswith("DTRAIN_LEASE") for k in MPIBackend().dryrun(prepare_job(here, create=False)).env)
+
+
+# Fault injection (named as such): an mpirun that does not end on SIGTERM, as a real one waiting on the
+# daemon of a lost node (frozen or cut off) does not.
+DEAF_MPIRUN = """#!/bin/sh
+trap '' TERM
+echo $$ > "{pid_file}"
+mpirun "$@"
+sleep 300
+"""
+
+
+@needs_mpirun
+def test_a_cancel_gives_mpirun_the_grace_it_is_given_once_then_stops_what_is_left(tmp_path):
+    """A job that lost a node is cancelled with a short grace (the reachable ranks cannot checkpoint
+    without it): an mpirun that does not end within it is stopped then, not after the spec's stop grace
+    again (that made a frozen node's launch end 30 s after its verdict)."""
+    import threading
+    import time
+
+    from dtrain.launch.engine.job import prepare_job
+
+    pid_file = tmp_path / "wrapper.pid"
+    wrapper = tmp_path / "mpirun"
+    wrapper.write_text(DEAF_MPIRUN.format(pid_file=pid_file))
+    wrapper.chmod(0o755)
+    spec = LaunchSpec(command=[SCRIPT], nodes=1, procs_per_node=1, backend="mpi", distribution="mpi", device="cpu",
+                      run_dir=str(tmp_path / "run"), env={"OUT_DIR": str(tmp_path)}, stop_grace=120,
+                      mpi_options=["--oversubscribe"])
+    backend = MPIBackend(sink=lambda line: None, mpirun=str(wrapper))
+    handle = backend.submit(prepare_job(spec))
+    try:
+        assert wait_for(lambda: pid_file.exists() and pid_file.read_text().strip(), 30)
+        cancel = threading.Thread(target=backend.cancel, args=(handle, 1.0), daemon=True)
+        cancel.start()
+        cancel.join(60)  # the spec's stop grace is 120 s: waiting it out would still be running
+        assert not cancel.is_alive()
+        assert not alive([int(pid_file.read_text())])
+    finally:
+        backend.release(handle)

@@ -220,8 +220,11 @@ class MPIBackend(Backend):
                          failed_node=node, tail=self.logs(handle))
 
     def cancel(self, handle: JobHandle | None = None, grace: float | None = None) -> None:
-        # mpirun first: it stops the ranks on every host in order; then whatever is left.
+        """mpirun first: it stops the ranks on every host in order, within ``grace`` (default: the spec's
+        stop grace); then whatever is left, at once if mpirun had its grace and did not end (it waits on
+        a daemon that cannot answer: a lost node's), else after the same grace."""
         grace = self._grace_now if grace is None else grace
+        had_its_grace = False
         for node in list(self.supervisor.nodes):
             if node.proc.poll() is None:
                 try:
@@ -231,7 +234,8 @@ class MPIBackend(Backend):
                 deadline = time.monotonic() + grace
                 while node.proc.poll() is None and time.monotonic() < deadline:
                     time.sleep(0.1)
-        self.supervisor.teardown()
+                had_its_grace = had_its_grace or node.proc.poll() is None
+        self.supervisor.teardown(0.0 if had_its_grace else grace)
 
     def logs(self, handle: JobHandle, lines: int = 40) -> list[str]:
         return [line for node in list(self.supervisor.nodes) for line in node.tail][-lines:]
