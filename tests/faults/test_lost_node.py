@@ -8,8 +8,10 @@ thaws, so nothing of the old job is left to collide with the retry when the faul
 
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
+import time
 
 import pytest
 
@@ -50,10 +52,50 @@ def launch(spec: LaunchSpec):
     return launcher, thread, results, lines
 
 
-def finish(thread, results, lines, bound: float):
-    thread.join(timeout=bound)
+def finish(thread, results, lines, bound: float, capsys=None, what: str = ""):
+    """The launch's result once it ended, within ``bound`` seconds; with ``capsys``, prints how long the
+    verdict and the end took after the fault (``what``: "slurm, frozen node"), for docs/faults.md."""
+    cut = time.monotonic()
+    verdict = poll_until(lambda: any(" lost: " in line for line in lines), bound, 0.2) and time.monotonic() - cut
+    thread.join(timeout=max(1.0, bound - (time.monotonic() - cut)))
     assert not thread.is_alive(), f"no verdict {bound:g} s after the fault:\n" + "\n".join(lines[-40:])
+    if capsys is not None:
+        with capsys.disabled():
+            print(f"\n[fault] {what}: verdict {verdict:.1f} s after the fault, launch ended after "
+                  f"{time.monotonic() - cut:.1f} s")
     return results[0]
+
+
+@contextlib.contextmanager
+def partitioned(net, job_id: str, launched, bound: float, capsys=None, what: str = ""):
+    """Cut host 1 off under the launch ``launched`` (thread, results, lines); yields the launch's result,
+    the verdict checked (node 1 unreachable), while the host is still cut off; heals it after, and then
+    nothing of the old job may be left on it (to collide with a retry)."""
+    thread, results, lines = launched
+    assert on_host(net, 1, job_id)
+    net.partition(1)
+    try:
+        result = finish(thread, results, lines, bound, capsys, what)
+        assert_lost(result, net, lines, "unreachable")
+        yield result
+    finally:
+        net.heal(1)
+    assert on_host(net, 1, job_id) == []
+
+
+def freeze_and_thaw(net, job_id: str, launched, bound: float, capsys=None, what: str = ""):
+    """Freeze host 1 under the launch ``launched`` (thread, results, lines): the verdict names it frozen
+    while nothing there can act; thawed, its lease finds itself long lapsed and stops its ranks at once."""
+    thread, results, lines = launched
+    net.freeze(1)
+    try:
+        result = finish(thread, results, lines, bound, capsys, what)
+        assert_lost(result, net, lines, "frozen")
+        assert on_host(net, 1, job_id)  # frozen: nothing there can act yet
+    finally:
+        net.thaw(1)
+    assert poll_until(lambda: on_host(net, 1, job_id) == [], 30, 0.2), on_host(net, 1, job_id)
+    return result
 
 
 def assert_lost(result, net, lines, fault: str):
@@ -75,33 +117,16 @@ def test_a_partitioned_node_is_named_and_fences_itself_while_still_cut_off(fault
     net = faulty_cluster.net
     launcher, thread, results, lines = start(faulty_cluster, tmp_path)
     job_id = launcher.job.job_id
-    assert on_host(net, 1, job_id)
-    net.partition(1)
-    try:
-        result = finish(thread, results, lines, bound=120)
-        assert_lost(result, net, lines, "unreachable")
+    with partitioned(net, job_id, (thread, results, lines), 120) as result:
         # still partitioned: the node stops its own ranks when its lease lapses (30 s), within the grace
         assert poll_until(lambda: on_host(net, 1, job_id) == [], 90, 0.5), on_host(net, 1, job_id)
         fenced = os.path.join(result.run_dir, "remote", "fenced-node1")
         assert os.path.isfile(fenced) and "lease lapsed" in open(fenced, encoding="utf-8").read()
-    finally:
-        net.heal(1)
-    assert on_host(net, 1, job_id) == []  # healed: nothing of the old job to collide with a retry
 
 
 def test_a_frozen_node_is_named_and_fences_itself_when_it_thaws(faulty_cluster, tmp_path):
-    net = faulty_cluster.net
     launcher, thread, results, lines = start(faulty_cluster, tmp_path, lost_after=SHORT_LOST_AFTER)
-    job_id = launcher.job.job_id
-    net.freeze(1)
-    try:
-        result = finish(thread, results, lines, bound=90)
-        assert_lost(result, net, lines, "frozen")
-        assert on_host(net, 1, job_id)  # frozen: nothing there can act yet
-    finally:
-        net.thaw(1)
-    # thawed, the agent finds its lease long lapsed and stops its ranks at once
-    assert poll_until(lambda: on_host(net, 1, job_id) == [], 30, 0.2), on_host(net, 1, job_id)
+    freeze_and_thaw(faulty_cluster.net, launcher.job.job_id, (thread, results, lines), 90)
 
 
 def test_a_crashed_node_is_named_gone_at_once(faulty_cluster, tmp_path):

@@ -10,15 +10,13 @@ gone: a partitioned node fences itself while still cut off, a frozen one as soon
 
 from __future__ import annotations
 
-import time
-
 import psutil
 import pytest
 
 from dtrain.launch.engine.spec import LaunchSpec
 from dtrain.launch.node.lease import read_fence
 from dtrain.rundir import RunDir
-from tests.faults.test_lost_node import assert_lost, launch, on_host
+from tests.faults.test_lost_node import assert_lost, finish, freeze_and_thaw, launch, on_host, partitioned
 from tests.remote.conftest import needs_mpirun, needs_sshd, train_command
 from tests.support import poll_until
 
@@ -34,18 +32,6 @@ def start(cluster, tmp_path, **ssh):
                              backend_options={"hostfile": cluster.hostfile(1), **cluster.ssh_settings(), **ssh}))
 
 
-def finish(thread, results, lines, bound: float, capsys, fault: str):
-    """The launch's result once it ended; prints how long the verdict and the end took after the fault."""
-    cut = time.monotonic()
-    verdict = poll_until(lambda: any(" lost: " in line for line in lines), bound, 0.2) and time.monotonic() - cut
-    thread.join(timeout=max(1.0, bound - (time.monotonic() - cut)))
-    assert not thread.is_alive(), f"no verdict {bound:g} s after the fault:\n" + "\n".join(lines[-40:])
-    with capsys.disabled():
-        print(f"\n[fault] mpi, {fault} node: verdict {verdict:.1f} s after the fault, launch ended after "
-              f"{time.monotonic() - cut:.1f} s")
-    return results[0]
-
-
 def orteds_on(net, index: int) -> list[int]:
     """OpenMPI's daemons on host ``index`` (they carry no job id)."""
     pids = net.hosts[index].pids()
@@ -57,34 +43,17 @@ def test_a_partitioned_node_is_named_and_fences_itself_while_still_cut_off(fault
     net = faulty_cluster.net
     launcher, thread, results, lines = start(faulty_cluster, tmp_path)
     job_id = launcher.job.job_id
-    assert on_host(net, 1, job_id)
-    net.partition(1)
-    try:
-        result = finish(thread, results, lines, 120, capsys, "partitioned")
-        assert_lost(result, net, lines, "unreachable")
+    with partitioned(net, job_id, (thread, results, lines), 120, capsys, "mpi, partitioned node") as result:
         # still partitioned: the node stops its own ranks when its lease lapses, within the fence grace
         assert poll_until(lambda: on_host(net, 1, job_id) == [], 60, 0.5), on_host(net, 1, job_id)
         assert "lease of 30 s lapsed" in (read_fence(RunDir(result.run_dir), job_id, 1) or "")
-    finally:
-        net.heal(1)
-    assert on_host(net, 1, job_id) == []  # healed: nothing of the old job to collide with a retry
-    # and its OpenMPI daemon, whose mpirun is gone, ends once it can tell
+    # healed: its OpenMPI daemon, whose mpirun is gone, ends once it can tell
     assert poll_until(lambda: orteds_on(net, 1) == [], 60, 0.5), orteds_on(net, 1)
 
 
 def test_a_frozen_node_is_named_and_fences_itself_when_it_thaws(faulty_cluster, tmp_path, capsys):
-    net = faulty_cluster.net
     launcher, thread, results, lines = start(faulty_cluster, tmp_path, lost_after=SHORT_LOST_AFTER)
-    job_id = launcher.job.job_id
-    net.freeze(1)
-    try:
-        result = finish(thread, results, lines, 90, capsys, "frozen")
-        assert_lost(result, net, lines, "frozen")
-        assert on_host(net, 1, job_id)  # frozen: nothing there can act yet
-    finally:
-        net.thaw(1)
-    # thawed, the lease finds itself long lapsed and stops the node's ranks at once
-    assert poll_until(lambda: on_host(net, 1, job_id) == [], 30, 0.2), on_host(net, 1, job_id)
+    freeze_and_thaw(faulty_cluster.net, launcher.job.job_id, (thread, results, lines), 90, capsys, "mpi, frozen node")
 
 
 def test_a_crashed_node_is_named_gone(faulty_cluster, tmp_path, capsys):
@@ -92,6 +61,6 @@ def test_a_crashed_node_is_named_gone(faulty_cluster, tmp_path, capsys):
     launcher, thread, results, lines = start(faulty_cluster, tmp_path, lost_after=SHORT_LOST_AFTER)
     job_id = launcher.job.job_id
     net.crash(1)
-    result = finish(thread, results, lines, 60, capsys, "crashed")
+    result = finish(thread, results, lines, 60, capsys, "mpi, crashed node")
     assert_lost(result, net, lines, "gone")
     assert on_host(net, 1, job_id) == []

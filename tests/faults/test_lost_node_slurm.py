@@ -22,9 +22,9 @@ import pytest
 from dtrain.launch.engine.spec import LaunchSpec
 from dtrain.launch.node.lease import fenced_name, read_fence
 from dtrain.rundir import LEASE, RunDir
-from tests.faults.test_lost_node import assert_lost, launch, on_host
+from tests.faults.test_lost_node import assert_lost, finish, freeze_and_thaw, launch, on_host, partitioned
 from tests.faults.test_lost_node_detached import assert_resumed_lost, first_event, submit_deferred
-from tests.remote.conftest import reports, train_command
+from tests.remote.conftest import train_command
 from tests.support import poll_until
 
 pytestmark = pytest.mark.timeout(300)
@@ -43,49 +43,21 @@ def start(tmp_path, **options):
     return launch(spec_for(tmp_path, **options))
 
 
-def finish(thread, results, lines, bound: float, capsys, fault: str):
-    """The launch's result, once it ended; prints how long the verdict and the end took after the fault."""
-    cut = time.monotonic()
-    verdict = poll_until(lambda: any(" lost: " in line for line in lines), bound, 0.2) and time.monotonic() - cut
-    thread.join(timeout=max(1.0, bound - (time.monotonic() - cut)))
-    assert not thread.is_alive(), f"no verdict {bound:g} s after the fault:\n" + "\n".join(lines[-40:])
-    with capsys.disabled():
-        print(f"\n[fault] slurm, {fault} node: verdict {verdict:.1f} s after the fault, launch ended after "
-              f"{time.monotonic() - cut:.1f} s")
-    return results[0]
-
-
 def test_a_partitioned_node_fences_itself_while_still_cut_off_and_is_named(faulty_slurm, tmp_path, capsys):
     """Default settings: the node's lease (it must reach its peer, the other node's slurmd) lapses after 30 s."""
     net = faulty_slurm.net
     launcher, thread, results, lines = start(tmp_path)
     job_id = launcher.job.job_id
-    assert on_host(net, 1, job_id)
-    net.partition(1)
-    try:
-        result = finish(thread, results, lines, 120, capsys, "partitioned")
-        assert_lost(result, net, lines, "unreachable")
+    with partitioned(net, job_id, (thread, results, lines), 120, capsys, "slurm, partitioned node") as result:
         # still partitioned, and its ranks are gone: it fenced itself when its lease lapsed
         assert on_host(net, 1, job_id) == []
         reason = RunDir(result.run_dir).read(LEASE, job_id, fenced_name(1), limit=4096)
         assert reason is not None and b"could not reach its peer" in reason, reason
-    finally:
-        net.heal(1)
 
 
 def test_a_frozen_node_is_named_and_fences_itself_when_it_thaws(faulty_slurm, tmp_path, capsys):
-    net = faulty_slurm.net
     launcher, thread, results, lines = start(tmp_path, lost_after=SHORT_LOST_AFTER)
-    job_id = launcher.job.job_id
-    net.freeze(1)
-    try:
-        result = finish(thread, results, lines, 120, capsys, "frozen")
-        assert_lost(result, net, lines, "frozen")
-        assert on_host(net, 1, job_id)  # frozen: nothing there can act yet
-    finally:
-        net.thaw(1)
-    # thawed, the lease finds itself long lapsed and stops the node's ranks at once
-    assert poll_until(lambda: on_host(net, 1, job_id) == [], 30, 0.2), on_host(net, 1, job_id)
+    freeze_and_thaw(faulty_slurm.net, launcher.job.job_id, (thread, results, lines), 120, capsys, "slurm, frozen node")
 
 
 def test_deferred_a_crashed_node_is_named_gone(faulty_slurm, tmp_path, capsys):
@@ -116,7 +88,7 @@ def test_a_node_whose_slurmd_was_killed_fences_itself_and_is_named_gone(faulty_s
               and p.pid in net.hosts[1].pids()]
     assert len(slurmd) == 1, slurmd
     slurmd[0].kill()
-    result = finish(thread, results, lines, 120, capsys, "slurmd-killed")
+    result = finish(thread, results, lines, 120, capsys, "slurm, slurmd-killed node")
     assert_lost(result, net, lines, "gone")
     # Node 0, whose peer is node 1's slurmd, fences itself at about the same moment: the verdict may come
     # before node 1's own fence record (seen in a clean-clone run), so that record is read itself.
