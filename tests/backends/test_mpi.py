@@ -32,13 +32,19 @@ exit $code
 """
 
 
+def fake_mpirun(tmp_path, template: str):
+    """An executable ``mpirun`` wrapper from ``template`` (it writes its pid to ``{pid_file}``): (path, pid file)."""
+    pid_file = tmp_path / "wrapper.pid"
+    wrapper = tmp_path / "mpirun"
+    wrapper.write_text(template.format(pid_file=pid_file))
+    wrapper.chmod(0o755)
+    return wrapper, pid_file
+
+
 @needs_mpirun
 @pytest.mark.parametrize("fail", [False, True], ids=["ok", "rank1-exits-3"])
 def test_an_mpirun_that_outlives_its_ranks_ends_with_their_outcome_and_is_stopped(tmp_path, fail):
-    pid_file = tmp_path / "wrapper.pid"
-    wrapper = tmp_path / "mpirun"
-    wrapper.write_text(LINGERING_MPIRUN.format(pid_file=pid_file))
-    wrapper.chmod(0o755)
+    wrapper, pid_file = fake_mpirun(tmp_path, LINGERING_MPIRUN)
     out = tmp_path / "out"
     out.mkdir()
     spec = LaunchSpec(command=[SCRIPT, *(["--fail", "1", "3"] if fail else [])], nodes=1, procs_per_node=2,
@@ -108,10 +114,7 @@ def test_a_cancel_gives_mpirun_the_grace_it_is_given_once_then_stops_what_is_lef
 
     from dtrain.launch.engine.job import prepare_job
 
-    pid_file = tmp_path / "wrapper.pid"
-    wrapper = tmp_path / "mpirun"
-    wrapper.write_text(DEAF_MPIRUN.format(pid_file=pid_file))
-    wrapper.chmod(0o755)
+    wrapper, pid_file = fake_mpirun(tmp_path, DEAF_MPIRUN)
     spec = LaunchSpec(command=[SCRIPT], nodes=1, procs_per_node=1, backend="mpi", distribution="mpi", device="cpu",
                       run_dir=str(tmp_path / "run"), env={"OUT_DIR": str(tmp_path)}, stop_grace=120,
                       mpi_options=["--oversubscribe"])
