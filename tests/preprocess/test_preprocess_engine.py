@@ -249,6 +249,32 @@ def test_workers_do_not_rerun_the_callers_main(tmp_path, digits_raw):
     assert "samples 479" in result.stdout
 
 
+def test_workers_start_inside_a_daemonic_process_as_celery_runs_tasks(tmp_path, digits_raw):
+    """The CeleryExecutor runs a task in a process forked from its pool's daemonic worker process, where
+    multiprocessing refused the workers ("daemonic processes are not allowed to have children")."""
+    import subprocess
+    import sys
+
+    from .conftest import child_env
+
+    script = tmp_path / "pool_task.py"
+    script.write_text(
+        "import multiprocessing, sys\n"
+        "from dtrain.preprocess.runner import preprocess\n"
+        "def task(out):\n"
+        f"    r = preprocess([{partitions(digits_raw)[0]!r}], out, {DIGITS!r}, workers=2, shard_size=100)\n"
+        "    print('samples', r['num_samples'], 'daemonic', multiprocessing.current_process().daemon, flush=True)\n"
+        "if __name__ == '__main__':\n"
+        "    worker = multiprocessing.get_context('fork').Process(target=task, args=(sys.argv[1],), daemon=True)\n"
+        "    worker.start()\n"
+        "    worker.join()\n"
+        "    sys.exit(worker.exitcode)\n")
+    result = subprocess.run([sys.executable, str(script), str(tmp_path / "out")], capture_output=True, text=True,
+                            timeout=120, env=child_env())
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "samples 479 daemonic True" in result.stdout  # the flag is back once the workers started
+
+
 def test_fields_that_differ_between_shards_fail_finalize(tmp_path):
     (tmp_path / "in").mkdir()
     np.save(tmp_path / "in" / "a.npy", np.column_stack([np.arange(10), np.ones((10, 3))]))

@@ -138,7 +138,7 @@ class _Pool:
             context = multiprocessing.get_context("spawn")
             _active.add(self)
             try:
-                with _main_without_path():
+                with _main_without_path(), _children_allowed():
                     for _ in range(workers):
                         ours, theirs = context.Pipe()
                         proc = context.Process(target=serve, args=(theirs,), name="dtrain-preprocess-worker")
@@ -225,6 +225,25 @@ def _reply(worker: tuple[Any, Any]) -> dict:
         reply[1].add_note(f"in worker process {proc.pid}:\n{reply[2]}")
         raise reply[1]
     return reply[1]
+
+
+@contextlib.contextmanager
+def _children_allowed() -> Iterator[None]:
+    """Under the CeleryExecutor a task runs in a process forked from the worker's pool process, which is
+    daemonic, and multiprocessing refuses a daemonic process children ("daemonic processes are not
+    allowed to have children"): every preprocess with workers failed there. The rule keeps a daemonic
+    parent, terminated at its parent's exit, from orphaning children it never joins; this pool's workers
+    are joined or killed by :meth:`_Pool.close` and end on their own when the pipe to this process closes.
+    The flag lives in the process's private ``_config`` (the public setter refuses a running process)."""
+    import multiprocessing
+
+    config = multiprocessing.current_process()._config
+    daemonic = config.get("daemon", False)
+    config["daemon"] = False
+    try:
+        yield
+    finally:
+        config["daemon"] = daemonic
 
 
 @contextlib.contextmanager
