@@ -249,9 +249,11 @@ def test_workers_do_not_rerun_the_callers_main(tmp_path, digits_raw):
     assert "samples 479" in result.stdout
 
 
-def test_workers_start_inside_a_daemonic_process_as_celery_runs_tasks(tmp_path, digits_raw):
-    """The CeleryExecutor runs a task in a process forked from its pool's daemonic worker process, where
-    multiprocessing refused the workers ("daemonic processes are not allowed to have children")."""
+@pytest.mark.parametrize("library", ["multiprocessing", "billiard"])
+def test_workers_start_inside_a_daemonic_process_as_celery_runs_tasks(tmp_path, digits_raw, library):
+    """The CeleryExecutor runs a task in a process forked from its pool's daemonic worker process (billiard's,
+    Celery's fork of multiprocessing), where multiprocessing refused the workers: "daemonic processes are not
+    allowed to have children", then billiard's authentication key, which spawn would not pickle."""
     import subprocess
     import sys
 
@@ -259,13 +261,13 @@ def test_workers_start_inside_a_daemonic_process_as_celery_runs_tasks(tmp_path, 
 
     script = tmp_path / "pool_task.py"
     script.write_text(
-        "import multiprocessing, sys\n"
+        f"import multiprocessing, sys, {library}\n"
         "from dtrain.preprocess.runner import preprocess\n"
         "def task(out):\n"
         f"    r = preprocess([{partitions(digits_raw)[0]!r}], out, {DIGITS!r}, workers=2, shard_size=100)\n"
         "    print('samples', r['num_samples'], 'daemonic', multiprocessing.current_process().daemon, flush=True)\n"
         "if __name__ == '__main__':\n"
-        "    worker = multiprocessing.get_context('fork').Process(target=task, args=(sys.argv[1],), daemon=True)\n"
+        f"    worker = {library}.get_context('fork').Process(target=task, args=(sys.argv[1],), daemon=True)\n"
         "    worker.start()\n"
         "    worker.join()\n"
         "    sys.exit(worker.exitcode)\n")

@@ -138,7 +138,7 @@ class _Pool:
             context = multiprocessing.get_context("spawn")
             _active.add(self)
             try:
-                with _main_without_path(), _children_allowed():
+                with _main_without_path(), _as_plain_process():
                     for _ in range(workers):
                         ours, theirs = context.Pipe()
                         proc = context.Process(target=serve, args=(theirs,), name="dtrain-preprocess-worker")
@@ -228,22 +228,26 @@ def _reply(worker: tuple[Any, Any]) -> dict:
 
 
 @contextlib.contextmanager
-def _children_allowed() -> Iterator[None]:
-    """Under the CeleryExecutor a task runs in a process forked from the worker's pool process, which is
-    daemonic, and multiprocessing refuses a daemonic process children ("daemonic processes are not
-    allowed to have children"): every preprocess with workers failed there. The rule keeps a daemonic
-    parent, terminated at its parent's exit, from orphaning children it never joins; this pool's workers
-    are joined or killed by :meth:`_Pool.close` and end on their own when the pipe to this process closes.
-    The flag lives in the process's private ``_config`` (the public setter refuses a running process)."""
-    import multiprocessing
+def _as_plain_process() -> Iterator[None]:
+    """Under the CeleryExecutor a task runs in a process forked from the worker's pool process, and
+    multiprocessing's "current process" is that pool process, billiard's (Celery's fork of
+    multiprocessing installs it there): daemonic, which multiprocessing refuses children ("daemonic
+    processes are not allowed to have children"), and holding billiard's authentication key, which spawn
+    refuses to pickle. Every preprocess with workers failed there. The rule against a daemon's children
+    keeps a daemonic parent from orphaning children it never joins: this pool joins or kills its own in
+    :meth:`_Pool.close`, and they end by themselves when their pipe closes. So while the workers start,
+    the current process's settings (the private ``_config`` new processes copy) are a plain process's:
+    not daemonic, the same key as multiprocessing's own type. Put back after."""
+    from multiprocessing import process
 
-    config = multiprocessing.current_process()._config
-    daemonic = config.get("daemon", False)
-    config["daemon"] = False
+    current = process.current_process()
+    saved = current._config
+    key = bytes(saved.get("authkey") or os.urandom(32))
+    current._config = dict(saved, daemon=False, authkey=process.AuthenticationString(key))
     try:
         yield
     finally:
-        config["daemon"] = daemonic
+        current._config = saved
 
 
 @contextlib.contextmanager
