@@ -5,6 +5,9 @@ such): its poll answers from a list; the lifecycle under test is the real base c
 
 from __future__ import annotations
 
+import json
+import os
+
 import pytest
 
 from dtrain.errors import DTrainError, LaunchError
@@ -135,3 +138,85 @@ def test_a_deferred_task_resumed_by_a_lost_node_stops_the_others_with_the_stuck_
         deferrable.resume_job(None, event)
     assert err.value.exit_code == 255 and "node 1 (10.0.0.2) lost: unreachable" in str(err.value)
     assert [b.calls for b in made] == [[("cancel", STUCK_GRACE_S)]]
+
+
+# -- a stale try's stop leaves the job a later try follows (the follower record) -------------------
+
+def signed_handle(run_dir, secret="ab" * 32) -> JobHandle:
+    return JobHandle(backend="scripted", job_id="j", backend_job_id="7", run_dir=str(run_dir), world_size=2,
+                     submitted_at=0.0, data={"poll_interval": 0.01, "secret": secret})
+
+
+def test_the_follower_record_names_the_latest_try_and_only_a_signed_one_counts(tmp_path):
+    from dtrain.launch.engine.submission import follower_now, follower_path, taken_over, write_follower
+
+    handle = signed_handle(tmp_path)
+    assert follower_now(handle) is None and taken_over(handle, 1) is None  # no record: nobody else follows
+    write_follower(handle, 1)
+    assert follower_now(handle) == 1 and taken_over(handle, 1) is None
+    write_follower(handle, 2)
+    assert taken_over(handle, 1) == 2 and taken_over(handle, 2) is None and taken_over(handle, None) is None
+    assert taken_over(handle, 3) is None  # an earlier try's record never stops a later try's cancel
+    path = follower_path(handle)
+    assert "ab" * 32 not in open(path).read()  # the ranks can read the run directory: only a MAC is there
+    # The ranks can write it: what they can write without the job's secret is not a follower.
+
+    for forged in ({"follower": 99, "mac": "0" * 64}, {"follower": True, "mac": ""}, {"follower": "9"}, [2], "x"):
+        with open(path, "w") as fh:
+            json.dump(forged, fh)
+        assert follower_now(handle) is None and taken_over(handle, 1) is None, forged
+    write_follower(signed_handle(tmp_path, secret="cd" * 32), 5)  # signed with another job's secret
+    assert follower_now(handle) is None
+    os.remove(path)
+    write_follower(handle, 6)
+    signed = tmp_path / "signed.json"
+    os.rename(path, signed)  # a record this job really signed, moved aside
+    os.symlink(signed, path)  # and linked in its place: a link is not followed
+    assert follower_now(handle) is None
+
+
+def test_a_stop_of_a_try_another_try_now_follows_leaves_the_job_running(tmp_path):
+    """A try whose worker froze, thawed after the scheduler had failed it and its retry had re-attached:
+    Airflow stops it (SIGTERM: the launcher's terminate, the operator's on_kill). Its watch used to cancel
+    the job the retry follows (tests/faults/test_deployment_faults.py, on the Celery deployment)."""
+    from dtrain.launch.engine.submission import write_follower
+
+    handle = signed_handle(tmp_path)
+    write_follower(handle, 1)
+    backend = Scripted([RUNNING] * 5)
+    following = Following(backend, handle, follower=1)
+    backend.terminate()
+    write_follower(handle, 2)  # the retry re-attached meanwhile
+    assert following.run().stopped
+    assert backend.calls == ["release"]  # no cancel
+    assert backend.lines == ["[dtrain] try 2 follows scripted job 7 now: leaving it running"]
+    # Still its own job: a stop cancels it, as before.
+    backend = Scripted([RUNNING] * 5)
+    backend.terminate()
+    Following(backend, handle, follower=2).run()
+    assert backend.calls == [("cancel", None), "release"]
+
+
+def test_on_kill_of_a_try_another_try_now_follows_does_not_cancel(tmp_path, monkeypatch):
+    import logging
+
+    from dtrain.launch.airflow import deferrable
+    from dtrain.launch.engine.submission import write_follower
+
+    handle = signed_handle(tmp_path)
+    made: list[Scripted] = []
+    monkeypatch.setattr(deferrable, "get_backend_class",
+                        lambda name: lambda sink: made.append(Scripted([])) or made[-1])
+
+    class Operator:
+        log = logging.getLogger("test")
+
+    operator = Operator()
+    setattr(operator, deferrable.SUBMISSION_KEY, handle.to_dict())
+    setattr(operator, deferrable.FOLLOWER_KEY, 1)
+    write_follower(handle, 2)
+    deferrable.kill_job(operator)
+    assert made == []  # no backend was even made to cancel
+    write_follower(handle, 1)
+    deferrable.kill_job(operator)
+    assert [b.calls for b in made] == [[("cancel", None)]]

@@ -242,9 +242,9 @@ class DistributedTrainingOperator(PlacementArgs, ResumableJobMixin, BaseOperator
 
     def submit_job(self, context) -> dict[str, Any]:
         """Submit detached, record the handle in the run directory; the mixin stores what this returns."""
-        from dtrain.launch.airflow.resumable import write_submission
+        from dtrain.launch.airflow.resumable import with_secret, write_submission
 
-        handle = self._launcher.submit_detached()
+        handle = with_secret(self._launcher.submit_detached())
         write_submission(handle)
         self._track(handle, context)
         return handle.to_dict()
@@ -266,12 +266,13 @@ class DistributedTrainingOperator(PlacementArgs, ResumableJobMixin, BaseOperator
 
     def poll_until_complete(self, external_id, context) -> dict[str, Any]:
         """Follow the job to its end (streaming its output); raise LaunchError if it failed."""
+        from dtrain.launch.airflow.deferrable import FOLLOWER_KEY
         from dtrain.launch.airflow.resumable import recorded_handle
 
         launcher = self._launcher
         handle = recorded_handle(external_id, launcher.backend.name, launcher.spec.run_dir)
         self._track(handle, context)
-        result = launcher.attach(handle)
+        result = launcher.attach(handle, getattr(self, FOLLOWER_KEY, None))
         self._raise_for_status(result, context)
         self.log.info("world_size=%s duration=%.1fs checkpoints=%s metrics=%s",
                       result.world_size, result.duration_s, result.checkpoint_dir, result.metrics)
@@ -292,12 +293,16 @@ class DistributedTrainingOperator(PlacementArgs, ResumableJobMixin, BaseOperator
         result.raise_for_status()
 
     def _track(self, handle, context) -> None:
-        """on_kill cancels this job from now on; the backend's job id goes to XCom at once."""
-        from dtrain.launch.airflow.deferrable import SUBMISSION_KEY
+        """on_kill cancels this job from now on, unless a later try follows it (this try records that it
+        follows it now: the follower record); the backend's job id goes to XCom at once."""
+        from dtrain.launch.airflow.deferrable import FOLLOWER_KEY, SUBMISSION_KEY
+        from dtrain.launch.engine.submission import write_follower
 
         setattr(self, SUBMISSION_KEY, handle.to_dict())
         ti = (context or {}).get("ti")
         if ti is not None:
+            setattr(self, FOLLOWER_KEY, int(ti.try_number))
+            write_follower(handle, int(ti.try_number))
             ti.xcom_push(key=f"{handle.backend}_job_id", value=handle.backend_job_id)
 
     def execute_complete(self, context, event: dict[str, Any] | None = None) -> dict[str, Any]:

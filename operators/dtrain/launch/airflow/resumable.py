@@ -23,17 +23,30 @@ value edited through the REST API cannot make the task poll or cancel anything e
 
 from __future__ import annotations
 
+import dataclasses
 import os
+import secrets
 from typing import Any, Callable
 
 from dtrain.errors import DTrainError
 from dtrain.launch.backends import Backend, JobHandle, JobStatus
+from dtrain.launch.backends.base import SECRET_KEY
 from dtrain.launch.engine.submission import check_submitted, write_submission
 
 # What get_job_status reports to the mixin: "<verdict>:<backend state>".
 ACTIVE, SUCCEEDED, ENDED, NOT_OURS = "active", "succeeded", "ended", "not-ours"
 
-__all__ = ["recorded_handle", "recorded_status", "status_word", "is_active", "is_succeeded", "write_submission"]
+__all__ = ["recorded_handle", "recorded_status", "status_word", "is_active", "is_succeeded", "with_secret",
+           "write_submission"]
+
+
+def with_secret(handle: JobHandle) -> JobHandle:
+    """``handle`` with a per-job secret (``data["secret"]``), if its backend gave it none (Slurm): the
+    follower record is signed with it (:func:`dtrain.launch.engine.submission.write_follower`). Like the
+    ssh backend's own, it is kept in the task state store and never in the run directory (only its digest)."""
+    if SECRET_KEY in handle.data:
+        return handle
+    return dataclasses.replace(handle, data={**handle.data, SECRET_KEY: secrets.token_hex(32)})
 
 
 def status_word(status: JobStatus) -> str:

@@ -37,7 +37,7 @@ import hashlib
 import importlib
 import threading
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, ClassVar, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Callable, ClassVar, Mapping, Sequence
 
 from dtrain.errors import DTrainError, SpecError
 from dtrain.launch.engine.net import free_port
@@ -368,27 +368,37 @@ class Backend(abc.ABC):
         """Submit, then :meth:`watch` the job to its end."""
         return self.watch(self.submit(job))
 
-    def watch(self, handle: JobHandle, grace: float | None = None) -> BackendOutcome:
+    def watch(self, handle: JobHandle, grace: float | None = None,
+              taken_over: Callable[[], int | None] | None = None) -> BackendOutcome:
         """Follow a submitted job to its end (streaming its output between polls), and how it ended.
         The one way a job is followed: here after :meth:`submit`, and by a retry re-attaching to a
         job an earlier try submitted. A failed node, a stop (:meth:`terminate`) or any error here
         cancels the whole job (ranks get ``grace`` seconds after SIGTERM; default the spec's); an error
-        is raised after that (DTrainError: the backend could not be asked, poll after poll)."""
+        is raised after that (DTrainError: the backend could not be asked, poll after poll).
+        ``taken_over()``: the later try of the task that follows the job now, if one does
+        (:func:`dtrain.launch.engine.submission.taken_over`): then this follower stops alone."""
         try:
             status = self._wait(handle)
         except BaseException:
-            self._end(handle, cancel=True, grace=grace)  # whatever went wrong here, the job must not run on unwatched
+            # whatever went wrong here, the job must not run on unwatched
+            self._end(handle, cancel=True, grace=grace, taken_over=taken_over)
             raise
         if status is not None and status.lost:  # the others cannot reach a checkpoint without it
             grace = STUCK_GRACE_S if grace is None else min(grace, STUCK_GRACE_S)
-        self._end(handle, cancel=status is None or not status.ok, grace=grace)
+        self._end(handle, cancel=status is None or not status.ok, grace=grace, taken_over=taken_over)
         if status is None:
             return BackendOutcome(exit_code=-1, stopped=True)
         code = status.exit_code if status.exit_code is not None else (0 if status.ok else 1)
         return BackendOutcome(exit_code=code, node_index=status.failed_node,
                               tail=[] if status.ok else list(status.tail), state=status.state, lost=status.lost)
 
-    def _end(self, handle: JobHandle, *, cancel: bool, grace: float | None) -> None:
+    def _end(self, handle: JobHandle, *, cancel: bool, grace: float | None,
+             taken_over: Callable[[], int | None] | None = None) -> None:
+        later = taken_over() if cancel and taken_over is not None else None
+        if later is not None:
+            self.sink(f"[dtrain] try {later} follows {self.name} job {handle.backend_job_id} now: "
+                      "leaving it running")
+            cancel = False
         if cancel:
             self.cancel(handle, grace)  # a failed node: stop the others; stopped: stop everything
         self.follow(handle)

@@ -13,7 +13,7 @@ from typing import Any, Callable
 from dtrain.errors import DTrainError, LaunchError
 from dtrain.launch.backends import Backend, BackendOutcome, JobHandle
 from dtrain.launch.engine.lost import LOST_EXIT_CODE
-from dtrain.launch.engine.submission import DEFAULT_POLL_INTERVAL
+from dtrain.launch.engine.submission import DEFAULT_POLL_INTERVAL, taken_over
 
 TAIL_LINES = 40
 
@@ -22,11 +22,14 @@ class Following:
     """A backend whose ``run(job)`` follows the submitted job ``handle`` names instead of starting
     one: :meth:`Backend.watch` of that handle (what :meth:`Backend.run` does after its submit). Everything
     else is the wrapped backend's, so
-    :class:`~dtrain.launch.engine.launcher.Launcher` (its watch, ``terminate``, result) works unchanged."""
+    :class:`~dtrain.launch.engine.launcher.Launcher` (its watch, ``terminate``, result) works unchanged.
+    ``follower``: the try of the task that follows it (the follower record,
+    :func:`~dtrain.launch.engine.submission.write_follower`); a stop of this one leaves the job to a later try."""
 
-    def __init__(self, backend: Backend, handle: JobHandle):
+    def __init__(self, backend: Backend, handle: JobHandle, follower: int | None = None):
         self.backend = backend
         self.handle = handle
+        self.follower = follower
         self.state = ""  # the job's final state, once it ended
         self.lines = 0  # output lines the backend streamed while following
         self.grace: float | None = None  # set by terminate(grace): how long the ranks get at the cancel
@@ -46,7 +49,7 @@ class Following:
         sink = backend.sink
         backend.sink = self._counting(sink)
         try:
-            outcome = backend.watch(handle, self.grace)
+            outcome = backend.watch(handle, self.grace, lambda: taken_over(handle, self.follower))
         except DTrainError as e:  # lost track: the backend could not be asked, poll after poll
             self.state = "LOST"
             raise LaunchError(str(e), LOST_EXIT_CODE, state=self.state) from e

@@ -187,11 +187,12 @@ class Launcher:
             job.rank_env.update(hang.rank_env(job.run_dir, job.rank_env))
         return self.backend.submit(job, detached=True)
 
-    def attach(self, handle: JobHandle) -> LaunchResult:
+    def attach(self, handle: JobHandle, follower: int | None = None) -> LaunchResult:
         """Follow the job ``handle`` names until it ends, with :meth:`run`'s watch, teardown and
-        result; output and failure records are read from its run directory."""
+        result; output and failure records are read from its run directory. ``follower``: the try of
+        the task following it (:class:`Following`)."""
         backend = self.backend.backend if isinstance(self.backend, Following) else self.backend
-        following = self.backend = Following(backend, handle)
+        following = self.backend = Following(backend, handle, follower)
         result = self.run(job=Job(spec=self.spec, job_id=handle.job_id, run_dir=handle.run_dir))
         result.state = following.state
         result.duration_s = round(time.time() - handle.submitted_at, 3)  # the job's, not this follower's

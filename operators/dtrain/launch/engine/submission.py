@@ -10,11 +10,13 @@ import neither.
 
 from __future__ import annotations
 
+import hmac
 import os
 import re
 
 from dtrain.errors import DTrainError
 from dtrain.launch.backends import JobHandle
+from dtrain.launch.backends.base import SECRET_KEY
 from dtrain.rundir import RunDir, UnsafeRunDir
 
 DEFAULT_POLL_INTERVAL = 10.0
@@ -48,3 +50,51 @@ def check_submitted(handle: JobHandle, what: str) -> JobHandle:
         raise DTrainError(f"{what}: {handle.backend} job {handle.backend_job_id} does not match its "
                           "submission record")
     return handle
+
+
+# -- the follower record: which try of the task follows a durable job now ----------------------------
+#
+# A try whose worker froze or was cut off is failed by the scheduler, and its retry re-attaches to the
+# job on another worker. The stale try may still be alive: thawed, or reconnected, its worker hears that
+# it should not run any more and stops it (SIGTERM, so on_kill, and its watch's teardown), and that
+# stop must not cancel the job the retry follows. Each try records itself here as it submits or
+# re-attaches; a stop checks it (:func:`taken_over`). The ranks can write the run directory, so the
+# record is signed with the job's secret: a rank cannot keep its own job from being stopped.
+
+
+def follower_path(handle: JobHandle) -> str:
+    return submission_path(handle)[:-len(".submission.json")] + ".follower.json"
+
+
+def _follower_mac(handle: JobHandle, follower: int) -> str:
+    key = str(handle.data.get(SECRET_KEY, "")).encode()
+    return hmac.new(key, f"{handle.backend}:{handle.backend_job_id}:{follower}".encode(), "sha256").hexdigest()
+
+
+def write_follower(handle: JobHandle, follower: int) -> None:
+    """Try ``follower`` of the task follows the job from now on."""
+    RunDir(handle.run_dir).write_json(os.path.basename(follower_path(handle)),
+                                      value={"follower": follower, "mac": _follower_mac(handle, follower)})
+
+
+def follower_now(handle: JobHandle) -> int | None:
+    """The try the follower record names, if the record is there, well-formed and signed for this job."""
+    try:
+        record = RunDir(handle.run_dir).read_json(os.path.basename(follower_path(handle)))
+    except UnsafeRunDir:
+        return None
+    if not isinstance(record, dict):
+        return None
+    follower, mac = record.get("follower"), record.get("mac")
+    if type(follower) is not int or follower < 1 or not isinstance(mac, str):
+        return None
+    return follower if hmac.compare_digest(mac, _follower_mac(handle, follower)) else None
+
+
+def taken_over(handle: JobHandle, follower: int | None) -> int | None:
+    """The later try that follows the job now, if one does; None while it is still ``follower``'s (or
+    ``follower`` is None: a job no try of a task follows, e.g. the CLI's)."""
+    if follower is None:
+        return None
+    now = follower_now(handle)
+    return now if now is not None and now > follower else None
