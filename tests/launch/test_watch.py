@@ -177,8 +177,8 @@ def test_the_follower_record_names_the_latest_try_and_only_a_signed_one_counts(t
 
 def test_a_stop_of_a_try_another_try_now_follows_leaves_the_job_running(tmp_path):
     """A try whose worker froze, thawed after the scheduler had failed it and its retry had re-attached:
-    Airflow stops it (SIGTERM: the launcher's terminate, the operator's on_kill). Its watch used to cancel
-    the job the retry follows (tests/faults/test_deployment_faults.py, on the Celery deployment)."""
+    Airflow stops it (SIGTERM: the launcher's terminate). Its watch used to cancel the job the retry
+    follows (tests/faults/test_deployment_faults.py, on the Celery deployment)."""
     from dtrain.launch.engine.submission import write_follower
 
     handle = signed_handle(tmp_path)
@@ -189,34 +189,42 @@ def test_a_stop_of_a_try_another_try_now_follows_leaves_the_job_running(tmp_path
     write_follower(handle, 2)  # the retry re-attached meanwhile
     assert following.run().stopped
     assert backend.calls == ["release"]  # no cancel
-    assert backend.lines == ["[dtrain] try 2 follows scripted job 7 now: leaving it running"]
+    assert backend.lines == ["[dtrain] leaving scripted job 7 running: try 2 follows it now"]
     # Still its own job: a stop cancels it, as before.
     backend = Scripted([RUNNING] * 5)
     backend.terminate()
     Following(backend, handle, follower=2).run()
     assert backend.calls == [("cancel", None), "release"]
+    # leave(): stop following, the job left to the retry that will re-attach.
+    backend = Scripted([RUNNING] * 5)
+    following = Following(backend, handle, follower=2)
+    following.leave("the task instance is up_for_retry")
+    assert following.run().stopped and backend.calls == ["release"]
 
 
-def test_on_kill_of_a_try_another_try_now_follows_does_not_cancel(tmp_path, monkeypatch):
-    import logging
+@pytest.mark.parametrize("state, kept", [
+    ("up_for_retry", True), ("queued", True), ("running", True), ("scheduled", True), ("deferred", True),
+    (None, True),  # the API server cannot be reached: the stop is the worker's, not a person's
+    ("failed", False), ("success", False), ("restarting", False), ("skipped", False), ("removed", False),
+])
+def test_a_stopped_try_keeps_its_durable_job_only_while_a_try_of_the_task_follows_it(tmp_path, state, kept):
+    """A person's stop (marked failed or success, cleared) cancels the job; the scheduler failing the try
+    for its retry, or the worker stopping while the task instance runs, leaves it to the try that re-attaches."""
+    from dtrain.launch.airflow.resumable import kept_for
 
-    from dtrain.launch.airflow import deferrable
+    handle = signed_handle(tmp_path)
+    why = kept_for(handle, 1, lambda: state)
+    assert bool(why) is kept, why
+    if kept and state:
+        assert why == f"the task instance is {state}: a try of it follows the job or re-attaches to it"
+
+
+def test_a_later_follower_keeps_the_job_without_asking_airflow(tmp_path):
+    from dtrain.launch.airflow.resumable import kept_for
     from dtrain.launch.engine.submission import write_follower
 
     handle = signed_handle(tmp_path)
-    made: list[Scripted] = []
-    monkeypatch.setattr(deferrable, "get_backend_class",
-                        lambda name: lambda sink: made.append(Scripted([])) or made[-1])
-
-    class Operator:
-        log = logging.getLogger("test")
-
-    operator = Operator()
-    setattr(operator, deferrable.SUBMISSION_KEY, handle.to_dict())
-    setattr(operator, deferrable.FOLLOWER_KEY, 1)
     write_follower(handle, 2)
-    deferrable.kill_job(operator)
-    assert made == []  # no backend was even made to cancel
-    write_follower(handle, 1)
-    deferrable.kill_job(operator)
-    assert [b.calls for b in made] == [[("cancel", None)]]
+    asked = []
+    assert kept_for(handle, 1, lambda: asked.append(1) or "failed") == "try 2 follows it now" and asked == []
+    assert kept_for(handle, 2, lambda: "failed") == ""  # its own: the person's stop stops it

@@ -27,10 +27,10 @@ from dtrain.launch.engine.hang import HANG_EXIT_CODE
 from dtrain.launch.engine.lost import FAULTS, LOST_EXIT_CODE, LostNode
 from dtrain.launch.engine.processes import STUCK_GRACE_S
 from dtrain.launch.engine.spec import LaunchSpec
-from dtrain.launch.engine.submission import DEFAULT_POLL_INTERVAL, check_submitted, taken_over, write_submission
+from dtrain.launch.engine.submission import DEFAULT_POLL_INTERVAL, check_submitted, write_submission
 
 SUBMISSION_KEY = "_dtrain_submission"  # attribute on the operator: the handle on_kill cancels
-FOLLOWER_KEY = "_dtrain_follower"  # attribute on the operator: its try number, once it follows a durable job
+FOLLOWER_KEY = "_dtrain_follower"  # attribute on the operator: its task instance, once it follows a durable job
 EVENT_STATUSES = ("success", "failed", "error", "hung")
 
 
@@ -141,15 +141,9 @@ def _state(event: Mapping[str, Any]) -> str | None:
 
 
 def kill_job(operator) -> None:
-    """on_kill: cancel the submitted job on every host, if this task submitted one and no later try of
-    the task follows it now (durable mode: :func:`dtrain.launch.engine.submission.taken_over`)."""
+    """on_kill: cancel the submitted job on every host, if this task submitted one."""
     record = getattr(operator, SUBMISSION_KEY, None)
     if not record:
         return
     handle = JobHandle.from_dict(record)
-    later = taken_over(handle, getattr(operator, FOLLOWER_KEY, None))
-    if later is not None:
-        operator.log.warning("on_kill: try %s follows %s job %s now: leaving it running", later, handle.backend,
-                             handle.backend_job_id)
-        return
     get_backend_class(handle.backend)(sink=operator.log.info).cancel(handle)

@@ -231,12 +231,29 @@ class DistributedTrainingOperator(PlacementArgs, ResumableJobMixin, BaseOperator
             ti.xcom_push(key=RUN_RECORD_KEY, value=record)
 
     def on_kill(self) -> None:
+        why = self._job_kept()
+        if why:  # durable mode: another try follows the job, or will
+            self.log.warning("on_kill: leaving job %s running: %s", getattr(self._launcher.job, "job_id", "?"), why)
+            self._launcher.leave(why)
+            return
         if self._launcher is not None:
             self.log.info("on_kill: stopping every rank of job %s", getattr(self._launcher.job, "job_id", "?"))
             self._launcher.terminate()
         from dtrain.launch.airflow.deferrable import kill_job
 
         kill_job(self)  # a job submitted detached (deferrable or durable mode): cancel it on every host
+
+    def _job_kept(self) -> str:
+        """Why on_kill must leave the durable job this try follows running ('' to stop it: not durable, or
+        nothing follows it any more): :func:`dtrain.launch.airflow.resumable.kept_for`."""
+        from dtrain.launch.airflow.deferrable import FOLLOWER_KEY, SUBMISSION_KEY
+        from dtrain.launch.airflow.resumable import kept_for
+        from dtrain.launch.backends import JobHandle
+
+        ti, record = getattr(self, FOLLOWER_KEY, None), getattr(self, SUBMISSION_KEY, None)
+        if ti is None or not record or self._launcher is None or not self._launcher.following:
+            return ""  # not durable, or its watch ended already (an execution timeout: it stopped the job)
+        return kept_for(JobHandle.from_dict(record), int(ti.try_number), lambda: _state_now(ti))
 
     # -- ResumableJobMixin (durable mode): how this operator submits, finds and follows its job ------
 
@@ -272,7 +289,8 @@ class DistributedTrainingOperator(PlacementArgs, ResumableJobMixin, BaseOperator
         launcher = self._launcher
         handle = recorded_handle(external_id, launcher.backend.name, launcher.spec.run_dir)
         self._track(handle, context)
-        result = launcher.attach(handle, getattr(self, FOLLOWER_KEY, None))
+        follower = getattr(self, FOLLOWER_KEY, None)
+        result = launcher.attach(handle, None if follower is None else int(follower.try_number))
         self._raise_for_status(result, context)
         self.log.info("world_size=%s duration=%.1fs checkpoints=%s metrics=%s",
                       result.world_size, result.duration_s, result.checkpoint_dir, result.metrics)
@@ -301,7 +319,7 @@ class DistributedTrainingOperator(PlacementArgs, ResumableJobMixin, BaseOperator
         setattr(self, SUBMISSION_KEY, handle.to_dict())
         ti = (context or {}).get("ti")
         if ti is not None:
-            setattr(self, FOLLOWER_KEY, int(ti.try_number))
+            setattr(self, FOLLOWER_KEY, ti)
             write_follower(handle, int(ti.try_number))
             ti.xcom_push(key=f"{handle.backend}_job_id", value=handle.backend_job_id)
 
@@ -314,3 +332,15 @@ class DistributedTrainingOperator(PlacementArgs, ResumableJobMixin, BaseOperator
             ti.xcom_push(key="hang", value=event.get("hang"))
         self.last_result = resume_job(self, event)
         return self.last_result
+
+
+def _state_now(ti) -> str | None:
+    """The task instance's state now (its latest try's), through Airflow's execution API; None when it cannot
+    be asked (the API server unreachable: a cut-off worker)."""
+    try:
+        runs = ti.get_task_states(dag_id=ti.dag_id, map_index=ti.map_index, task_ids=[ti.task_id], run_ids=[ti.run_id])
+    except Exception:  # noqa: BLE001 - a stop must go on whatever the question met
+        return None
+    tasks = (runs or {}).get(ti.run_id) or {}
+    state = tasks.get(ti.task_id if ti.map_index is None or ti.map_index < 0 else f"{ti.task_id}_{ti.map_index}")
+    return None if state is None else str(getattr(state, "value", state))

@@ -31,13 +31,16 @@ from typing import Any, Callable
 from dtrain.errors import DTrainError
 from dtrain.launch.backends import Backend, JobHandle, JobStatus
 from dtrain.launch.backends.base import SECRET_KEY
-from dtrain.launch.engine.submission import check_submitted, write_submission
+from dtrain.launch.engine.submission import check_submitted, taken_over, write_submission
 
 # What get_job_status reports to the mixin: "<verdict>:<backend state>".
 ACTIVE, SUCCEEDED, ENDED, NOT_OURS = "active", "succeeded", "ended", "not-ours"
 
-__all__ = ["recorded_handle", "recorded_status", "status_word", "is_active", "is_succeeded", "with_secret",
-           "write_submission"]
+__all__ = ["kept_for", "recorded_handle", "recorded_status", "status_word", "is_active", "is_succeeded",
+           "with_secret", "write_submission"]
+
+#: task instance states in which a try of the task follows, or will follow, its durable job
+FOLLOWED_STATES = frozenset({"running", "deferred", "queued", "scheduled", "up_for_retry", "up_for_reschedule"})
 
 
 def with_secret(handle: JobHandle) -> JobHandle:
@@ -98,3 +101,27 @@ def recorded_status(backend: Backend, value: Any, run_dir: str, warn: Callable[[
              f"(exit {status.exit_code}); stopping what may remain of it before a new submission")
         backend.cancel(handle)
     return word
+
+
+def kept_for(handle: JobHandle, try_number: int, state: Callable[[], str | None]) -> str:
+    """Why try ``try_number``, being stopped (on_kill), must leave its durable job running; '' to cancel it.
+
+    Airflow stops a try that way when a person stops the task (marked failed or success, cleared) and
+    also when the scheduler has failed the try because its heartbeats stopped (its worker froze or was
+    cut off, and came back), or when the worker itself is shutting down. The job is cancelled in the
+    first case only: in the others a try of the task follows it, or will, by re-attaching. So the job is
+    kept when a later try follows it (the follower record: no question to ask), or when the task
+    instance's state, asked now (``state()``; None when Airflow cannot be asked), is one in which a try
+    runs or will run (:data:`FOLLOWED_STATES`: the retry after this try was failed; this try's own
+    worker stopping while the task instance still runs, whose retry re-attaches), or cannot be asked: a
+    person's stop reaches the worker through the API server, so a stop while it cannot be reached is the
+    worker's (its heartbeats failed)."""
+    later = taken_over(handle, try_number)
+    if later is not None:
+        return f"try {later} follows it now"
+    now = state()
+    if now is None:
+        return "Airflow's API server cannot be reached to ask: a retry re-attaches to it"
+    if now in FOLLOWED_STATES:
+        return f"the task instance is {now}: a try of it follows the job or re-attaches to it"
+    return ""

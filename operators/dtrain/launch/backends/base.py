@@ -369,23 +369,23 @@ class Backend(abc.ABC):
         return self.watch(self.submit(job))
 
     def watch(self, handle: JobHandle, grace: float | None = None,
-              taken_over: Callable[[], int | None] | None = None) -> BackendOutcome:
+              kept: Callable[[], str | None] | None = None) -> BackendOutcome:
         """Follow a submitted job to its end (streaming its output between polls), and how it ended.
         The one way a job is followed: here after :meth:`submit`, and by a retry re-attaching to a
         job an earlier try submitted. A failed node, a stop (:meth:`terminate`) or any error here
         cancels the whole job (ranks get ``grace`` seconds after SIGTERM; default the spec's); an error
         is raised after that (DTrainError: the backend could not be asked, poll after poll).
-        ``taken_over()``: the later try of the task that follows the job now, if one does
-        (:func:`dtrain.launch.engine.submission.taken_over`): then this follower stops alone."""
+        ``kept()``: why the job must outlive this follower, if it must (another try of the task follows
+        it: :class:`dtrain.launch.engine.following.Following`); then this follower stops alone."""
         try:
             status = self._wait(handle)
         except BaseException:
             # whatever went wrong here, the job must not run on unwatched
-            self._end(handle, cancel=True, grace=grace, taken_over=taken_over)
+            self._end(handle, cancel=True, grace=grace, kept=kept)
             raise
         if status is not None and status.lost:  # the others cannot reach a checkpoint without it
             grace = STUCK_GRACE_S if grace is None else min(grace, STUCK_GRACE_S)
-        self._end(handle, cancel=status is None or not status.ok, grace=grace, taken_over=taken_over)
+        self._end(handle, cancel=status is None or not status.ok, grace=grace, kept=kept)
         if status is None:
             return BackendOutcome(exit_code=-1, stopped=True)
         code = status.exit_code if status.exit_code is not None else (0 if status.ok else 1)
@@ -393,11 +393,10 @@ class Backend(abc.ABC):
                               tail=[] if status.ok else list(status.tail), state=status.state, lost=status.lost)
 
     def _end(self, handle: JobHandle, *, cancel: bool, grace: float | None,
-             taken_over: Callable[[], int | None] | None = None) -> None:
-        later = taken_over() if cancel and taken_over is not None else None
-        if later is not None:
-            self.sink(f"[dtrain] try {later} follows {self.name} job {handle.backend_job_id} now: "
-                      "leaving it running")
+             kept: Callable[[], str | None] | None = None) -> None:
+        why = kept() if cancel and kept is not None else None
+        if why:
+            self.sink(f"[dtrain] leaving {self.name} job {handle.backend_job_id} running: {why}")
             cancel = False
         if cancel:
             self.cancel(handle, grace)  # a failed node: stop the others; stopped: stop everything

@@ -24,12 +24,14 @@ class Following:
     else is the wrapped backend's, so
     :class:`~dtrain.launch.engine.launcher.Launcher` (its watch, ``terminate``, result) works unchanged.
     ``follower``: the try of the task that follows it (the follower record,
-    :func:`~dtrain.launch.engine.submission.write_follower`); a stop of this one leaves the job to a later try."""
+    :func:`~dtrain.launch.engine.submission.write_follower`); a stop of this one leaves the job to a later
+    try that follows it, and :meth:`leave` stops following without stopping the job."""
 
     def __init__(self, backend: Backend, handle: JobHandle, follower: int | None = None):
         self.backend = backend
         self.handle = handle
         self.follower = follower
+        self.left = ""  # why the job is left running, once leave() was called
         self.state = ""  # the job's final state, once it ended
         self.lines = 0  # output lines the backend streamed while following
         self.grace: float | None = None  # set by terminate(grace): how long the ranks get at the cancel
@@ -41,6 +43,15 @@ class Following:
         self.grace = grace
         self.backend.terminate(grace)
 
+    def leave(self, why: str) -> None:
+        """Stop following, leaving the job running (``why``: who follows it instead). Safe from signal handlers."""
+        self.left = why
+        self.backend.terminate()
+
+    def _kept(self) -> str:
+        later = taken_over(self.handle, self.follower)
+        return self.left or (f"try {later} follows it now" if later is not None else "")
+
     def run(self, job: Any = None) -> BackendOutcome:
         backend, handle = self.backend, self.handle
         # Remote polls (scontrol, ssh to every host) at the pace the submission chose, not the
@@ -49,7 +60,7 @@ class Following:
         sink = backend.sink
         backend.sink = self._counting(sink)
         try:
-            outcome = backend.watch(handle, self.grace, lambda: taken_over(handle, self.follower))
+            outcome = backend.watch(handle, self.grace, self._kept)
         except DTrainError as e:  # lost track: the backend could not be asked, poll after poll
             self.state = "LOST"
             raise LaunchError(str(e), LOST_EXIT_CODE, state=self.state) from e

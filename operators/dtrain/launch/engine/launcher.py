@@ -106,6 +106,7 @@ class Launcher:
         self.job: Job | None = None
         self._terminated = threading.Event()
         self.hang_verdict: hang.HangVerdict | None = None
+        self.following = False  # attach() is following a detached job now (leave() can leave it)
 
     def run(self, job: Job | None = None) -> LaunchResult:
         """Run the spec to its end. ``job``: one already prepared (:meth:`attach` passes the job a
@@ -176,6 +177,12 @@ class Launcher:
         self._terminated.set()
         self.backend.terminate()
 
+    def leave(self, why: str) -> None:
+        """Stop following the detached job :meth:`attach` follows (while :attr:`following`) without
+        stopping it (``why``: who follows it instead). Safe from signal handlers."""
+        self._terminated.set()
+        self.backend.leave(why)
+
     # -- detached jobs: submitted by one process, followed by it or by a later one -----------------
 
     def submit_detached(self) -> JobHandle:
@@ -193,7 +200,11 @@ class Launcher:
         the task following it (:class:`Following`)."""
         backend = self.backend.backend if isinstance(self.backend, Following) else self.backend
         following = self.backend = Following(backend, handle, follower)
-        result = self.run(job=Job(spec=self.spec, job_id=handle.job_id, run_dir=handle.run_dir))
+        self.following = True
+        try:
+            result = self.run(job=Job(spec=self.spec, job_id=handle.job_id, run_dir=handle.run_dir))
+        finally:
+            self.following = False
         result.state = following.state
         result.duration_s = round(time.time() - handle.submitted_at, 3)  # the job's, not this follower's
         return result

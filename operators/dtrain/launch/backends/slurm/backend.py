@@ -325,8 +325,8 @@ class SlurmBackend(Backend):
     def logs(self, handle: JobHandle, lines: int = 40) -> list[str]:
         return read_tail(R.log_path(handle.run_dir, handle.backend_job_id), lines)
 
-    def watch(self, handle: JobHandle, grace: float | None = None, taken_over=None):
-        outcome = super().watch(handle, grace, taken_over)
+    def watch(self, handle: JobHandle, grace: float | None = None, kept=None):
+        outcome = super().watch(handle, grace, kept)
         if outcome.exit_code > 0:
             self.sink(f"[dtrain] slurm job ended with exit code {outcome.exit_code}")
         return outcome
