@@ -2,7 +2,8 @@
 # After the tests: nothing the project or its tests started may still run, and nothing a killed
 # job created may be left in shared memory. Prints what is left and exits 1 if anything is.
 # Processes: every process that carries a job id (DTRAIN_JOB_ID) in its environment, and the test
-# daemons by the arguments the fixtures start them with (a system sshd or munged is not ours).
+# daemons by the arguments the fixtures start them with (a system sshd, munged, PostgreSQL or Redis is
+# not ours: tests/deployment.py's run from /tmp/dtrain-pg-* and on the test cluster's 10.231/16 bridge).
 # The namespace test cluster (tests/netcluster.py): network namespaces, links (bridge, veths) and
 # cgroups whose names start with its prefix, dtn.
 # Shared memory (/dev/shm, or CHECK_ORPHANS_SHM_DIR): the names the product's jobs create that no
@@ -12,7 +13,7 @@
 #   vader_segment.*               OpenMPI's shared-memory transport (the mpi backend)
 #   nccl-*                        NCCL's shared-memory transport (GPU jobs)
 set -uo pipefail
-pattern='dtrain\.launch|torch\.distributed\.run|moto_server|slurmctld -D|slurmd -D|munged --foreground --force --socket=|sshd -D -e -f /tmp/|airflow (standalone|scheduler|triggerer|api.server|dag-processor|serve-logs)|mpirun |orted '
+pattern='dtrain\.launch|torch\.distributed\.run|moto_server|slurmctld -D|slurmd -D|munged --foreground --force --socket=|sshd -D -e -f /tmp/|airflow (standalone|scheduler|triggerer|api.server|dag-processor|serve-logs|celery)|celeryd: |mpirun |orted |postgres -D /tmp/dtrain-pg-|redis-server 10\.231\.'
 left=$(ps -eo pid=,args= | grep -E -- "$pattern" | grep -vE "grep|check_orphans" || true)
 for environ in /proc/[0-9]*/environ; do
   pid=${environ#/proc/}; pid=${pid%/environ}
@@ -38,6 +39,10 @@ net_left=$( { ip netns list 2>/dev/null | awk '$1 ~ /^dtn/ {print "netns " $1}'
                 for dir in /sys/fs/cgroup/$controller/dtn*; do [ -d "$dir" ] && echo "cgroup $controller/${dir##*/}"; done
               done
               for dir in /etc/netns/dtn*; do [ -d "$dir" ] && echo "$dir (a host's resolver file)"; done; } )
+
+# tests/deployment.py's PostgreSQL clusters (their directories: the server removes its own at its stop)
+for dir in /tmp/dtrain-pg-*; do [ -d "$dir" ] && net_left+=$'\n'"$dir (a test PostgreSQL cluster's directory)"; done
+net_left=$(printf '%s\n' "$net_left" | sed '/^$/d')
 
 status=0
 if [ -n "$left" ]; then

@@ -1,4 +1,5 @@
-"""Real Airflow 3 services for end-to-end tests, on SQLite and loopback.
+"""Real Airflow 3 services for end-to-end tests, on SQLite and loopback (tests/deployment.py: on
+PostgreSQL with the CeleryExecutor, each component on a host of its own).
 
 :class:`AirflowServices` runs Airflow's components as separate processes (api-server,
 scheduler, dag-processor, triggerer), so a test can kill and restart one of them, and
@@ -38,6 +39,9 @@ def bundle(name: str, path: str) -> dict:
 
 
 class AirflowServices:
+    #: the metadata database is SQLite (its write lock: :meth:`request`, :meth:`wait_idle`)
+    sqlite = True
+
     def __init__(self, home: str, env: dict[str, str], dags_folder: str, bundles: list[dict] | None = None):
         self.home, self.env = home, env
         self.port = free_port()
@@ -56,7 +60,8 @@ class AirflowServices:
             AIRFLOW__DATABASE__SQL_ALCHEMY_CONNECT_ARGS="dtrain.pipeline.sqlite.CONNECT_ARGS",
             AIRFLOW__DATABASE__SQL_ALCHEMY_CONNECT_ARGS_ASYNC="dtrain.pipeline.sqlite.CONNECT_ARGS",
         )
-        self.url = f"http://127.0.0.1:{self.port}/api/v2"
+        self.base_url = f"http://127.0.0.1:{self.port}"  # the UI's, and the API's under /api/v2
+        self.url = f"{self.base_url}/api/v2"
         self.procs: dict[str, subprocess.Popen] = {}
         self.started: list[psutil.Process] = []  # every process started, for stop()
 
@@ -69,11 +74,13 @@ class AirflowServices:
         migrated = self.airflow("db", "migrate")
         assert migrated.returncode == 0, migrated.stderr[-2000:]
 
-    def spawn(self, name: str, *argv: str) -> subprocess.Popen:
-        """Start ``airflow <argv>`` as component ``name``, in its own session, logging to <home>/<name>.log."""
+    def spawn(self, name: str, *argv: str, popen=None) -> subprocess.Popen:
+        """Start ``airflow <argv>`` as component ``name``, in its own session, logging to <home>/<name>.log
+        (with ``popen(argv, **kwargs)`` when given: on another host, tests/deployment.py)."""
         log = open(os.path.join(self.home, f"{name}.log"), "a")
-        proc = subprocess.Popen([os.path.join(BIN, "airflow"), *argv], env=self.env, stdout=log,
-                                stderr=subprocess.STDOUT, start_new_session=True)
+        popen = popen or (lambda cmd, **kw: subprocess.Popen(cmd, env=self.env, **kw))
+        proc = popen([os.path.join(BIN, "airflow"), *argv], stdout=log, stderr=subprocess.STDOUT,
+                     start_new_session=True)
         self.procs[name] = proc
         self.started.append(psutil.Process(proc.pid))
         return proc
@@ -137,7 +144,7 @@ class AirflowServices:
                     return resp.status, json.loads(resp.read() or b"{}")
             except urllib.error.HTTPError as e:
                 payload = json.loads(e.read() or b"{}")
-                if e.code == 500 and "Database error" in json.dumps(payload) and not last:
+                if self.sqlite and e.code == 500 and "Database error" in json.dumps(payload) and not last:
                     time.sleep(2)
                     continue
                 return e.code, payload

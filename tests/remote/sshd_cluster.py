@@ -66,6 +66,7 @@ class SSHHost:
     directory: str
     proc: subprocess.Popen | None = None
     address: str = "127.0.0.1"
+    net_host: object = None  # the tests.netcluster.Host it runs on (None: this machine's loopback)
 
     @property
     def line(self) -> str:
@@ -113,7 +114,7 @@ class SSHCluster:
         """Start host ``index``'s sshd again after a crash killed it (a host that rebooted: same keys,
         same address), and wait until it accepts connections."""
         host = self.hosts[index]
-        host.proc = _start_sshd(host.directory, self.net.hosts[index] if self.net is not None else None)
+        host.proc = _start_sshd(host.directory, host.net_host)
         _wait_listening(host, timeout)
 
     def stop(self) -> None:
@@ -155,10 +156,10 @@ def _same_code() -> str:
     return f'SetEnv "PYTHONPATH={path}"\n'
 
 
-def start_cluster(directory: str, count: int = 2, timeout: float = 10.0, net=None) -> SSHCluster:
+def start_cluster(directory: str, count: int = 2, timeout: float = 10.0, net=None, on=None) -> SSHCluster:
     """Start ``count`` sshd daemons on 127.0.0.1 (separate ports), or with ``net`` (a started
-    :class:`tests.netcluster.NetCluster`) one on each of its hosts (its address, port 22, in its
-    namespace and cgroups), and wait until each accepts connections."""
+    :class:`tests.netcluster.NetCluster`) one on each of its hosts (or on the hosts ``on`` names: its
+    address, port 22, in its namespace and cgroups), and wait until each accepts connections."""
     os.makedirs(PRIVSEP_DIR, mode=0o755, exist_ok=True)
     os.makedirs(directory, exist_ok=True)
     key_file = os.path.join(directory, "id_ed25519")
@@ -171,10 +172,11 @@ def start_cluster(directory: str, count: int = 2, timeout: float = 10.0, net=Non
                          net=net)
     known = []
     try:
-        for index in range(len(net.hosts) if net is not None else count):
+        net_hosts = (on if on is not None else net.hosts) if net is not None else [None] * count
+        for index, net_host in enumerate(net_hosts):
             host_dir = os.path.join(directory, f"host{index}")
             os.makedirs(host_dir)
-            host = SSHHost(port=22, directory=host_dir, address=net.hosts[index].address) if net is not None \
+            host = SSHHost(port=22, directory=host_dir, address=net_host.address, net_host=net_host) if net_host \
                 else SSHHost(port=_free_port(), directory=host_dir)
             host_key = os.path.join(host_dir, "ssh_host_ed25519_key")
             host_pub = _keygen(host_key)
@@ -184,7 +186,7 @@ def start_cluster(directory: str, count: int = 2, timeout: float = 10.0, net=Non
                 fh.write(CONFIG.format(port=host.port, address=host.address, host_key=host_key,
                                        pid_file=os.path.join(host_dir, "sshd.pid"), authorized_keys=authorized)
                          + _same_code())
-            host.proc = _start_sshd(host_dir, net.hosts[index] if net is not None else None)
+            host.proc = _start_sshd(host_dir, net_host)
             cluster.hosts.append(host)
         with open(cluster.known_hosts, "w", encoding="utf-8") as fh:
             fh.write("\n".join(known) + "\n")
