@@ -53,7 +53,7 @@ from tests.services import (  # noqa: E402,F401
 SHARED_DAEMONS = (
     ("cluster", CLUSTER_FIXTURES),                                       # sshd hosts, Slurm: tests/services.py
     ("netcluster", frozenset({"net_cluster"})),                          # namespace hosts: tests/services.py
-    ("airflow-standalone", frozenset({"standalone"})),                   # tests/pipeline/conftest.py
+    ("airflow-deployment", frozenset({"deployment"})),                   # tests/pipeline/conftest.py
     ("fresh-install", frozenset({"fresh_install"})),                     # tests/packaging/conftest.py
 )
 #: the quick tier (``scripts/test.sh --quick``, ``-m "not slow"``) leaves out every test that starts a

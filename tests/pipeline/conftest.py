@@ -1,6 +1,6 @@
 """Fixtures for the pipeline's end-to-end tests: moto's S3 server seeded with raw data, the
-environment a real Airflow process needs to run retrain_pipeline against it, and a real
-`airflow standalone` (API server, scheduler, DAG processor, triggerer; SQLite)."""
+environment a real Airflow process needs to run retrain_pipeline against it, and a real Airflow
+deployment (tests/deployment.py: PostgreSQL, CeleryExecutor, each component on a host of its own)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,8 @@ import pytest
 
 from dtrain.pipeline.demo import airflow_env, s3_client, seed_raw
 from tests.pipeline import readme_package
-from tests.airflow_services import BIN, REPO, AirflowServices, bundle  # noqa: F401 (BIN re-exported to the tests)
+from tests.airflow_services import BIN, REPO, bundle  # noqa: F401 (BIN re-exported to the tests)
+from tests.deployment import celery_deployment
 
 DATES = ["2026-01-01", "2026-01-02", "2026-01-03", "2026-01-04", "2026-02-01"]
 #: the example pipeline (examples/tabular): a user's own package, found through PYTHONPATH
@@ -67,10 +68,7 @@ def seed_text(endpoint: str) -> None:
 @pytest.fixture(scope="session")
 def s3_endpoint(moto_endpoint):
     """The suite's moto server (tests/services.py), with the pipelines' buckets seeded."""
-    seed_raw(moto_endpoint, DATES)
-    seed_tabular(moto_endpoint)
-    seed_text(moto_endpoint)
-    readme_package.seed_moons(s3_client(moto_endpoint))
+    seed_all(moto_endpoint)
     return moto_endpoint
 
 
@@ -95,28 +93,26 @@ def pipeline_env(s3_endpoint, tmp_path_factory) -> dict[str, str]:
     return env
 
 
-class Standalone(AirflowServices):
-    """Every component at once, as users first run Airflow: ``airflow standalone``. One for tests/pipeline:
-    the pipelines, the Training tab's test DAG and the README user's package are bundles of it."""
+def seed_all(endpoint: str) -> None:
+    """Every bucket the pipelines' tests read, on the S3 server at ``endpoint``."""
+    seed_raw(endpoint, DATES)
+    seed_tabular(endpoint)
+    seed_text(endpoint)
+    readme_package.seed_moons(s3_client(endpoint))
 
-    def __init__(self, home: str, env: dict[str, str]):
-        dags = os.path.join(REPO, "dags")
-        super().__init__(home, env, dags, [bundle("dags-folder", dags), bundle("tabular", os.path.join(TABULAR, "dags")),
-                                           bundle("ui-test-dags", UI_DAGS),
-                                           bundle(README_BUNDLE, os.path.join(env["README_USER"], "dags"))])
 
-    def start(self, timeout: float = 180) -> None:
-        self.migrate()
-        self.spawn("standalone", "standalone")
-        for dag_id in ("retrain_pipeline", "tabular_retraining_reviewed", "ui_training"):
-            self.wait_ready(dag_id, timeout)
+#: the DAGs every test of the deployment waits for before it starts
+DEPLOYMENT_DAGS = ("retrain_pipeline", "tabular_retraining_reviewed", "ui_training")
 
 
 @pytest.fixture(scope="package")  # stopped when tests/pipeline ends: no idle Airflow under later tests
-def standalone(pipeline_env, tmp_path_factory):
-    server = Standalone(str(tmp_path_factory.mktemp("standalone") / "home"), dict(pipeline_env))
-    try:
-        server.start()
-        yield server
-    finally:
-        server.stop()
+def deployment(pipeline_env, tmp_path_factory):
+    """Airflow as production runs it (tests/deployment.py: PostgreSQL, Celery workers, every component on a
+    host of its own) with the pipelines, the Training tab's test DAG and the README user's package as its
+    bundles. Its tasks read S3 from a server of its own (seeded like the session's)."""
+    dags = os.path.join(REPO, "dags")
+    bundles = [bundle("dags-folder", dags), bundle("tabular", os.path.join(TABULAR, "dags")),
+               bundle("ui-test-dags", UI_DAGS), bundle(README_BUNDLE, os.path.join(pipeline_env["README_USER"], "dags"))]
+    home = str(tmp_path_factory.mktemp("deployment") / "home")
+    with celery_deployment(home, dict(pipeline_env), dags, bundles, list(DEPLOYMENT_DAGS), seed_s3=seed_all) as airflow:
+        yield airflow

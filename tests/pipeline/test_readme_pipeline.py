@@ -1,6 +1,7 @@
 """Issue 23's "done means": a new user's own package, written outside the repository from the README
 alone (tests/pipeline/readme_package.py: the README's factory example with only the names changed),
-on a real scheduler (`airflow standalone`). Unpausing it gives a skipped run for its latest scheduled
+on a real scheduler (the production-shaped deployment of tests/deployment.py: PostgreSQL, Celery
+workers on hosts of their own; the README starts `airflow standalone`, which the approval and MLflow tests run). Unpausing it gives a skipped run for its latest scheduled
 date, which has no data, not a failed one; then the README's commands backfill three dates with
 Airflow's default backfill concurrency, and each date warm-starts from, and is gated against, the
 model published just before it."""
@@ -29,17 +30,17 @@ def readme_commands(readme: str) -> list[list[str]]:
     return [shlex.split(line, comments=True) for line in block.splitlines() if line.startswith("airflow ")]
 
 
-def task_log(standalone, run_id: str, task_id: str) -> list[dict]:
+def task_log(deployment, run_id: str, task_id: str) -> list[dict]:
     path = (f"/dags/{DAG_ID}/dagRuns/{quote(run_id, safe='')}/taskInstances/{task_id}/logs/1"
             "?full_content=true")
-    status, body = standalone.request("GET", path)
+    status, body = deployment.request("GET", path)
     assert status == 200, body
     return [item for item in body.get("content", []) if isinstance(item, dict)]
 
 
-def rendered_init_from(standalone, run_id: str) -> str:
+def rendered_init_from(deployment, run_id: str) -> str:
     """The {init_from} the train task's argv got (its rendered template, as the UI shows it)."""
-    command = standalone.task_instance(DAG_ID, run_id, "train")["rendered_fields"]["command"]
+    command = deployment.task_instance(DAG_ID, run_id, "train")["rendered_fields"]["command"]
     return command[command.index("--init-from") + 1]
 
 
@@ -51,10 +52,10 @@ def published_record(env: dict[str, str], date: str) -> dict | None:
         return json.load(fh)
 
 
-def wait_scheduled_run(standalone, timeout: float = 300) -> dict:
+def wait_scheduled_run(deployment, timeout: float = 300) -> dict:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        status, body = standalone.request("GET", f"/dags/{DAG_ID}/dagRuns?run_type=scheduled")
+        status, body = deployment.request("GET", f"/dags/{DAG_ID}/dagRuns?run_type=scheduled")
         assert status == 200, body
         if body["dag_runs"] and body["dag_runs"][0]["state"] in ("success", "failed"):
             return body["dag_runs"][0]
@@ -62,39 +63,38 @@ def wait_scheduled_run(standalone, timeout: float = 300) -> dict:
     raise AssertionError(f"the scheduler did not finish a scheduled run of {DAG_ID} in {timeout}s")
 
 
-def deploy(standalone, readme: str) -> None:
+def deploy(deployment, readme: str) -> None:
     """Write the package and its DAG file, and have Airflow parse it now (not at its next folder scan)."""
-    write_package(standalone.env["README_USER"], readme, standalone.env["DTRAIN_SHARED_FS"])
-    standalone.wait_idle()  # the new DAG's first run starts in a quiet API server (AirflowServices.wait_idle)
-    parsed = standalone.airflow("dags", "reserialize", "--bundle-name", README_BUNDLE)
+    write_package(deployment.env["README_USER"], readme, deployment.env["DTRAIN_SHARED_FS"])
+    parsed = deployment.airflow("dags", "reserialize", "--bundle-name", README_BUNDLE)
     assert parsed.returncode == 0, parsed.stderr[-2000:]
-    standalone.wait_ready(DAG_ID)
+    deployment.wait_ready(DAG_ID)
 
 
-def test_a_new_users_package_from_the_readme_backfills_three_dates_in_order(standalone, capsys):
+def test_a_new_users_package_from_the_readme_backfills_three_dates_in_order(deployment, capsys):
     started = time.monotonic()
     with open(os.path.join(REPO, "README.md"), encoding="utf-8") as fh:
         readme = fh.read()
-    deploy(standalone, readme)
+    deploy(deployment, readme)
     commands = readme_commands(readme)
     assert [c[:3] for c in commands] == [["airflow", "standalone"], ["airflow", "dags", "unpause"],
                                          ["airflow", "backfill", "create"]], commands
     unpause, backfill = commands[1], commands[2]
     assert unpause[3:] == ["tabular_retraining"], unpause  # the example's DAG id; this user's is DAG_ID
-    assert standalone.airflow(*unpause[1:3], DAG_ID).returncode == 0  # already unpaused here (test settings)
+    assert deployment.airflow(*unpause[1:3], DAG_ID).returncode == 0  # already unpaused here (test settings)
 
     # Unpaused, the DAG got one scheduled run: its latest scheduled date, which has no data. Skipped, not red.
-    scheduled = wait_scheduled_run(standalone)
+    scheduled = wait_scheduled_run(deployment)
     date = scheduled["logical_date"][:10]
-    assert scheduled["state"] == "success", standalone.failure_report(DAG_ID, scheduled["dag_run_id"])
+    assert scheduled["state"] == "success", deployment.failure_report(DAG_ID, scheduled["dag_run_id"])
     assert date > DATES[-1] and scheduled["logical_date"] == scheduled["run_after"], scheduled
-    reasons = [item.get("reason") for item in task_log(standalone, scheduled["dag_run_id"], "list_raw_inputs")
+    reasons = [item.get("reason") for item in task_log(deployment, scheduled["dag_run_id"], "list_raw_inputs")
                if item.get("event") == "Skipping task."]
     assert reasons == [f"no raw data at s3://{BUCKET}/raw/v1/{date}/: nothing to train on for this partition: "
                        "this run is skipped (nothing trained or published). Upload the partition's files there "
                        "and clear this run to train it"], reasons
     for task_id in ("preprocess", "train", "publish"):
-        assert standalone.task_instance(DAG_ID, scheduled["dag_run_id"], task_id)["state"] == "skipped"
+        assert deployment.task_instance(DAG_ID, scheduled["dag_run_id"], task_id)["state"] == "skipped"
 
     # The README's backfill, as written there (its DAG id is the example's): default concurrency.
     args = backfill[3:]
@@ -103,22 +103,22 @@ def test_a_new_users_package_from_the_readme_backfills_three_dates_in_order(stan
     del args[named:named + 2]  # backfill_create names this user's DAG
     assert "--max-active-runs" not in args and args[args.index("--from-date") + 1] == DATES[0] \
         and args[args.index("--to-date") + 1] == DATES[-1], backfill
-    created = backfill_create(standalone, *args, dag_id=DAG_ID)
+    created = backfill_create(deployment, *args, dag_id=DAG_ID)
     assert created.returncode == 0, created.stdout[-2000:] + created.stderr[-2000:]
     runs = {}
     for date in DATES:
-        runs[date] = standalone.wait_run(DAG_ID, RUNS[date], timeout=900)
-        assert runs[date]["state"] == "success", standalone.failure_report(DAG_ID, RUNS[date])
+        runs[date] = deployment.wait_run(DAG_ID, RUNS[date], timeout=900)
+        assert runs[date]["state"] == "success", deployment.failure_report(DAG_ID, RUNS[date])
     elapsed = time.monotonic() - started
 
     # Each date warm-started from, and was gated against, the newest model published before it ...
-    env = standalone.env
+    env = deployment.env
     records = {d: published_record(env, d) for d in DATES}
     assert records[DATES[0]] is not None  # the first model has nothing to beat
     newest = None  # (model path, its f1) published before the date
     lines = []
     for date in DATES:
-        init_from, gate = rendered_init_from(standalone, RUNS[date]), decision(standalone, DAG_ID, RUNS[date])
+        init_from, gate = rendered_init_from(deployment, RUNS[date]), decision(deployment, DAG_ID, RUNS[date])
         assert init_from == (newest[0] if newest else ""), (date, init_from, newest)
         assert gate["baseline_model"] == (newest[0] if newest else None), (date, gate)
         assert gate["baseline"] == (newest[1] if newest else None), (date, gate)
@@ -132,7 +132,7 @@ def test_a_new_users_package_from_the_readme_backfills_three_dates_in_order(stan
     # ... though the three dates ran at once (the backfill's concurrency is 10): train waited, and said why.
     first_end = dt.datetime.fromisoformat(runs[DATES[0]]["end_date"])
     assert all(dt.datetime.fromisoformat(runs[d]["start_date"]) < first_end for d in DATES[1:]), runs
-    waits = [item["event"] for item in task_log(standalone, RUNS[DATES[1]], "train")
+    waits = [item["event"] for item in task_log(deployment, RUNS[DATES[1]], "train")
              if str(item.get("event", "")).startswith("train waits for the run of")]
     assert waits and waits[0].startswith(f"train waits for the run of {DATES[0]} ({RUNS[DATES[0]]}), still running"), \
         waits

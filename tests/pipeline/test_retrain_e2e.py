@@ -1,5 +1,6 @@
 """retrain_pipeline end to end with real Airflow, moto's S3, a temp dir as the shared filesystem and
-the local backend: `airflow dags test`, REST triggers on `airflow standalone`, and a real backfill."""
+the local backend: `airflow dags test`, REST triggers on a production-shaped
+deployment (tests/deployment.py: PostgreSQL, Celery workers on hosts of their own), and a real backfill."""
 
 from __future__ import annotations
 
@@ -52,119 +53,85 @@ def test_a_dags_test_runs_the_whole_pipeline(airflow_db, pipeline_env, capsys):
         print(f"\n[e2e] airflow dags test retrain_pipeline (2x2 DDP, 20 epochs): {elapsed:.1f} s")
 
 
-def test_b_rest_trigger_with_params_and_asset_scheduled_evaluation(standalone, capsys):
-    # The runs the scheduler starts by itself once Airflow is up (today's, skipped: no raw data)
-    # end first: a REST write while a task runs can stall the API server for 60 s
-    # (AirflowServices.wait_idle). It costs nothing here: with max_active_runs=1 the REST-triggered
-    # run would wait for retrain_pipeline's own scheduled run anyway.
-    standalone.wait_idle()
-    status, runs_before = standalone.request("GET", "/dags/retrain_pipeline/dagRuns")
+def test_b_rest_trigger_with_params_and_asset_scheduled_evaluation(deployment, capsys):
+    status, runs_before = deployment.request("GET", "/dags/retrain_pipeline/dagRuns")
     assert status == 200
     # NaN goes out as the bare literal NaN (json.dumps), which the API server's JSON parser accepts;
     # the FINITE schema keyword refuses it, and the end anchor a trailing newline (tests/pipeline/test_params.py).
     for bad in ({"nodes": 0}, {"distribution": "horovod"}, {"dataset_version": "../../etc"}, {"epochs": "many"},
                 {"base_lr": float("nan")}, {"epochs": float("nan")}, {"base_lr": float("-inf")},
                 {"dataset_version": "v1\n"}):
-        status, body = standalone.request("POST", "/dags/retrain_pipeline/dagRuns",
+        status, body = deployment.request("POST", "/dags/retrain_pipeline/dagRuns",
                                           {"logical_date": "2026-02-01T00:00:00Z", "conf": bad})
         assert 400 <= status < 500, (bad, status, body)
         assert "Invalid input for param" in json.dumps(body), body
-    status, runs_after = standalone.request("GET", "/dags/retrain_pipeline/dagRuns")
+    status, runs_after = deployment.request("GET", "/dags/retrain_pipeline/dagRuns")
     assert runs_after["total_entries"] == runs_before["total_entries"]  # no run created
 
     started = time.monotonic()
     body = {"dag_run_id": "rest_trigger_2026-02-01", "logical_date": "2026-02-01T00:00:00Z", "conf": FAST}
-    status, run = standalone.request("POST", "/dags/retrain_pipeline/dagRuns", body)
+    status, run = deployment.request("POST", "/dags/retrain_pipeline/dagRuns", body)
     if status == 409:  # a timed-out first attempt had created it
-        status, run = standalone.request("GET", "/dags/retrain_pipeline/dagRuns/rest_trigger_2026-02-01")
+        status, run = deployment.request("GET", "/dags/retrain_pipeline/dagRuns/rest_trigger_2026-02-01")
     assert status == 200, run
-    done = standalone.wait_run("retrain_pipeline", run["dag_run_id"])
+    done = deployment.wait_run("retrain_pipeline", run["dag_run_id"])
     elapsed = time.monotonic() - started
-    assert done["state"] == "success", standalone.failure_report("retrain_pipeline", run["dag_run_id"])
+    assert done["state"] == "success", deployment.failure_report("retrain_pipeline", run["dag_run_id"])
     assert done["dag_run_id"] == run["dag_run_id"] and done["logical_date"].startswith("2026-02-01"), done
-    metrics = json.load(open(os.path.join(models(standalone.env), "2026-02-01", "metrics.json")))
+    ran_on = deployment.hosts_that_ran("retrain_pipeline", run["dag_run_id"])
+    assert ran_on and ran_on <= {host.address for host in deployment.worker_hosts}, ran_on  # the Celery workers' hosts
+    metrics = json.load(open(os.path.join(models(deployment.env), "2026-02-01", "metrics.json")))
     assert metrics["world_size"] == 2 and metrics["training"]["epochs"] == 6
-    earlier = os.path.join(models(standalone.env), "2026-01-01", "model.pt")  # published by test_a, if it ran
+    earlier = os.path.join(models(deployment.env), "2026-01-01", "model.pt")  # published by test_a, if it ran
     assert metrics["training"]["warm_start_from"] == (earlier if os.path.exists(earlier) else None)
 
     # The published model is an Asset: the evaluation DAG is scheduled on it.
     deadline = time.monotonic() + 300
-    evaluation = os.path.join(models(standalone.env), "2026-02-01", "evaluation.json")
+    evaluation = os.path.join(models(deployment.env), "2026-02-01", "evaluation.json")
     while time.monotonic() < deadline and not os.path.exists(evaluation):
         time.sleep(0.5)  # a stat: cheap to ask often
-    status, eval_runs = standalone.request("GET", "/dags/evaluate_published_model/dagRuns")
+    status, eval_runs = deployment.request("GET", "/dags/evaluate_published_model/dagRuns")
     assert eval_runs["total_entries"] >= 1 and eval_runs["dag_runs"][0]["run_type"] == "asset_triggered"
     assert json.load(open(evaluation))["accuracy"] >= 0.9
     with capsys.disabled():
-        print(f"\n[e2e] REST-triggered run (1x2, 6 epochs) on airflow standalone: {elapsed:.1f} s")
+        print(f"\n[e2e] REST-triggered run (1x2, 6 epochs) on PostgreSQL + Celery: {elapsed:.1f} s")
 
 
-def backfill_create(standalone, *args: str, dag_id: str = "retrain_pipeline"):
-    """`airflow backfill create`, sent again when SQLite refused it: the scheduler holds the one
-    writer lock and SQLite fails a read-to-write upgrade at once rather than waiting (a SQLite
-    limit, not the pipeline's). A refused try can leave its backfill behind: then the next try fails with
-    AlreadyRunningBackfill. If that backfill's runs are queued or running it is this one; if it has none
-    (Airflow 3.3 deleted the runs the refused try had committed, not the backfill: seen in a clean-clone
-    run), it is cancelled, as a user would, and created again."""
-    locked = False
-    for _ in range(5):
-        out = standalone.airflow("backfill", "create", "--dag-id", dag_id, *args)
-        if locked and "AlreadyRunningBackfill" in out.stderr:
-            if backfill_runs_active(standalone, dag_id):  # the refused try created its backfill and its runs
-                return subprocess.CompletedProcess(out.args, 0, out.stdout, out.stderr)
-            cancel_running_backfills(standalone, dag_id)  # it left an empty one: nothing would ever run
-            continue
-        if out.returncode == 0 or "database is locked" not in out.stderr:
-            return out
-        locked = True
-        time.sleep(2)
-    return out
+def backfill_create(deployment, *args: str, dag_id: str = "retrain_pipeline"):
+    """`airflow backfill create` for ``dag_id``, as a user runs it (on the deployment's PostgreSQL: SQLite
+    refused it at times while the scheduler held its one writer lock)."""
+    return deployment.airflow("backfill", "create", "--dag-id", dag_id, *args)
 
 
-def backfill_runs_active(standalone, dag_id: str) -> bool:
-    status, body = standalone.request("GET", f"/dags/{dag_id}/dagRuns?run_type=backfill&state=queued&state=running&limit=1")
-    assert status == 200, body
-    return body["total_entries"] > 0
-
-
-def cancel_running_backfills(standalone, dag_id: str) -> None:
-    status, body = standalone.request("GET", f"/backfills?dag_id={dag_id}")
-    assert status == 200, body
-    for backfill in body["backfills"]:
-        if backfill["completed_at"] is None:
-            status, cancelled = standalone.request("PUT", f"/backfills/{backfill['id']}/cancel")
-            assert status == 200, cancelled
-
-
-def test_c_backfill_two_dates_then_rerun_one(standalone, capsys):
+def test_c_backfill_two_dates_then_rerun_one(deployment, capsys):
     conf = json.dumps(FAST)
     started = time.monotonic()
-    out = backfill_create(standalone, "--from-date", "2026-01-02", "--to-date", "2026-01-03", "--dag-run-conf", conf,
+    out = backfill_create(deployment, "--from-date", "2026-01-02", "--to-date", "2026-01-03", "--dag-run-conf", conf,
                           "--max-active-runs", "1")
     assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
     dates = ["2026-01-02", "2026-01-03"]
     for date in dates:
-        run = standalone.wait_run("retrain_pipeline", f"backfill__{date}T00:00:00+00:00", timeout=900)
-        assert run["state"] == "success", standalone.failure_report("retrain_pipeline", run["dag_run_id"])
+        run = deployment.wait_run("retrain_pipeline", f"backfill__{date}T00:00:00+00:00", timeout=900)
+        assert run["state"] == "success", deployment.failure_report("retrain_pipeline", run["dag_run_id"])
     elapsed = time.monotonic() - started
-    root = models(standalone.env)
+    root = models(deployment.env)
     files = {d: {name: fingerprint(os.path.join(root, d, name)) for name in ("model.pt", "metrics.json")}
              for d in dates}
     assert len({files[d]["model.pt"][0] for d in dates}) == 2  # two separate models
     for d in dates:
         assert json.load(open(os.path.join(root, d, "metrics.json")))["world_size"] == 2
-        staged = os.path.join(standalone.env["DTRAIN_SHARED_FS"], "datasets", "retrain_pipeline", "v1", d,
+        staged = os.path.join(deployment.env["DTRAIN_SHARED_FS"], "datasets", "retrain_pipeline", "v1", d,
                               "manifest.json")
         assert os.path.isfile(staged)
 
     def backfills_done():  # the backfill itself completes a moment after its last run
-        status, body = standalone.request("GET", "/backfills?dag_id=retrain_pipeline")
+        status, body = deployment.request("GET", "/backfills?dag_id=retrain_pipeline")
         return status == 200 and all(b["completed_at"] for b in body["backfills"])
 
     deadline = time.monotonic() + 120
     while not backfills_done() and time.monotonic() < deadline:
         time.sleep(1)  # the scheduler marks backfills complete only every 30 s (hard-coded in Airflow 3.3)
-    rerun = backfill_create(standalone, "--from-date", "2026-01-03", "--to-date", "2026-01-03", "--dag-run-conf", conf,
+    rerun = backfill_create(deployment, "--from-date", "2026-01-03", "--to-date", "2026-01-03", "--dag-run-conf", conf,
                             "--reprocess-behavior", "completed")
     assert rerun.returncode == 0, rerun.stdout[-2000:] + rerun.stderr[-2000:]
     deadline = time.monotonic() + 600
@@ -173,12 +140,12 @@ def test_c_backfill_two_dates_then_rerun_one(standalone, capsys):
         if now[1] != files["2026-01-03"]["metrics.json"][1]:
             break
         time.sleep(1)
-    run = standalone.wait_run("retrain_pipeline", "backfill__2026-01-03T00:00:00+00:00", timeout=600)
+    run = deployment.wait_run("retrain_pipeline", "backfill__2026-01-03T00:00:00+00:00", timeout=600)
     assert run["state"] == "success"
     assert fingerprint(os.path.join(root, "2026-01-03", "metrics.json"))[1] != files["2026-01-03"]["metrics.json"][1]
     for d in ("2026-01-02",):  # the other date is untouched
         assert {n: fingerprint(os.path.join(root, d, n)) for n in ("model.pt", "metrics.json")} == files[d]
-    runs = os.path.join(standalone.env["DTRAIN_SHARED_FS"], "runs", "retrain_pipeline", "v1", "2026-01-03")
+    runs = os.path.join(deployment.env["DTRAIN_SHARED_FS"], "runs", "retrain_pipeline", "v1", "2026-01-03")
     assert sorted(os.listdir(runs)) == ["run-0", "run-1"]  # the rerun trained afresh, the first run's checkpoints kept
     leftovers = [n for n in os.listdir(root) if n.startswith(".")]
     assert leftovers == []  # no half-published model directory

@@ -29,9 +29,9 @@ def record(env: dict[str, str], date: str, dag_id: str = DAG) -> dict:
         return json.load(fh)
 
 
-def decision(standalone, dag_id: str, run_id: str) -> dict:
+def decision(deployment, dag_id: str, run_id: str) -> dict:
     """What the gate task pushed to XCom (key "decision"), read back through the REST API."""
-    status, body = standalone.request(
+    status, body = deployment.request(
         "GET", f"/dags/{dag_id}/dagRuns/{quote(run_id, safe='')}/taskInstances/gate/xcomEntries/decision"
                "?deserialize=true&stringify=false")
     assert status == 200, body
@@ -62,40 +62,39 @@ def test_a_dags_test_publishes_the_first_model(airflow_db, pipeline_env, capsys)
         print(f"\n[e2e] airflow dags test {DAG} (1x2, 4 epochs): {elapsed:.1f} s")
 
 
-def test_b_rest_trigger_with_params(standalone, capsys):
-    standalone.wait_idle()  # no task runs while this test writes through the API (AirflowServices.wait_idle)
-    status, before = standalone.request("GET", f"/dags/{DAG}/dagRuns")
+def test_b_rest_trigger_with_params(deployment, capsys):
+    status, before = deployment.request("GET", f"/dags/{DAG}/dagRuns")
     for bad in ({"epochs": 0}, {"lr": float("nan")}, {"lr": "fast"}, {"procs_per_node": 0}):
-        status, body = standalone.request("POST", f"/dags/{DAG}/dagRuns",
+        status, body = deployment.request("POST", f"/dags/{DAG}/dagRuns",
                                           {"logical_date": "2026-02-27T00:00:00Z", "conf": bad})
         assert 400 <= status < 500 and "Invalid input for param" in json.dumps(body), (bad, status, body)
-    status, after = standalone.request("GET", f"/dags/{DAG}/dagRuns")
+    status, after = deployment.request("GET", f"/dags/{DAG}/dagRuns")
     assert after["total_entries"] == before["total_entries"]
 
     started = time.monotonic()
     body = {"dag_run_id": "tab_rest_2026-02-27", "logical_date": "2026-02-27T00:00:00Z", "conf": QUICK}
-    status, run = standalone.request("POST", f"/dags/{DAG}/dagRuns", body)
+    status, run = deployment.request("POST", f"/dags/{DAG}/dagRuns", body)
     assert status in (200, 409), run
-    done = standalone.wait_run(DAG, "tab_rest_2026-02-27")
-    assert done["state"] == "success", standalone.failure_report(DAG, "tab_rest_2026-02-27")
-    rest = record(standalone.env, "2026-02-27")
+    done = deployment.wait_run(DAG, "tab_rest_2026-02-27")
+    assert done["state"] == "success", deployment.failure_report(DAG, "tab_rest_2026-02-27")
+    rest = record(deployment.env, "2026-02-27")
     assert rest["training"]["epochs"] == 2 and rest["world_size"] == 1  # the params reached the ranks
     assert rest["gate"]["publish"] and rest["run_id"] == "tab_rest_2026-02-27"
     with capsys.disabled():
         print(f"\n[e2e] REST-triggered {DAG} run (1x1, 2 epochs): {time.monotonic() - started:.1f} s")
 
 
-def test_c_backfill_of_two_dates_publishes_only_the_better_model(standalone, capsys):
+def test_c_backfill_of_two_dates_publishes_only_the_better_model(deployment, capsys):
     started = time.monotonic()
-    out = backfill_create(standalone, "--from-date", "2026-03-02", "--to-date", "2026-03-03", "--dag-run-conf",
+    out = backfill_create(deployment, "--from-date", "2026-03-02", "--to-date", "2026-03-03", "--dag-run-conf",
                           json.dumps({"epochs": 4}), "--max-active-runs", "1", dag_id=DAG)
     assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
     runs = {d: f"backfill__{d}T00:00:00+00:00" for d in ("2026-03-02", "2026-03-03")}
     for run_id in runs.values():
-        run = standalone.wait_run(DAG, run_id, timeout=900)
-        assert run["state"] == "success", standalone.failure_report(DAG, run_id)
+        run = deployment.wait_run(DAG, run_id, timeout=900)
+        assert run["state"] == "success", deployment.failure_report(DAG, run_id)
     elapsed = time.monotonic() - started
-    env = standalone.env
+    env = deployment.env
     # 03-02: more clean data, warm-started from the model before it: better, published.
     better = record(env, "2026-03-02")
     baseline = better["gate"]["baseline_model"]
@@ -103,75 +102,73 @@ def test_c_backfill_of_two_dates_publishes_only_the_better_model(standalone, cap
     assert better["training"]["warm_start_from"] == baseline  # the warm start and the gate's baseline agree
     assert better["evaluation"]["rmse"] <= better["gate"]["baseline"]
     # 03-03: noisy labels, a worse model: gated out, not published; the run itself succeeds.
-    worse = decision(standalone, DAG, runs["2026-03-03"])
+    worse = decision(deployment, DAG, runs["2026-03-03"])
     assert worse["publish"] is False and worse["baseline"] == better["evaluation"]["rmse"]
     assert worse["baseline_model"] == os.path.join(published(env, "2026-03-02"), "model.pt")
     assert worse["value"] > worse["baseline"] and "less than min_improvement 0" in worse["summary"], worse
     assert not os.path.exists(published(env, "2026-03-03"))
-    assert standalone.task_instance(DAG, runs["2026-03-03"], "publish")["state"] == "skipped"
+    assert deployment.task_instance(DAG, runs["2026-03-03"], "publish")["state"] == "skipped"
     assert [n for n in os.listdir(os.path.dirname(published(env, "x"))) if n.startswith(".")] == []
     with capsys.disabled():
         print(f"\n[e2e] backfill of {DAG} over 2 dates (1x2, 4 epochs): {elapsed:.1f} s; "
               f"rmse 03-02 {better['evaluation']['rmse']:.4f} published, 03-03 {worse['value']:.4f} gated out")
 
 
-def wait_for_approval(standalone, run_id: str, timeout: float = 400, dag_id: str = REVIEWED) -> dict:
+def wait_for_approval(deployment, run_id: str, timeout: float = 400, dag_id: str = REVIEWED) -> dict:
     deadline = time.monotonic() + timeout  # inside pytest-timeout's 600 s, so a miss says what it missed
     path = f"/dags/{dag_id}/dagRuns/{quote(run_id, safe='')}/taskInstances/approve/-1/hitlDetails"
     while time.monotonic() < deadline:
-        standalone.revive_scheduler()
-        status, run = standalone.request("GET", f"/dags/{dag_id}/dagRuns/{quote(run_id, safe='')}")
-        assert status == 200 and run["state"] != "failed", standalone.failure_report(dag_id, run_id)
-        ti = standalone.task_instance(dag_id, run_id, "approve")
+        status, run = deployment.request("GET", f"/dags/{dag_id}/dagRuns/{quote(run_id, safe='')}")
+        assert status == 200 and run["state"] != "failed", deployment.failure_report(dag_id, run_id)
+        ti = deployment.task_instance(dag_id, run_id, "approve")
         if ti["state"] == "awaiting_input":
-            wait_until_parked(standalone, run_id, deadline, dag_id)
-            status, detail = standalone.request("GET", path)
+            wait_until_parked(deployment, run_id, deadline, dag_id)
+            status, detail = deployment.request("GET", path)
             assert status == 200, detail
             return detail
         time.sleep(3)
     raise AssertionError(f"{run_id}: approve never waited for input")
 
 
-def wait_until_parked(standalone, run_id: str, deadline: float, dag_id: str = REVIEWED) -> None:
+def wait_until_parked(deployment, run_id: str, deadline: float, dag_id: str = REVIEWED) -> None:
     """Until the scheduler has seen the parked task's process exit. Airflow 3.3.1 races there: an
     answer that lands in between (here 0.25 s after parking; no person is that quick) re-queues
     the task, then the exit's "success" event finds it queued and fails it. The scheduler logs
     the event it processed, so the test answers after that line, as a person always would."""
     event = (f"Received executor event with state success for task instance TaskInstanceKey("
              f"dag_id='{dag_id}', task_id='approve', run_id='{run_id}'")
-    while event not in standalone.scheduler_log():
+    while event not in deployment.scheduler_log():
         assert time.monotonic() < deadline, f"{run_id}: the scheduler never saw approve park"
-        standalone.revive_scheduler()
         time.sleep(1)
 
 
-def answer(standalone, run_id: str, option: str, dag_id: str = REVIEWED) -> None:
+def answer(deployment, run_id: str, option: str, dag_id: str = REVIEWED) -> None:
     path = f"/dags/{dag_id}/dagRuns/{quote(run_id, safe='')}/taskInstances/approve/-1/hitlDetails"
-    status, body = standalone.request("PATCH", path, {"chosen_options": [option], "params_input": {}})
+    status, body = deployment.request("PATCH", path, {"chosen_options": [option], "params_input": {}})
     assert status == 200, body
 
 
-def test_d_a_person_approves_one_model_and_rejects_another(standalone, capsys):
+def test_d_a_person_approves_one_model_and_rejects_another(deployment, capsys):
     started = time.monotonic()
     rejected, approved = "review_2026-03-10", "review_2026-03-11"
     for run_id, date in ((rejected, "2026-03-10"), (approved, "2026-03-11")):
-        status, run = standalone.request("POST", f"/dags/{REVIEWED}/dagRuns",
+        status, run = deployment.request("POST", f"/dags/{REVIEWED}/dagRuns",
                                          {"dag_run_id": run_id, "logical_date": f"{date}T00:00:00Z", "conf": QUICK})
         assert status in (200, 409), run
-    detail = wait_for_approval(standalone, rejected)
+    detail = wait_for_approval(deployment, rejected)
     assert detail["subject"] == f"Publish the {REVIEWED} model for 2026-03-10?"
     assert detail["body"].startswith("**gate: publish: rmse ") and "| rmse |" in detail["body"], detail["body"]
-    answer(standalone, rejected, "Reject")
-    run = standalone.wait_run(REVIEWED, rejected)
+    answer(deployment, rejected, "Reject")
+    run = deployment.wait_run(REVIEWED, rejected)
     assert run["state"] == "success"
-    assert standalone.task_instance(REVIEWED, rejected, "publish")["state"] == "skipped"
-    assert not os.path.exists(published(standalone.env, "2026-03-10", REVIEWED))  # rejected: not published
+    assert deployment.task_instance(REVIEWED, rejected, "publish")["state"] == "skipped"
+    assert not os.path.exists(published(deployment.env, "2026-03-10", REVIEWED))  # rejected: not published
 
-    wait_for_approval(standalone, approved)
-    answer(standalone, approved, "Approve")
-    run = standalone.wait_run(REVIEWED, approved)
-    assert run["state"] == "success", standalone.failure_report(REVIEWED, approved)
-    kept = record(standalone.env, "2026-03-11", REVIEWED)
+    wait_for_approval(deployment, approved)
+    answer(deployment, approved, "Approve")
+    run = deployment.wait_run(REVIEWED, approved)
+    assert run["state"] == "success", deployment.failure_report(REVIEWED, approved)
+    kept = record(deployment.env, "2026-03-11", REVIEWED)
     assert kept["approval"]["chosen_options"] == ["Approve"] and kept["gate"]["publish"]
     # The rejected model was never published, so the approved one had nothing to beat.
     assert kept["gate"]["baseline"] is None

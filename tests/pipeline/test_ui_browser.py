@@ -1,5 +1,5 @@
 """The Training tab and the Retraining page in a real browser (Debian's headless chromium, driven by
-selenium) inside the real Airflow UI of `airflow standalone`: a 2x2 DDP job watched live while it
+selenium) inside the real Airflow UI of a production-shaped deployment (tests/deployment.py): a 2x2 DDP job watched live while it
 trains, then its final page; a job that failed on one rank and one that hung; the Retraining page of
 the example pipeline, whose backfill published one model and gated out the other.
 
@@ -60,12 +60,12 @@ def browser():
             kill_survivors(tree, timeout=10)
 
 
-def ui_url(standalone, path: str) -> str:
-    return f"http://127.0.0.1:{standalone.port}{path}"
+def ui_url(deployment, path: str) -> str:
+    return deployment.base_url + path
 
 
-def training_tab(standalone, run_id: str, task_id: str = "train", dag_id: str = "ui_training") -> str:
-    return ui_url(standalone, f"/dags/{dag_id}/runs/{quote(run_id, safe='')}/tasks/{task_id}/plugin/training")
+def training_tab(deployment, run_id: str, task_id: str = "train", dag_id: str = "ui_training") -> str:
+    return ui_url(deployment, f"/dags/{dag_id}/runs/{quote(run_id, safe='')}/tasks/{task_id}/plugin/training")
 
 
 def enter_plugin_frame(driver, page: str = "/dtrain/", timeout: float = 90) -> None:
@@ -143,30 +143,24 @@ def shot(driver, name: str) -> None:
     driver.set_window_size(1400, 1800)
 
 
-def trigger_ui_run(standalone, run_id: str, **conf) -> None:
-    standalone.trigger("ui_training", run_id, conf)
+def trigger_ui_run(deployment, run_id: str, **conf) -> None:
+    deployment.trigger("ui_training", run_id, conf)
 
 
-def wait_idle(standalone) -> None:
-    """Before a REST write: no task may be running (see AirflowServices.wait_idle)."""
-    assert standalone.wait_idle(), "runs of earlier tests still running after 300 s"
-
-
-def wait_running(standalone, run_id: str, timeout: float = 180) -> None:
-    wait_for(lambda: standalone.task_instance("ui_training", run_id, "train")["state"] == "running", timeout,
+def wait_running(deployment, run_id: str, timeout: float = 180) -> None:
+    wait_for(lambda: deployment.task_instance("ui_training", run_id, "train")["state"] == "running", timeout,
              interval=1, what=f"{run_id}: its training task to start")
 
 
-def test_training_tab_grows_live_then_shows_every_rank_and_the_verdicts(standalone, browser, capsys):
+def test_training_tab_grows_live_then_shows_every_rank_and_the_verdicts(deployment, browser, capsys):
     started = time.monotonic()
     run_id = "ui_live_2x2"
-    wait_idle(standalone)
     # 2 nodes x 2 ranks, 60 steps; rank 3 waits 3x longer for each batch (CPUBottleneck), so every
     # rank runs at its pace through DDP's all-reduce: about 0.4 s a step.
-    trigger_ui_run(standalone, run_id, nodes=2, procs_per_node=2,
+    trigger_ui_run(deployment, run_id, nodes=2, procs_per_node=2,
                    args=["--steps", "60", "--sleep", "0.1", "--slow-data-rank", "3"])
-    wait_running(standalone, run_id)
-    browser.get(training_tab(standalone, run_id))
+    wait_running(deployment, run_id)
+    browser.get(training_tab(deployment, run_id))
     enter_plugin_frame(browser)
     first = wait_page(browser, lambda s: s["state"] == "running" and s["steps"] >= 1 and s["loss_vertices"] >= 1,
                       120, "the Training tab showed no step of the running job")
@@ -179,8 +173,8 @@ def test_training_tab_grows_live_then_shows_every_rank_and_the_verdicts(standalo
     shot(browser, "training-tab-live.png")
     live_s = time.monotonic() - started
 
-    run = standalone.wait_run("ui_training", run_id, timeout=300)
-    assert run["state"] == "success", standalone.failure_report("ui_training", run_id)
+    run = deployment.wait_run("ui_training", run_id, timeout=300)
+    assert run["state"] == "success", deployment.failure_report("ui_training", run_id)
     enter_plugin_frame(browser)
     final = wait_page(browser, lambda s: s["state"] == "succeeded" and s["steps"] == 60 and s["live"] is False, 60,
                       "the Training tab did not show the finished job")
@@ -198,20 +192,19 @@ def test_training_tab_grows_live_then_shows_every_rank_and_the_verdicts(standalo
               f"(steps {first['steps']} -> {live['steps']}); whole test {time.monotonic() - started:.1f} s")
 
 
-def test_a_failed_and_a_hung_job_show_the_rank_its_tail_and_the_stacks(standalone, browser):
+def test_a_failed_and_a_hung_job_show_the_rank_its_tail_and_the_stacks(deployment, browser):
     from selenium.webdriver.common.by import By
 
-    wait_idle(standalone)
-    trigger_ui_run(standalone, "ui_failed_2x2", nodes=2, procs_per_node=2,
+    trigger_ui_run(deployment, "ui_failed_2x2", nodes=2, procs_per_node=2,
                    args=["--steps", "30", "--fail-rank", "3", "--fail-step", "7"])
     # 40 s: a rank that has not reported yet counts as silent since the job started, and starting two
     # ranks under Airflow on a loaded 2-core machine has taken over 20 s (both were then judged stuck)
-    trigger_ui_run(standalone, "ui_hung_1x2", nodes=1, procs_per_node=2, hang_timeout="40",
+    trigger_ui_run(deployment, "ui_hung_1x2", nodes=1, procs_per_node=2, hang_timeout="40",
                    args=["--steps", "200", "--hang-rank", "1", "--hang-step", "4"])
     for run_id in ("ui_failed_2x2", "ui_hung_1x2"):
-        assert standalone.wait_run("ui_training", run_id, timeout=300)["state"] == "failed"
+        assert deployment.wait_run("ui_training", run_id, timeout=300)["state"] == "failed"
 
-    browser.get(training_tab(standalone, "ui_failed_2x2"))
+    browser.get(training_tab(deployment, "ui_failed_2x2"))
     enter_plugin_frame(browser)
     failed = wait_page(browser, lambda s: s["state"] == "failed" and s["failure"] and s["refreshes"] >= 1, 60, "no failure shown")
     assert failed["failure"]["rank"] == "3" and "exit code 3" in failed["failure"]["text"]
@@ -219,7 +212,7 @@ def test_a_failed_and_a_hung_job_show_the_rank_its_tail_and_the_stacks(standalon
     assert sorted(failed["series"]["loss"]) == [f"loss-rank{r}" for r in range(4)]
     shot(browser, "training-tab-failed.png")
 
-    browser.get(training_tab(standalone, "ui_hung_1x2"))
+    browser.get(training_tab(deployment, "ui_hung_1x2"))
     enter_plugin_frame(browser)
     hung = wait_page(browser, lambda s: s["state"] == "hung" and s["hang"] and s["refreshes"] >= 1, 60, "no hang shown")
     assert hung["hang"]["stuck"] == "1" and "rank(s) 1 stuck" in hung["hang"]["text"]
@@ -235,28 +228,28 @@ def test_a_failed_and_a_hung_job_show_the_rank_its_tail_and_the_stacks(standalon
 
 
 @pytest.fixture(scope="module")
-def gated_pipeline(standalone):
+def gated_pipeline(deployment):
     """The example pipeline with one published and one gated-out run. tests/pipeline/test_tabular_e2e.py
     made them when it ran first in this session; run alone, this module makes them the same way."""
-    status, data = standalone.request("GET", f"/dags/{TABULAR}/dagRuns?state=success&limit=100")
+    status, data = deployment.request("GET", f"/dags/{TABULAR}/dagRuns?state=success&limit=100")
     assert status == 200, data
     have = {r["dag_run_id"] for r in data["dag_runs"]}
     runs = [f"backfill__{d}T00:00:00+00:00" for d in ("2026-03-02", "2026-03-03")]
     if not set(runs) <= have:
-        out = backfill_create(standalone, "--from-date", "2026-03-02", "--to-date", "2026-03-03", "--dag-run-conf",
+        out = backfill_create(deployment, "--from-date", "2026-03-02", "--to-date", "2026-03-03", "--dag-run-conf",
                               json.dumps({"epochs": 4}), "--max-active-runs", "1", dag_id=TABULAR)
         assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
         for run_id in runs:
-            assert standalone.wait_run(TABULAR, run_id, timeout=900)["state"] == "success"
+            assert deployment.wait_run(TABULAR, run_id, timeout=900)["state"] == "success"
     return runs
 
 
 def test_retraining_page_shows_published_and_gated_out_runs_linking_to_their_training_tabs(
-        standalone, browser, gated_pipeline):
+        deployment, browser, gated_pipeline):
     from selenium.webdriver.common.by import By
 
     published, gated = gated_pipeline
-    browser.get(ui_url(standalone, "/plugin/retraining"))
+    browser.get(ui_url(deployment, "/plugin/retraining"))
     enter_plugin_frame(browser)
     wait_for(lambda: js(browser, "return document.body.dataset.loaded === 'true' && "
                                  f"!!document.querySelector('section[data-dag-id=\"{TABULAR}\"] svg')"),
@@ -276,7 +269,7 @@ def test_retraining_page_shows_published_and_gated_out_runs_linking_to_their_tra
     enter_plugin_frame(browser)  # a person follows the gated-out run's link to its Training tab
     browser.find_element(By.CSS_SELECTOR, f'tr[data-run-id="{gated}"] a.training-link').click()
     wait_for(lambda: "/plugin/training" in browser.current_url, 30, what="the link to open the Training tab")
-    assert browser.current_url == ui_url(standalone, rows[gated]["links"][0])
+    assert browser.current_url == ui_url(deployment, rows[gated]["links"][0])
     enter_plugin_frame(browser, f"run_id={quote(gated, safe='')}")
     tab = wait_page(browser, lambda s: s["state"] == "succeeded" and s["steps"] > 0 and s["refreshes"] >= 1, 60,
                     "the gated-out run's Training tab did not load")
