@@ -39,7 +39,7 @@ with DAG(dag_id="slurm_deferrable_test", schedule=None, catchup=False,
         procs_per_node=1,
         device="cpu",
         # params.sleep keeps the job running (at most that long): until the test creates
-        # OUT_DIR/release (tests/slurm/test_triggerer_restart.py, once it saw what it waits for).
+        # OUT_DIR/release, once the test saw what it waits for.
         command=[DDP_REPORT, "{{ params.out_dir }}/rep", "--steps", "10", "--fail-rank", "{{ params.fail_rank }}",
                  "--sleep", "{{ params.sleep }}", "--until-file", "{{ params.out_dir }}/release"],
         workdir=REPO,
@@ -48,7 +48,8 @@ with DAG(dag_id="slurm_deferrable_test", schedule=None, catchup=False,
 
 
 with DAG(dag_id="ssh_deferrable_test", schedule=None, catchup=False,
-         params={"out_dir": Param("/nonexistent", type="string"), "hostfile": Param("/nonexistent", type="string")}) as ssh_dag:
+         params={"out_dir": Param("/nonexistent", type="string"), "hostfile": Param("/nonexistent", type="string"),
+                 "sleep": Param(0, type=["number", "string"])}) as ssh_dag:
     RecordingTrainingOperator(
         task_id="train",
         backend="ssh",
@@ -56,7 +57,9 @@ with DAG(dag_id="ssh_deferrable_test", schedule=None, catchup=False,
         nodes=2,
         procs_per_node=1,
         device="cpu",
-        command=[DDP_REPORT, "{{ params.out_dir }}/rep", "--steps", "10"],
+        # params.sleep: as the Slurm DAG's (tests/faults/test_deployment_faults.py releases it)
+        command=[DDP_REPORT, "{{ params.out_dir }}/rep", "--steps", "10", "--sleep", "{{ params.sleep }}",
+                 "--until-file", "{{ params.out_dir }}/release"],
         backend_options={"ssh": {"hostfile": "{{ params.hostfile }}",
                                  "key_file": os.environ.get("DTRAIN_TEST_SSH_KEY", ""),
                                  "known_hosts_file": os.environ.get("DTRAIN_TEST_SSH_KNOWN_HOSTS", ""),

@@ -40,7 +40,10 @@ with DAG(dag_id="fault_reattach_slurm", schedule=None, catchup=False, default_ar
         workdir=REPO, backend_options={"slurm": {"poll_interval": 1.0}},
     )
 
-with DAG(dag_id="fault_reattach_ssh", schedule=None, catchup=False, default_args=ONE_RETRY,
+# Three retries: tests/faults/test_deployment_faults.py's rolling restart stops the worker of one try,
+# then the worker its retry landed on (each retry re-attaches to the same job).
+with DAG(dag_id="fault_reattach_ssh", schedule=None, catchup=False,
+         default_args={"retries": 3, "retry_delay": timedelta(seconds=1)},
          params={"out_dir": Param("/nonexistent", type="string"), "sleep": Param(0, type=["number", "string"]),
                  "hostfile": Param("/nonexistent", type="string")}) as ssh_dag:
     DistributedTrainingOperator(

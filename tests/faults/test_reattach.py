@@ -1,9 +1,11 @@
 """Re-attach after a worker crash (durable mode, non-deferrable) on Slurm and over SSH.
 
-In real Airflow (api-server, scheduler with its LocalExecutor, dag-processor, on SQLite): the
-training task's worker -- the LocalExecutor process and the task process it supervises -- is
-SIGKILLed mid-training; the scheduler fails that try when its heartbeats stop, the retry reads
-the job's handle back from the task state store and follows the job that is still running.
+In real Airflow (api-server, scheduler with its LocalExecutor, dag-processor, on SQLite), on Slurm
+(over SSH: tests/faults/test_deployment_faults.py, where the worker is a Celery worker on a machine
+of its own and the whole machine crashes): the training task's worker -- the LocalExecutor process
+and the task process it supervises -- is SIGKILLed mid-training; the scheduler fails that try when
+its heartbeats stop, the retry reads the job's handle back from the task state store and follows the
+job that is still running.
 Exactly one job ran (one Slurm job id / one dtrain job id, one start line per rank), its ranks
 all-reduced to the end, and the task succeeded from it on its second try.
 
@@ -82,11 +84,12 @@ def assert_one_job_trained(out_dir, id_field: str) -> str:
 
 # -- in real Airflow: SIGKILL the worker mid-training, the retry re-attaches -----------------------
 
-def crash_mid_training_then_retry(services, dag_id: str, conf: dict, out_dir, job_alive) -> dict:
-    """Trigger, SIGKILL the task's worker once every rank trains, check the job outlived it, wait
-    until the retry re-attached to it, check it still runs, release it (OUT_DIR/release), wait for
-    the run; returns the task's XCom result and the retry's log, after asserting it re-attached."""
-    run_id = "crash-1"
+def crash_mid_training_then_retry(services, dag_id: str, conf: dict, out_dir, job_alive,
+                                  crash=lambda ti: crash_worker(ti["id"]), run_id: str = "crash-1") -> dict:
+    """Trigger, crash the task's worker once every rank trains (``crash(task instance)``; default: SIGKILL
+    its processes), check the job outlived it, wait until the retry re-attached to it, check it still
+    runs, release it (OUT_DIR/release), wait for the run; returns the task's XCom result and the retry's
+    log, after asserting it re-attached."""
     services.trigger(dag_id, run_id, conf)
 
     def training():
@@ -94,7 +97,7 @@ def crash_mid_training_then_retry(services, dag_id: str, conf: dict, out_dir, jo
         return ti["state"] == "running" and len(starts(out_dir)) == 2 and worker_processes(ti["id"]) and ti
 
     ti = wait_for(training, timeout=300, interval=1, what="the task running and both ranks training")
-    crash_worker(ti["id"])
+    crash(ti)
     assert job_alive(), "the job died with the worker"
     # The job trains until released: the retry can only have found it running.
     def reattached():
@@ -137,28 +140,6 @@ def test_slurm_worker_crash_retry_reattaches_to_the_running_job(slurm, tmp_path,
     assert sorted(n for n in os.listdir(run_dir) if n.endswith(".out")) == [f"slurm-{slurm_job}.out"]
     assert sorted(n for n in os.listdir(run_dir) if n.endswith(".submission.json")) == [
         f"slurm-{slurm_job}.submission.json"]
-
-
-def test_ssh_worker_crash_retry_reattaches_to_the_running_job(ssh_cluster, tmp_path, fast_heartbeat_timeout):
-    out = tmp_path / "out"
-    env = dict(os.environ, DTRAIN_TEST_SSH_KEY=ssh_cluster.key_file,
-               DTRAIN_TEST_SSH_KNOWN_HOSTS=ssh_cluster.known_hosts,
-               AIRFLOW__WORKERS__MIN_HEARTBEAT_INTERVAL=MIN_HEARTBEAT_INTERVAL)
-    conf = {"out_dir": str(out), "sleep": JOB_SECONDS, "hostfile": ssh_cluster.hostfile(1)}
-    job_id = {}
-
-    def alive():
-        [job_id["id"]] = {s["job"] for s in starts(out)}
-        return len(job_processes(job_id["id"])) >= 4  # on each host: the detached daemon, torchrun, a rank...
-
-    with airflow_running(str(tmp_path / "home"), ["fault_reattach_ssh"], env) as services:
-        result, retry_log = crash_mid_training_then_retry(services, "fault_reattach_ssh", conf, out, job_alive=alive)
-    job = assert_one_job_trained(out, "job")
-    assert "all-reduced sum 3" in retry_log  # the nodes' last lines (detached SSH does not stream)
-    assert job == job_id["id"] and result["ssh_job_id"] == job and result["world_size"] == 2
-    assert sorted(n for n in os.listdir(result["run_dir"]) if n.endswith(".submission.json")) == [
-        f"ssh-{job}.submission.json"]
-    wait_for(lambda: not job_processes(job), 30, what="the detached nodes to exit")
 
 
 # -- in process: every branch of the re-attach decision --------------------------------------------
