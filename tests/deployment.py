@@ -10,6 +10,8 @@ this one   PostgreSQL, Redis, moto's S3, the test         the bridge's address (
 1, 2       a Celery worker each (``worker-1``,            their own addresses
            ``worker-2``; 2 task slots each)
 3          the triggerer
+4, 5, ...  an sshd each (``training_hosts``): the ssh        their own addresses
+           jobs' nodes
 =========  =============================================  ====================================
 
 The hosts share this machine's filesystem, so AIRFLOW_HOME (its logs), the DAG bundles and the shared
@@ -35,7 +37,7 @@ import subprocess
 import tempfile
 from typing import Iterator
 
-from tests.airflow_services import BIN, REPO, AirflowServices
+from tests.airflow_services import REPO, AirflowServices
 from tests.netcluster import Host, NetCluster
 from tests.services import free_port, moto_server
 from tests.support import wait_for
@@ -54,6 +56,16 @@ def postgres_bin() -> str:
     if not found:
         raise FileNotFoundError("PostgreSQL is not installed: apt-get install postgresql (scripts/bootstrap.sh does)")
     return os.path.dirname(found[-1])
+
+
+def _started(server, what: str, timeout: float, interval: float):
+    """``server`` once its ``_ready()`` is true; stopped, and the error raised, if it never is."""
+    try:
+        wait_for(server._ready, timeout, interval=interval, what=what)
+    except BaseException:
+        server.stop()
+        raise
+    return server
 
 
 class Postgres:
@@ -87,12 +99,7 @@ class Postgres:
              "-c", "synchronous_commit=off", "-c", "full_page_writes=off", "-c", "max_connections=200"],
             stdout=log, stderr=subprocess.STDOUT, start_new_session=True, **as_postgres)
         log.close()
-        try:
-            wait_for(self._ready, 60, interval=0.2, what="PostgreSQL to accept connections")
-        except BaseException:
-            self.stop()
-            raise
-        return self
+        return _started(self, "PostgreSQL to accept connections", 60, interval=0.2)
 
     def _ready(self) -> bool:
         assert self.proc.poll() is None, f"postgres exited: {self.log()[-2000:]}"
@@ -139,12 +146,7 @@ class Redis:
                                       "--appendonly", "no", "--dir", self.dir, "--protected-mode", "no"],
                                      stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
         log.close()
-        try:
-            wait_for(self._ready, 30, interval=0.1, what="Redis to accept connections")
-        except BaseException:
-            self.stop()
-            raise
-        return self
+        return _started(self, "Redis to accept connections", 30, interval=0.1)
 
     def _ready(self) -> bool:
         import socket
@@ -313,4 +315,4 @@ def celery_deployment(home: str, env: dict[str, str], dags_folder: str, bundles:
         yield deployment
 
 
-__all__ = ["BIN", "CeleryDeployment", "Postgres", "Redis", "celery_deployment"]
+__all__ = ["CeleryDeployment", "Postgres", "Redis", "celery_deployment"]
