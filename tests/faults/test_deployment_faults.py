@@ -206,9 +206,9 @@ def test_a_rolling_restart_of_every_component_keeps_a_durable_and_a_deferred_job
         prod.failure_report(DEFERRED, "rolling-deferred")
     history = tries(prod, REATTACH, "rolling-durable", "train")
     assert [t["state"] for t in history] == ["failed"] * (len(history) - 1) + ["success"], history
-    for retry in history[1:]:  # every retry followed the one job
-        assert "Reconnecting to existing job" in task_log(prod, REATTACH, "rolling-durable", "train",
-                                                          retry["try_number"])
+    for retry in history[1:]:  # every retry followed the one job, or took its result once it had ended
+        log = task_log(prod, REATTACH, "rolling-durable", "train", retry["try_number"])
+        assert "Reconnecting to existing job" in log or "Job already completed successfully" in log, log[-3000:]
     job = assert_one_job_trained(durable, "job")
     ti = prod.task_instance(DEFERRED, "rolling-deferred", "train")
     events = [json.loads(line) for line in (deferred / "events.jsonl").read_text().splitlines()]
