@@ -39,7 +39,7 @@ def bundle(name: str, path: str) -> dict:
 
 
 class AirflowServices:
-    #: the metadata database is SQLite (its write lock: :meth:`request`, :meth:`wait_idle`)
+    #: the metadata database is SQLite (its write lock: :meth:`request` sends a refused call again)
     sqlite = True
 
     def __init__(self, home: str, env: dict[str, str], dags_folder: str, bundles: list[dict] | None = None):
@@ -152,25 +152,6 @@ class AirflowServices:
                 if last:
                     raise
         raise AssertionError("unreachable")
-
-    def wait_idle(self, timeout: float = 300) -> bool:
-        """Until no DAG run is queued or running (True), or ``timeout`` passed (False).
-
-        Before REST writes whose timing the test chooses: Airflow 3.3.1's API server writes the
-        audit log of a write (``log_action``) with a synchronous commit inside its event loop. If
-        a running task's execution-API call (heartbeat, state, XCom) holds SQLite's write lock
-        then, its commit can only finish on that blocked loop: the whole API server stalls until
-        the SQLite busy timeout (60 s: dtrain.pipeline.sqlite) and the write fails with a 500. With
-        no task running there is no such call."""
-        def idle():
-            status, body = self.request("GET", "/dags/~/dagRuns?state=queued&state=running&limit=1")
-            return status == 200 and body["total_entries"] == 0
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if idle():
-                return True
-            time.sleep(1)
-        return False
 
     def trigger(self, dag_id: str, run_id: str, conf: dict) -> dict:
         """Create a run by REST, idempotently (a timed-out first attempt may have created it)."""
