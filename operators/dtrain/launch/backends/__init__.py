@@ -109,16 +109,25 @@ def backend_for(spec: "LaunchSpec") -> type[Backend]:
     return runner_for(spec.backend, spec.distribution)
 
 
-def detachable_backend_names() -> list[str]:
-    """Names of the backends whose jobs can outlive the submitting process (deferrable mode)."""
+def _names_with(flag: str) -> list[str]:
     out = []
     for name in backend_names():
         try:
-            if get_backend_class(name).supports_detached:
+            if getattr(get_backend_class(name), flag):
                 out.append(name)
         except DTrainError:
             continue
     return out
+
+
+def detachable_backend_names() -> list[str]:
+    """Names of the backends whose jobs can outlive the submitting process (deferrable mode)."""
+    return _names_with("supports_detached")
+
+
+def elastic_backends() -> list[str]:
+    """Names of the backends that run elastic jobs (``nodes="MIN:MAX"``)."""
+    return _names_with("supports_elastic")
 
 
 def options_for(name: str, backend_options: object) -> dict:

@@ -220,6 +220,8 @@ class Backend(abc.ABC):
     option_names: ClassVar[tuple[str, ...]] = ()
     #: submit(detached=True) gives a job that outlives this process (deferrable mode)
     supports_detached: ClassVar[bool] = False
+    #: runs elastic jobs (``nodes="MIN:MAX"``: :mod:`dtrain.launch.engine.elastic`)
+    supports_elastic: ClassVar[bool] = False
     #: nodes are simulated on this host (preflight then checks one host)
     single_host: ClassVar[bool] = False
     #: the backend gives the ranks ``spec.secret_env`` (credentials) on a channel that is no argv, no
@@ -232,6 +234,8 @@ class Backend(abc.ABC):
     #: another backend (:meth:`runner`) is that backend's to serve
     distributions: ClassVar[tuple[str, ...]] = ("pytorch", "deepspeed", "tensorflow")
     poll_interval: float = 0.02
+    #: an elastic job's rounds as this backend saw them form (dtrain.launch.engine.elastic.Rounds); None otherwise
+    rounds: Any = None
     #: seconds between SIGTERM and SIGKILL on a stop; None: the spec's ``stop_grace``
     grace_seconds: float | None = None
 

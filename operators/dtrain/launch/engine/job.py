@@ -45,6 +45,7 @@ def run_record(spec: LaunchSpec) -> dict:
     every file of the job lies under, and the job's shape. Primitives only."""
     return {
         "run_dir": os.path.abspath(spec.run_dir or ""), "backend": spec.backend, "nodes": spec.nodes,
+        "min_nodes": spec.min_nodes,
         "procs_per_node": spec.procs_per_node, "world_size": spec.world_size, "distribution": spec.distribution,
         "hang_timeout": spec.hang_timeout,
     }

@@ -41,6 +41,8 @@ class LaunchResult:
     hang: dict[str, Any] = field(default_factory=dict)
     lost: dict[str, Any] = field(default_factory=dict)  # the node the job lost (dtrain.launch.engine.lost)
     state: str = ""  # the backend's final job state when it reports one (PREEMPTED, NODE_FAIL...)
+    #: an elastic job's rounds: {round, nodes (node indexes by group rank), world_size, resume_step}
+    rounds: list[dict[str, Any]] = field(default_factory=list)
 
     @classmethod
     def of_job(cls, job_id: str, run_dir: str, world_size: int, exit_code: int, duration_s: float) -> "LaunchResult":
@@ -112,7 +114,7 @@ class Launcher:
         """Run the spec to its end. ``job``: one already prepared (:meth:`attach` passes the job a
         handle names, whose exit records must survive); default: a new one."""
         self.job = job = job or prepare_job(self.spec)
-        self.sink(f"[dtrain] job {job.job_id}: {self.spec.nodes} node(s) x {self.spec.procs_per_node} proc(s), "
+        self.sink(f"[dtrain] job {job.job_id}: {self.spec.placement.nnodes} node(s) x {self.spec.procs_per_node} proc(s), "
                   f"distribution={self.spec.distribution}, backend={self.spec.backend}, run_dir={job.run_dir}")
         started = time.monotonic()
         watch = self._watch_for_hangs(job)
@@ -128,6 +130,8 @@ class Launcher:
                 watch.stop()
         result = LaunchResult.of_job(job.job_id, job.run_dir, self.spec.world_size, outcome.exit_code,
                                      time.monotonic() - started)
+        if self.backend.rounds is not None:
+            result.rounds = self.backend.rounds.to_list()
         self._report_stalls(result)
         if self.hang_verdict is not None:
             result.exit_code = hang.HANG_EXIT_CODE

@@ -14,6 +14,7 @@ Imports neither Airflow nor torch.
 from __future__ import annotations
 
 import os
+import re
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
@@ -21,6 +22,7 @@ from dtrain.args import coerce_int, mapping_arg
 from dtrain.errors import SpecError
 
 DEVICES = ("auto", "cpu", "gpu")
+NODE_RANGE = re.compile(r"\s*(\d{1,4})\s*:\s*(\d{1,4})\s*")
 
 
 def visible_gpu_count() -> int:
@@ -42,7 +44,9 @@ class Placement:
     """``nodes`` x ``procs_per_node`` ranks on ``backend``, checked when built.
 
     Args:
-        nodes: number of nodes (simulated nodes for a single-host backend).
+        nodes: number of nodes (simulated nodes for a single-host backend), or ``"MIN:MAX"`` for an
+            elastic job (on a backend with ``supports_elastic``): it starts on up to MAX nodes and
+            goes on while at least MIN are left (:attr:`nodes` is then MAX, :attr:`min_nodes` MIN).
         procs_per_node: processes per node (GPUs per node on GPU hosts).
         backend: a registered backend's name.
         options: that backend's own options (its section of an operator's ``backend_options``,
@@ -57,6 +61,8 @@ class Placement:
     options: Mapping[str, Any] = field(default_factory=dict)
     device: str = "auto"
     gpus_per_node: int | None = None
+    #: an elastic job's MIN (None: a fixed number of nodes); from ``nodes="MIN:MAX"``
+    min_nodes: int | None = None
     #: what the backend resolved from ``options`` (:meth:`Backend.resolve_placement`), typed
     resolved: Any = field(default=None, init=False, repr=False, compare=False)
 
@@ -64,10 +70,10 @@ class Placement:
         from dtrain.launch.backends import get_backend_class
 
         set_ = object.__setattr__  # frozen: each field is converted once, here
-        set_(self, "nodes", coerce_int("nodes", self.nodes, minimum=1, maximum=4096))
-        set_(self, "procs_per_node", coerce_int("procs_per_node", self.procs_per_node, minimum=1, maximum=1024))
         set_(self, "backend", str(self.backend).strip().lower())
         backend_cls = get_backend_class(self.backend)  # SpecError naming the installed ones
+        self._set_nodes(backend_cls)
+        set_(self, "procs_per_node", coerce_int("procs_per_node", self.procs_per_node, minimum=1, maximum=1024))
         set_(self, "options", dict(mapping_arg("backend_options", self.options,
                                                not_json="a mapping (or a JSON object string)",
                                                not_mapping="a mapping of the backend's options")))
@@ -90,8 +96,43 @@ class Placement:
         return cls(nodes=nodes, procs_per_node=procs_per_node, backend=name,
                    options=options_for(name, backend_options), device=device, gpus_per_node=gpus_per_node)
 
+    def _set_nodes(self, backend_cls: Any) -> None:
+        """``nodes``: a count, or ``MIN:MAX`` (also given as ``min_nodes`` and ``nodes``); MIN equal to
+        MAX is a fixed count."""
+        nodes, least = self.nodes, self.min_nodes
+        if isinstance(nodes, str) and ":" in nodes:
+            if least is not None:
+                raise SpecError("nodes", nodes, "MIN:MAX or min_nodes, not both")
+            match = NODE_RANGE.fullmatch(nodes)
+            if match is None:
+                raise SpecError("nodes", nodes, "a count of nodes (1-4096) or MIN:MAX (an elastic job), e.g. 2:4")
+            least, nodes = match.groups()
+        nodes = coerce_int("nodes", nodes, minimum=1, maximum=4096)
+        if least is not None:
+            least = coerce_int("nodes", least, minimum=1, maximum=nodes)
+            if least == nodes:
+                least = None
+        if least is not None and not backend_cls.supports_elastic:
+            from dtrain.launch.backends import elastic_backends
+
+            raise SpecError("nodes", f"{least}:{nodes}", f"a fixed count on backend {self.backend!r} (elastic jobs: "
+                                                         f"{', '.join(elastic_backends())})")
+        object.__setattr__(self, "nodes", nodes)
+        object.__setattr__(self, "min_nodes", least)
+
+    @property
+    def elastic(self) -> bool:
+        """Whether the job goes on with fewer nodes than it started on (``nodes="MIN:MAX"``)."""
+        return self.min_nodes is not None
+
+    @property
+    def nnodes(self) -> str:
+        """The nodes as torchrun's ``--nnodes`` takes them: ``N``, or ``MIN:MAX``."""
+        return f"{self.min_nodes}:{self.nodes}" if self.elastic else str(self.nodes)
+
     @property
     def world_size(self) -> int:
+        """Ranks on all nodes; an elastic job's at its most (MAX nodes)."""
         return self.nodes * self.procs_per_node
 
     def gpu_capacity(self) -> int:

@@ -127,6 +127,11 @@ class NodeSupervisor:
             return True, 0, None
         return False, 0, None
 
+    def latest(self) -> dict[int, NodeProcess]:
+        """Each node's latest process (a node brought back runs a new one)."""
+        with self._lock:
+            return {node.index: node for node in self.nodes}
+
     def wait(self, expected: int) -> tuple[int, NodeProcess | None]:
         """Block until every node exits 0 (returns 0, None), one fails (its code and node), or stop()."""
         while not self._stop.is_set():

@@ -48,7 +48,10 @@ class LaunchSpec:
     Args:
         command: argv run on every rank (no shell; arguments reach it verbatim).
             ``train.py args`` runs with this Python; ``python -m pkg.mod`` works too.
-        nodes: number of nodes (simulated nodes for the local backend).
+        nodes: number of nodes (simulated nodes for the local backend), or ``"MIN:MAX"``: an elastic
+            job (local and ssh backends, distribution pytorch) that starts on up to MAX nodes, goes on
+            at a smaller world size when nodes are lost while MIN are left, and grows back when they
+            return (docs/elastic.md). ``nodes`` is then MAX, ``min_nodes`` MIN.
         procs_per_node: worker processes per node (GPUs per node on GPU hosts).
         distribution: ``pytorch`` (DDP via torchrun), ``deepspeed``, ``mpi`` or ``tensorflow``.
         backend: a registered backend: ``local`` (nodes simulated on this host), ``ssh``,
@@ -114,6 +117,7 @@ class LaunchSpec:
     pass_local_rank: bool = False
     secret_env: Mapping[str, str] = field(default_factory=dict, repr=False)
     placement: Placement | None = field(default=None, repr=False, compare=False)
+    min_nodes: int | None = field(default=None, init=False)
     resolved_deepspeed_config: dict[str, Any] | None = field(default=None, init=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -126,6 +130,7 @@ class LaunchSpec:
         self.nodes, self.procs_per_node, self.backend = placement.nodes, placement.procs_per_node, placement.backend
         self.backend_options, self.device, self.gpus_per_node = placement.options, placement.device, \
             placement.gpus_per_node
+        self.min_nodes = placement.min_nodes
         self.distribution = check_distribution(placement, self.distribution)
         backend_cls = get_backend_class(self.backend)
         self.env = coerce_env("env", self.env)
@@ -166,10 +171,27 @@ class LaunchSpec:
                             self.model_parallel_size * self.pipeline_parallel_size,
                             "1 unless distribution='deepspeed' (they only enter DeepSpeed's batch arithmetic)")
         self._check_placeholders()
+        self._check_elastic()
 
     @property
     def world_size(self) -> int:
+        """Ranks on all nodes (an elastic job's at its most)."""
         return self.nodes * self.procs_per_node
+
+    @property
+    def elastic(self) -> bool:
+        return self.placement.elastic
+
+    def _check_elastic(self) -> None:
+        """What an elastic job cannot have yet: a fixed world size built into its settings."""
+        if not self.elastic:
+            return
+        if self.distribution != "pytorch":
+            raise SpecError("distribution", self.distribution, "pytorch for an elastic job (nodes=MIN:MAX): "
+                                                               "DeepSpeed's batch arithmetic and TF_CONFIG fix the world size")
+        if self.hang_timeout is not None:
+            raise SpecError("hang_timeout", self.hang_timeout, "None for an elastic job (nodes=MIN:MAX): the hang "
+                                                               "watch expects every rank of a fixed world")
 
     @property
     def resolved(self) -> Any:

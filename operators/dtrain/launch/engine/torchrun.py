@@ -4,6 +4,10 @@ Every backend that starts torchrun agents renders them here; only the rendezvous
 
 * :class:`C10d` (local backend): dynamic c10d rendezvous at ``host:port``; node ranks are
   assigned by the rendezvous.
+* :class:`Elastic` (an elastic job, ``nodes="MIN:MAX"``): ``dtrain-c10d``
+  (:mod:`dtrain.launch.node.elastic_rdzv`) at the store the launcher hosts, never on a node
+  (:mod:`dtrain.launch.engine.rdzv_store`); node ranks are assigned by each round, and each node
+  names its own address (``--local-addr``: nodes on hosts of their own share no hostname to go by).
 * :class:`Static` (ssh, slurm): membership is fixed by the backend, so a static rendezvous
   with ``--node-rank`` makes NODE_RANK (and so RANK) follow the backend's node order.
   ``endpoint``/``node_rank`` None leave them to torchrun's ``PET_MASTER_ADDR``,
@@ -29,6 +33,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Union
 
+from dtrain.launch.node.elastic_rdzv import ELASTIC, KEEP_ALIVE_ATTEMPTS, KEEP_ALIVE_S
 from dtrain.launch.node.torchrun_agent import RESTARTABLE_STATIC
 
 if TYPE_CHECKING:
@@ -60,11 +65,27 @@ class Static:
     node_rank: int | None = None
 
 
-Rendezvous = Union[C10d, Static]
+@dataclass(frozen=True)
+class Elastic:
+    host: str
+    port: int
+    local_addr: str | None = None
+
+
+Rendezvous = Union[C10d, Static, Elastic]
+
+#: an elastic round completes this many seconds after MIN nodes joined (at once with MAX): the time a
+#: late node has to make the first round, and what re-forming a round after a loss waits for one more
+ELASTIC_LAST_CALL_S = 5
 
 
 def rendezvous_args(spec: "LaunchSpec", job_id: str, rdzv: Rendezvous) -> list[str]:
     timeout = int(spec.rdzv_timeout)
+    if isinstance(rdzv, Elastic):
+        return ["--rdzv-backend=" + ELASTIC, f"--rdzv-endpoint={rdzv.host}:{rdzv.port}", f"--rdzv-id={job_id}",
+                f"--rdzv-conf=is_host=0,join_timeout={timeout},last_call_timeout={ELASTIC_LAST_CALL_S},"
+                f"keep_alive_interval={KEEP_ALIVE_S},keep_alive_max_attempt={KEEP_ALIVE_ATTEMPTS}",
+                *([f"--local-addr={rdzv.local_addr}"] if rdzv.local_addr else [])]
     if isinstance(rdzv, C10d):
         return ["--rdzv-backend=c10d", f"--rdzv-endpoint={rdzv.host}:{rdzv.port}", f"--rdzv-id={job_id}",
                 f"--rdzv-conf=is_host={int(rdzv.is_host)},join_timeout={timeout}"]
@@ -81,7 +102,7 @@ def agent_argv(spec: "LaunchSpec", *, python: str, job_id: str, rdzv: Rendezvous
     """The argv that starts one node's torchrun agent."""
     return [
         python, *AGENT,
-        f"--nnodes={spec.nodes}",
+        f"--nnodes={spec.placement.nnodes}",
         f"--nproc-per-node={spec.procs_per_node}",
         *rendezvous_args(spec, job_id, rdzv),
         f"--max-restarts={spec.max_restarts}",

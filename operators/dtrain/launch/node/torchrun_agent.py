@@ -1,8 +1,9 @@
-"""The torchrun agent for fixed membership: ``python -m dtrain.launch.node.torchrun_agent TORCHRUN_ARGS...``.
+"""The torchrun agent: ``python -m dtrain.launch.node.torchrun_agent TORCHRUN_ARGS...``.
 
 Runs on every node (started by the ssh, slurm and local backends with the argv that
 :mod:`dtrain.launch.engine.torchrun` renders): torchrun itself, with the ``dtrain-static``
-rendezvous registered (torchrun's static one, restartable: see :func:`restartable_static_handler`),
+rendezvous registered (torchrun's static one, restartable: see :func:`restartable_static_handler`)
+for fixed membership, and ``dtrain-c10d`` for elastic jobs (:mod:`dtrain.launch.node.elastic_rdzv`),
 its per-job log directory removed when it ends (torchrun would leave a ``torchelastic_*`` directory
 in the temp folder per agent), and a stop by signal ending it quietly (torchrun prints a traceback
 per agent; the launcher reports the verdict once).
@@ -13,6 +14,8 @@ Stdlib at import; torch is imported only by the functions, on the node.
 from __future__ import annotations
 
 from typing import Any
+
+from dtrain.launch.node.elastic_rdzv import ELASTIC, elastic_agent_class, elastic_handler
 
 RESTARTABLE_STATIC = "dtrain-static"
 
@@ -118,10 +121,15 @@ def main(argv: list[str] | None = None) -> None:
     from torch.distributed import run as torchrun
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import record
-    from torch.distributed.elastic.rendezvous import rendezvous_handler_registry
+    from torch.distributed.elastic.rendezvous import RendezvousClosedError, rendezvous_handler_registry
 
     rendezvous_handler_registry.register(RESTARTABLE_STATIC, restartable_static_handler)
+    rendezvous_handler_registry.register(ELASTIC, elastic_handler)
     args = torchrun.parse_args(argv)
+    if args.rdzv_backend == ELASTIC:  # its agent: a lost member's restart is not the script's failure
+        from torch.distributed.launcher import api as launcher_api
+
+        launcher_api.LocalElasticAgent = elastic_agent_class()
     if args.rdzv_backend == RESTARTABLE_STATIC:
         if not args.rdzv_endpoint:
             args.rdzv_endpoint = f"{args.master_addr}:{args.master_port or 29500}"
@@ -134,6 +142,9 @@ def main(argv: list[str] | None = None) -> None:
         record(torchrun.run)(args)
     except SignalException as e:
         sys.exit(128 + int(e.sigval))
+    except RendezvousClosedError:
+        # an elastic job's node that was waiting for the next round when the job ended: nothing to do
+        print("[dtrain] the job ended before this node's next round", file=sys.stderr, flush=True)
     finally:
         if private_log_dir is not None:
             shutil.rmtree(private_log_dir, ignore_errors=True)

@@ -19,6 +19,13 @@
   connections) only the hosts whose heartbeat is stale; cancel asks every host. The daemons
   sign their records with a per-job secret (:mod:`.records`) that goes to them over stdin and
   to the watcher in the job handle (``data["secret"]``), never to the ranks.
+* Elastic jobs (``nodes="MIN:MAX"``, blocking mode): every host of the hostfile runs an agent, those
+  beyond MAX as spares waiting in the rendezvous; the rendezvous store runs on this host
+  (:mod:`dtrain.launch.engine.rdzv_store`). A lost node (its ssh client ends with 255) ends the job
+  only when fewer than MIN nodes are left (:mod:`dtrain.launch.engine.elastic`); otherwise the
+  survivors re-form the round, and once the lost host's lease has surely lapsed (``lost_after`` plus
+  the stop grace) this backend asks its login port every few seconds and starts its agent again
+  when it answers: it rejoins at the next round.
 * Every ssh action runs at most ``fanout`` ssh clients at once (default 32, like pdsh): the
   blocking start opens the next host's session once an earlier one has announced itself.
 * The grace period (SIGTERM to SIGKILL) is the spec's ``stop_grace`` everywhere: in the
@@ -52,12 +59,15 @@ from dtrain.launch.backends.ssh import detached as nodes
 from dtrain.launch.backends.ssh.fanout import run_bounded, run_bounded_async
 from dtrain.launch.backends.ssh.hostfile import (HOST_OPTIONS, KEEPALIVE_S, SETTINGS_OPTIONS, HostEntry,
                                                  SSHPlacement, SSHSettings, resolve_options, ssh_argv)
+from dtrain.launch.engine.elastic import Membership, Rounds
 from dtrain.launch.engine.job import Job
-from dtrain.launch.engine.lost import LOST_EXIT_CODE, PROBE_TIMEOUT_S, lost_node
+from dtrain.launch.engine.lost import LOST_EXIT_CODE, PROBE_TIMEOUT_S, LostNode, fault_of, lost_node
+from dtrain.launch.engine.net import free_port
 from dtrain.launch.engine.placement import Placement
 from dtrain.launch.engine.processes import NodeProcess, NodeSupervisor
+from dtrain.launch.engine.rdzv_store import RendezvousStore, address_towards
 from dtrain.launch.engine.spec import LaunchSpec
-from dtrain.launch.engine.torchrun import Static, agent_argv
+from dtrain.launch.engine.torchrun import Elastic, Static, agent_argv
 
 REMOTE_AGENT = "dtrain.launch.backends.ssh.remote_agent"
 # The remote agent's announcement, as the supervisor tags it (node index from the ssh client's
@@ -65,6 +75,8 @@ REMOTE_AGENT = "dtrain.launch.backends.ssh.remote_agent"
 ANNOUNCE_RE = re.compile(r"\[node(\d+)\] \[dtrain-remote\] nonce=([0-9a-f]{32}) node=(\d+) pgid=(\d+) host=\S+")
 PORT_PROBE = "import socket; s = socket.socket(); s.bind(('', 0)); print(s.getsockname()[1])"
 LOOPBACK_PREFIXES = ("127.", "localhost", "::1")
+#: seconds between two looks at a lost host's login port, while an elastic job waits for it to return
+REJOIN_PROBE_S = 5.0
 
 
 def remote_agent_command(python: str, *, job_id: str, node_index: int, pgid_file: str, workdir: str,
@@ -140,19 +152,23 @@ class SSHNodeSupervisor(NodeSupervisor):
             self._wait_for_slot(limit, connected, connect_wait)
             if self._stop.is_set():
                 return
-            proc = subprocess.Popen(list(argv), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                    stderr=subprocess.STDOUT, start_new_session=True)
-            try:
-                proc.stdin.write(payload)
-                proc.stdin.flush()
-            except BrokenPipeError:
-                pass  # ssh already failed: its exit status and output report it
-            node = NodeProcess(index=index, argv=list(argv), proc=proc)
-            node.reader = threading.Thread(target=self._pump, args=(node,), daemon=True)
-            node.reader.start()
-            with self._lock:
-                self.nodes.append(node)
-                self.started_at[index] = time.monotonic()
+            self.start_node(index, argv, payload)
+
+    def start_node(self, index: int, argv: Sequence[str], payload: bytes) -> None:
+        """Start node ``index``'s ssh client (again, for a node that comes back to an elastic job)."""
+        proc = subprocess.Popen(list(argv), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                stderr=subprocess.STDOUT, start_new_session=True)
+        try:
+            proc.stdin.write(payload)
+            proc.stdin.flush()
+        except BrokenPipeError:
+            pass  # ssh already failed: its exit status and output report it
+        node = NodeProcess(index=index, argv=list(argv), proc=proc)
+        node.reader = threading.Thread(target=self._pump, args=(node,), daemon=True)
+        node.reader.start()
+        with self._lock:
+            self.nodes.append(node)
+            self.started_at[index] = time.monotonic()
 
     def lost_connection(self) -> NodeProcess | None:
         """The first node whose ssh client ended with ssh's own failure (255: the connection or the
@@ -200,6 +216,7 @@ class SSHBackend(Backend):
     install_hint = "apt-get install openssh-client"
     option_names = (*HOST_OPTIONS, *SETTINGS_OPTIONS, "conn_id")
     supports_detached = True
+    supports_elastic = True
     cli_module = "dtrain.launch.backends.ssh.cli"
     carries_secret_env = True  # each session's stdin (node_env), never the remote command line
 
@@ -218,6 +235,11 @@ class SSHBackend(Backend):
         self._targets: dict[tuple[str, str, str], nodes.Target] = {}  # detached jobs' nodes: (job id, run dir, secret)
         self._teardown_lock = threading.Lock()
         self._torn_down = False
+        self._over = threading.Event()  # set by the teardown: what waits on the job stops waiting
+        self.store: RendezvousStore | None = None  # an elastic job's (below: its bookkeeping)
+        self.membership: Membership | None = None
+        self.rounds: Rounds | None = None
+        self._request: DryRunRequest | None = None
 
     # -- options --------------------------------------------------------------------------------
 
@@ -233,7 +255,7 @@ class SSHBackend(Backend):
                             "an Airflow connection is read by the operators; give hostfile or hosts here")
         if shutil.which("ssh") is None:
             raise SpecError("backend", cls.name, f"the OpenSSH client 'ssh' on PATH ({cls.install_hint})")
-        return resolve_options(placement.options, placement.nodes, placement.procs_per_node)
+        return resolve_options(placement.options, placement.nodes, placement.procs_per_node, spares=placement.elastic)
 
     @classmethod
     def resolve_operator_options(cls, options: Mapping[str, Any]) -> dict[str, Any]:
@@ -279,14 +301,19 @@ class SSHBackend(Backend):
         spec = job.spec
         hosts, settings = list(spec.resolved.hosts), self._settings(spec)
         python = settings.python or sys.executable
-        port = self.free_port(spec)
+        if spec.elastic and detached:
+            raise SpecError("deferrable", True, "False for an elastic job (nodes=MIN:MAX): its rendezvous store "
+                                                "lives with the launcher")
+        # an elastic job's store runs here, at our address on the nodes' route; a fixed job's on node 0
+        server = address_towards(hosts[0].address) if spec.elastic else hosts[0].address
+        port = (spec.rdzv_port or free_port("0.0.0.0")) if spec.elastic else self.free_port(spec)
         workdir = spec.workdir or os.getcwd()
         grace = self.stop_grace(spec)
         common = self.node_env(job, port=port)  # once: it looks at every host (thousands, at scale)
         argvs, payloads = [], []
         for i, host in enumerate(hosts):
-            agent = agent_argv(spec, python=python, job_id=job.job_id,
-                               rdzv=Static(endpoint=(hosts[0].address, port), node_rank=i))
+            rdzv = Elastic(server, port, host.address) if spec.elastic else Static(endpoint=(server, port), node_rank=i)
+            agent = agent_argv(spec, python=python, job_id=job.job_id, rdzv=rdzv)
             if detached:
                 command = nodes.node_command(python, "start", job.run_dir, i, "--job-id", job.job_id,
                                              "--workdir", workdir, "--grace", f"{grace:g}",
@@ -299,7 +326,7 @@ class SSHBackend(Backend):
             secret = {"secret": self.secret} if detached else {"nonce": self.nonce}
             payloads.append(json.dumps({"env": dict(common, DTRAIN_NODE_INDEX=str(i)), **secret}) + "\n")
         return DryRunRequest(backend=self.name, argvs=tuple(argvs), stdin=tuple(payloads),
-                             env={"MASTER_ADDR": hosts[0].address, "MASTER_PORT": str(port)})
+                             env={"MASTER_ADDR": server, "MASTER_PORT": str(port)})
 
     def submit(self, job: Job, *, detached: bool = False) -> JobHandle:
         request = self.dryrun(job, detached=detached)
@@ -318,12 +345,60 @@ class SSHBackend(Backend):
             self.sink(f"[dtrain] ssh (detached): {len(self.hosts)} host(s) {names}; rendezvous {rendezvous}; "
                       f"logs in {os.path.join(job.run_dir, 'detached')}")
         else:
+            if job.spec.elastic:
+                self._start_elastic(job, request)
             self.sink(f"[dtrain] ssh: {len(self.hosts)} host(s) {names}; rendezvous {rendezvous}")
             self.supervisor.renew_leases(KEEPALIVE_S)
             self.supervisor.start_with_input(request.argvs, [p.encode() for p in request.stdin],
                                              limit=self.settings.fanout, connected=self.pgids.__contains__,
                                              connect_wait=self.settings.connect_timeout + 30)
         return handle
+
+    def _start_elastic(self, job: Job, request: DryRunRequest) -> None:
+        spec = job.spec
+        self._request = request
+        self.membership = Membership(spec.min_nodes, self.sink)
+        self.rounds = Rounds(job.run_dir, spec.procs_per_node, [h.host for h in self.hosts], self.sink)
+        self.store = RendezvousStore()
+        self.store.start(int(request.env["MASTER_PORT"]))
+        spares = len(self.hosts) - spec.nodes
+        self.sink(f"[dtrain] elastic: {spec.placement.nnodes} nodes" + (f", {spares} spare host(s)" if spares else "")
+                  + f"; rendezvous store on this host ({request.env['MASTER_ADDR']}:{self.store.port})")
+
+    def _poll_elastic(self) -> JobStatus:
+        running = self.membership.scan(self.supervisor.latest(), self._lost_of)
+        return self.membership.status(running) or JobStatus(state="RUNNING", done=False)
+
+    def _lost_of(self, node: NodeProcess, code: int) -> LostNode | None:
+        """The verdict on a node of an elastic job whose ssh client ended with ssh's own failure; the
+        host is then watched for its return."""
+        if code != LOST_EXIT_CODE or self._stop.is_set():
+            return None
+        host = self.hosts[node.index]
+        verdict = lost_node(node.index, host.address, self.settings.login_port(host),
+                            timeout=min(PROBE_TIMEOUT_S, self.settings.connect_timeout))
+        threading.Thread(target=self._bring_back, args=(node.index,), name=f"dtrain-rejoin-{node.index}",
+                         daemon=True).start()
+        return verdict
+
+    def _bring_back(self, index: int) -> None:
+        """Start node ``index``'s agent again once its host answers: not before its lease has surely
+        lapsed (the node then has stopped what it ran), then a look at its login port every
+        :data:`REJOIN_PROBE_S` seconds, until the job ends."""
+        host, port = self.hosts[index], self.settings.login_port(self.hosts[index])
+        if self._over.wait(self.settings.lost_after + self._grace_now):
+            return
+        while not self._over.is_set():
+            if fault_of(host.address, port, min(PROBE_TIMEOUT_S, self.settings.connect_timeout)) is None:
+                with self._teardown_lock:  # never a node started under a teardown
+                    if self._torn_down:
+                        return
+                    self.pgids.pop(index, None)
+                    self.membership.returned(index)
+                    self.sink(f"[dtrain] node {index} ({host.address}) answers again: it rejoins at the next round")
+                    self.supervisor.start_node(index, self._request.argvs[index], self._request.stdin[index].encode())
+                return
+            self._over.wait(REJOIN_PROBE_S)
 
     def _target(self, handle: JobHandle) -> nodes.Target:
         """The detached job's nodes, parsed from the handle once per job and backend (not per poll)."""
@@ -336,6 +411,8 @@ class SSHBackend(Backend):
     def poll(self, handle: JobHandle) -> JobStatus:
         if handle.data.get("detached"):
             return nodes.query_job(self._target(handle), handle.run_dir, self.sink)
+        if self.membership is not None:
+            return self._poll_elastic()
         done, code, node = self.supervisor.check(expected=len(handle.data["hosts"]))
         if not done:
             return JobStatus(state="RUNNING", done=False)
@@ -407,6 +484,8 @@ class SSHBackend(Backend):
     def release(self, handle: JobHandle) -> None:
         if not handle.data.get("detached"):
             self._teardown()  # closes the lifelines and joins the reader threads
+            if self.store is not None:
+                self.store.stop()  # after the agents: they close the rendezvous in it
 
     # -- blocking-mode teardown -----------------------------------------------------------------
 
@@ -416,6 +495,8 @@ class SSHBackend(Backend):
             self.pgids[int(match.group(1))] = int(match.group(4))
             self.announced_at[int(match.group(1))] = time.monotonic()
             return  # the nonce stays out of the logs
+        if self.rounds is not None and self.rounds.feed(line):
+            return
         self.sink(line)
 
     def _trusted(self, stream: str, nonce: str, node: str, pgid: str) -> bool:
@@ -440,6 +521,7 @@ class SSHBackend(Backend):
             if self._torn_down:
                 return
             self._torn_down = True
+            self._over.set()
             running = self._running_nodes()
             if running:
                 # A node's ssh client still running means its remote agent (or something holding

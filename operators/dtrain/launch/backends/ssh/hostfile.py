@@ -253,11 +253,13 @@ def from_airflow_connection(conn: Any) -> tuple[list[str], dict[str, Any]]:
     return list(hosts), settings
 
 
-def select_hosts(entries: Sequence[HostEntry], nodes: int, procs_per_node: int, source: str) -> list[HostEntry]:
-    """The first ``nodes`` hosts, each with room for ``procs_per_node`` processes."""
+def select_hosts(entries: Sequence[HostEntry], nodes: int, procs_per_node: int, source: str,
+                 spares: bool = False) -> list[HostEntry]:
+    """The first ``nodes`` hosts, each with room for ``procs_per_node`` processes; with ``spares`` (an
+    elastic job) every host listed: those beyond ``nodes`` stand by to replace a lost one."""
     if nodes > len(entries):
         raise SpecError("nodes", nodes, f"at most the {len(entries)} host(s) listed in {source}")
-    chosen = list(entries[:nodes])
+    chosen = list(entries if spares else entries[:nodes])
     for entry in chosen:
         if entry.slots is not None and procs_per_node > entry.slots:
             raise SpecError("procs_per_node", procs_per_node,
@@ -282,8 +284,9 @@ class SSHPlacement:
     settings: SSHSettings
 
 
-def resolve_options(options: Mapping[str, Any], nodes: int, procs_per_node: int) -> SSHPlacement:
-    """The hosts that run the job and the connection settings, from the ssh backend's options.
+def resolve_options(options: Mapping[str, Any], nodes: int, procs_per_node: int, spares: bool = False) -> SSHPlacement:
+    """The hosts that run the job and the connection settings, from the ssh backend's options
+    (``spares``: every host listed, see :func:`select_hosts`).
 
     ``hostfile`` (a path) or ``hosts`` (lines), and the :class:`SSHSettings` fields flat beside
     them. Every mistake names the option and surfaces before a process starts.
@@ -298,7 +301,7 @@ def resolve_options(options: Mapping[str, Any], nodes: int, procs_per_node: int)
         entries, source = read_hostfile(path), f"hostfile {path}"
     else:
         entries, source = coerce_hosts(hosts), "hosts"
-    chosen = select_hosts(entries, nodes, procs_per_node, source)
+    chosen = select_hosts(entries, nodes, procs_per_node, source, spares)
     settings = SSHSettings.from_mapping({k: v for k, v in options.items() if k in SETTINGS_OPTIONS})
     return SSHPlacement(hosts=tuple(chosen), settings=settings)
 

@@ -1,0 +1,137 @@
+"""The elastic rendezvous ``dtrain-c10d`` and the agent that runs it (a job with ``nodes="MIN:MAX"``).
+
+torchrun's c10d rendezvous, with two things torch 2.13 does not do:
+
+* **A member that vanishes re-forms the round.** torch re-forms a round when a node *waits* to join
+  (``num_nodes_waiting``), or when the survivors' workers fail. A node that is cut off or frozen
+  fails nobody: its peers hang in their next collective (pytorch/pytorch#111646). Here, once the
+  rendezvous has dropped a member of the current round (its keep-alive lapsed: ``keep_alive_interval``
+  x ``keep_alive_max_attempt`` seconds, and some agent's sync swept it), ``num_nodes_waiting`` says
+  so, and each survivor's agent restarts its workers into the next round, as for a node that joins
+  (not counted against ``--max-restarts``).
+* **A lost member is not the script's failure.** A crashed node makes its peers' workers fail at
+  once (a reset connection); torchrun would count that against ``--max-restarts`` and, at 0, end the
+  job. :class:`ElasticAgent` waits, after a failure, up to :func:`sweep_window` for the rendezvous to
+  drop a member of the round; if it does, the restart is the membership's, not counted.
+
+After every round the handler prints one line (:data:`ROUND_TAG`): this node's index (the backend's
+``DTRAIN_NODE_INDEX``), the round, its group rank and the group's size. The launcher gathers them
+into the job's rounds (:mod:`dtrain.launch.engine.rounds`): for the log, XCom and the Training tab.
+
+The store lives outside the training nodes (:mod:`dtrain.launch.engine.rdzv_store`, started by the
+launcher): ``is_host=0`` on every node, so the loss of any node leaves it.
+
+Stdlib at import; torch is imported only by the functions, on the node.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from functools import lru_cache
+from typing import Any
+
+ELASTIC = "dtrain-c10d"
+ROUND_TAG = "[dtrain-round]"
+#: how often an agent renews its membership (seconds), and how many renewals it may miss before the
+#: rendezvous drops it: a node silent for KEEP_ALIVE_S x KEEP_ALIVE_ATTEMPTS is gone from the round
+KEEP_ALIVE_S = 3
+KEEP_ALIVE_ATTEMPTS = 3
+
+
+def sweep_window(keep_alive_s: float = KEEP_ALIVE_S, attempts: int = KEEP_ALIVE_ATTEMPTS) -> float:
+    """Seconds within which the rendezvous drops a member that stopped renewing: its last renewal may
+    be one interval old when it stops, and a sync must run to sweep it."""
+    return keep_alive_s * (attempts + 1) + 1.0
+
+
+def round_line(node: str, round_: int, group_rank: int, group_world_size: int) -> str:
+    return f"{ROUND_TAG} node={node} round={round_} group_rank={group_rank} group_world_size={group_world_size}"
+
+
+@lru_cache(maxsize=None)
+def _classes():
+    """(ElasticRendezvous, ElasticAgent), built on first use (torch imported here, on the node)."""
+    from torch.distributed.elastic.agent.server.api import WorkerState
+    from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
+    from torch.distributed.elastic.rendezvous.dynamic_rendezvous import DynamicRendezvousHandler
+
+    class ElasticRendezvous(DynamicRendezvousHandler):
+        members: frozenset = frozenset()
+        round_: int = -1
+
+        def next_rendezvous(self):
+            info = super().next_rendezvous()
+            state = self._state_holder.state
+            self.members, self.round_ = frozenset(state.participants), state.round
+            print(round_line(os.environ.get("DTRAIN_NODE_INDEX", "?"), state.round, info.rank, info.world_size),
+                  flush=True)
+            return info
+
+        def num_nodes_waiting(self) -> int:
+            waiting = super().num_nodes_waiting()  # syncs: a member whose keep-alive lapsed is swept
+            return waiting or int(self._member_gone())
+
+        def _member_gone(self) -> bool:
+            """A member of this node's round is nowhere in the rendezvous (participants, wait or
+            redundancy list): the rendezvous dropped it. A member that restarts on its own leaves and
+            rejoins within one operation, so it is seen in one of them."""
+            with self._heartbeat_lock:
+                self._state_holder.sync()
+                present = set(self._state_holder.state.last_heartbeats)
+            return bool(self.members - present)
+
+        def member_lost(self, within: float) -> bool:
+            """Whether the rendezvous drops a member of this round within ``within`` seconds (seen
+            twice, half a second apart, so a member between leaving and rejoining is not taken)."""
+            deadline = time.monotonic() + within
+            while True:
+                if self._member_gone():
+                    time.sleep(0.5)
+                    if self._member_gone():
+                        return True
+                if time.monotonic() >= deadline:
+                    return False
+                time.sleep(0.5)
+
+    class ElasticAgent(LocalElasticAgent):
+        def _monitor_workers(self, worker_group):
+            result = super()._monitor_workers(worker_group)
+            handler = worker_group.spec.rdzv_handler
+            if result.state in (WorkerState.FAILED, WorkerState.UNHEALTHY) and isinstance(handler, ElasticRendezvous):
+                window = sweep_window(handler._settings.keep_alive_interval.total_seconds(),
+                                      handler._settings.keep_alive_max_attempt)
+                if handler.member_lost(window):
+                    self._remaining_restarts += 1  # the restart that follows re-forms the round: not counted
+                    print(f"[dtrain] a node of round {handler.round_} is gone: the workers restart into the next "
+                          f"round (not counted against max_restarts)", file=sys.stderr, flush=True)
+            return result
+
+    return ElasticRendezvous, ElasticAgent
+
+
+def elastic_handler(params: Any):
+    """The ``dtrain-c10d`` handler for torchrun's registry (its ``create_handler``, on our class)."""
+    from datetime import timedelta
+
+    from torch.distributed.elastic.rendezvous.c10d_rendezvous_backend import create_backend
+    from torch.distributed.elastic.rendezvous.dynamic_rendezvous import RendezvousTimeout
+
+    def seconds(key: str) -> timedelta | None:
+        value = params.get_as_int(key + "_timeout")
+        return None if value is None else timedelta(seconds=value)
+
+    backend, store = create_backend(params)
+    handler_cls, _ = _classes()
+    timeout = RendezvousTimeout(seconds("join"), seconds("last_call"), seconds("close"), seconds("heartbeat"))
+    handler = handler_cls.from_backend(
+        params.run_id, store, backend, params.min_nodes, params.max_nodes, params.local_addr, timeout,
+        keep_alive_interval=params.get_as_int("keep_alive_interval", KEEP_ALIVE_S),
+        keep_alive_max_attempt=params.get_as_int("keep_alive_max_attempt", KEEP_ALIVE_ATTEMPTS))
+    handler._backend_name = ELASTIC  # what get_backend() reports: the registry checks it
+    return handler
+
+
+def elastic_agent_class():
+    return _classes()[1]
