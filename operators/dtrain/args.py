@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import stat
 from typing import Any, Mapping
 
@@ -62,6 +63,24 @@ def read_input_file(name: str, path: Any, limit: int = MAX_INPUT_FILE_BYTES) -> 
         return data.decode("utf-8")
     except UnicodeDecodeError as e:
         raise SpecError(name, path, "a UTF-8 text file") from e
+
+
+NODE_RANGE = re.compile(r"\s*(\d{1,6})\s*:\s*(\d{1,6})\s*")
+
+
+def node_range(name: str, value: Any, *, maximum: int) -> tuple[int, int]:
+    """A number of nodes, or an elastic job's ``MIN:MAX`` (text: an operator argument, a UI param, the
+    CLI), as (MIN, MAX) with 1 <= MIN <= MAX <= ``maximum``; a count N is (N, N)."""
+    if isinstance(value, str) and ":" in value:
+        match = NODE_RANGE.fullmatch(value)
+        if match is None:
+            raise SpecError(name, value, f"a count of nodes (1-{maximum}) or MIN:MAX (an elastic job), e.g. 2:4")
+        least, most = int(match.group(1)), int(match.group(2))
+        if not 1 <= least <= most <= maximum:
+            raise SpecError(name, value, f"MIN:MAX with 1 <= MIN <= MAX <= {maximum} (an elastic job), e.g. 2:4")
+        return least, most
+    count = coerce_int(name, value, minimum=1, maximum=maximum)
+    return count, count
 
 
 def coerce_int(name: str, value: Any, *, minimum: int | None = None, maximum: int | None = None) -> int:

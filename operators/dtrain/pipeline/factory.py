@@ -58,7 +58,8 @@ from dtrain.errors import SpecError
 from dtrain.launch.airflow.operator import DistributedTrainingOperator
 from dtrain.pipeline.config import partition_of
 from dtrain.pipeline.gate import Gate
-from dtrain.pipeline.params import DATASET_VERSION_PATTERN, FINITE, MAX_RANKS_ENV, OVERSUBSCRIPTION, checked_values
+from dtrain.pipeline.params import (DATASET_VERSION_PATTERN, FINITE, MAX_RANKS_ENV, NODES_PATTERN, NODES_TYPE,
+                                    OVERSUBSCRIPTION, checked_values)
 from dtrain.pipeline.placeholders import (LITERAL_MACRO, PARAMS_MACRO, RUN_PARAMS, literal_text, param_jinja,
                                           param_value, to_jinja)
 from dtrain.pipeline.registry import DirectoryRegistry, ModelRegistry, Pipeline, RunRef
@@ -106,8 +107,9 @@ def _import_path(field: str, value: Any) -> str:
 def _builtin_params(nodes: int, procs_per_node: int, backend: str, backends: Sequence[str],
                     distributions: Sequence[str], dataset_version: str) -> dict[str, Param]:
     return {
-        "nodes": Param(nodes, type="integer", minimum=1, maximum=64, title="Nodes",
-                       description="Nodes to train on (simulated on one host with backend=local)."),
+        "nodes": Param(nodes, type=NODES_TYPE, minimum=1, maximum=64, pattern=NODES_PATTERN, title="Nodes",
+                       description="Nodes to train on (simulated on one host with backend=local), or MIN:MAX "
+                                   "for an elastic job that goes on while at least MIN are left (local, ssh)."),
         "procs_per_node": Param(procs_per_node, type="integer", minimum=1, maximum=16, title="Processes per node",
                                 description="Training processes per node: the GPU count on GPU nodes."),
         "distribution": Param(distributions[0], type="string", enum=list(distributions), title="Distribution",
@@ -452,7 +454,7 @@ def retraining_pipeline(
     models: str | None = None,
     model_name: str = "model.pt",
     params: Mapping[str, Any] | None = None,
-    nodes: int = 1,
+    nodes: int | str = 1,
     procs_per_node: int = 1,
     backend: str = "local",
     backends: Sequence[str] = ("local", "ssh", "slurm"),

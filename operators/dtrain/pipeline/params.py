@@ -27,7 +27,7 @@ import sys
 from typing import Any, Mapping
 
 from dtrain import grammar
-from dtrain.args import coerce_int
+from dtrain.args import coerce_int, node_range
 from dtrain.errors import SpecError
 
 #: end of text in Python and JavaScript regular expressions alike (``$`` also matches before "\n")
@@ -89,9 +89,17 @@ def local_rank_limit(environ: Mapping[str, str] | None = None, *, cpus: int | No
     return limit, why
 
 
+#: the JSON-schema type of a nodes param: a count, or text ("3", or an elastic job's "2:4")
+NODES_TYPE = ["integer", "string"]
+NODES_PATTERN = r"^\s*\d{1,6}\s*(:\s*\d{1,6}\s*)?$"
+
+
 def _check_one(name: str, value: Any, schema: Mapping[str, Any]) -> Any:
     kind = schema.get("type")
-    if kind == "integer":
+    if kind == NODES_TYPE:  # a count of nodes, or an elastic job's "MIN:MAX"
+        least, most = node_range(name, value, maximum=schema.get("maximum", grammar.MAX_NODES))
+        value = most if least == most else f"{least}:{most}"
+    elif kind == "integer":
         value = coerce_int(name, value, minimum=schema.get("minimum"), maximum=schema.get("maximum"))
     elif kind == "number":
         low = schema.get("minimum", schema.get("exclusiveMinimum", -sys.float_info.max))
@@ -154,6 +162,7 @@ def check_params(params: Mapping[str, Any], schemas: Mapping[str, Mapping[str, A
     values = checked_values(params, schemas)
     nodes, procs = values.get("nodes"), values.get("procs_per_node")
     if _on_this_worker(values.get("backend")) and nodes is not None and procs is not None:
+        nodes = node_range("nodes", nodes, maximum=grammar.MAX_NODES)[1]  # an elastic job's MAX
         limit, why = local_rank_limit(environ, cpus=cpus, gpus=gpus)
         ranks = nodes * procs
         if ranks > limit:

@@ -102,14 +102,15 @@ def round_capacity(needed_tib: float, capacity: Mapping[str, Any]) -> float:
 def plan(dataset_bytes: Any, epoch_seconds: Any, nodes: Any = 1, deployment_type: str | None = None,
          table: Mapping[str, Any] | str | None = None) -> Plan:
     """Size the shared filesystem for reading ``dataset_bytes`` once every ``epoch_seconds``."""
-    from dtrain.args import coerce_float, coerce_int
+    from dtrain.args import coerce_float, node_range
     from dtrain.staging.engine import parse_size
 
     size = parse_size("dataset_size", dataset_bytes)
     if size <= 0:
         raise SpecError("dataset_size", dataset_bytes, "a positive size such as 100GB")
     seconds = coerce_float("epoch_seconds", epoch_seconds)
-    nodes = coerce_int("nodes", nodes, minimum=1, maximum=grammar.MAX_NODES)
+    # an elastic job's MIN: the fewest nodes it may run on, each then reading the most
+    nodes, _ = node_range("nodes", nodes, maximum=grammar.MAX_NODES)
     rows = load_table(table)
     if deployment_type is not None and deployment_type not in rows:
         raise SpecError("deployment_type", deployment_type, f"one of {', '.join(sorted(rows))}")

@@ -14,15 +14,14 @@ Imports neither Airflow nor torch.
 from __future__ import annotations
 
 import os
-import re
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
-from dtrain.args import coerce_int, mapping_arg
+from dtrain import grammar
+from dtrain.args import coerce_int, mapping_arg, node_range
 from dtrain.errors import SpecError
 
 DEVICES = ("auto", "cpu", "gpu")
-NODE_RANGE = re.compile(r"\s*(\d{1,4})\s*:\s*(\d{1,4})\s*")
 
 
 def visible_gpu_count() -> int:
@@ -99,19 +98,12 @@ class Placement:
     def _set_nodes(self, backend_cls: Any) -> None:
         """``nodes``: a count, or ``MIN:MAX`` (also given as ``min_nodes`` and ``nodes``); MIN equal to
         MAX is a fixed count."""
-        nodes, least = self.nodes, self.min_nodes
-        if isinstance(nodes, str) and ":" in nodes:
-            if least is not None:
-                raise SpecError("nodes", nodes, "MIN:MAX or min_nodes, not both")
-            match = NODE_RANGE.fullmatch(nodes)
-            if match is None:
-                raise SpecError("nodes", nodes, "a count of nodes (1-4096) or MIN:MAX (an elastic job), e.g. 2:4")
-            least, nodes = match.groups()
-        nodes = coerce_int("nodes", nodes, minimum=1, maximum=4096)
-        if least is not None:
-            least = coerce_int("nodes", least, minimum=1, maximum=nodes)
-            if least == nodes:
-                least = None
+        least, nodes = node_range("nodes", self.nodes, maximum=grammar.MAX_NODES)
+        if self.min_nodes is not None:
+            if least != nodes:
+                raise SpecError("nodes", self.nodes, "MIN:MAX or min_nodes, not both")
+            least = coerce_int("min_nodes", self.min_nodes, minimum=1, maximum=nodes)
+        least = None if least == nodes else least
         if least is not None and not backend_cls.supports_elastic:
             from dtrain.launch.backends import elastic_backends
 
