@@ -139,8 +139,8 @@ def faulty_cluster(tmp_path_factory):
     yield from _net_ssh_cluster(2, str(tmp_path_factory.mktemp("faulty-sshd")))
 
 
-def _net_slurm_cluster():
-    """A real two-node Slurm cluster (tests/slurm/cluster.py) on two hosts with their own addresses
+def _net_slurm_cluster(count: int = 2):
+    """A real Slurm cluster (tests/slurm/cluster.py) of ``count`` nodes (two by default), on hosts with their own addresses
     (tests/netcluster.py): each node's slurmd on its host with that address as NodeAddr, node 1 (host 0)
     with the decoy interface listed first; slurmctld and the client commands on this machine.
     SLURM_CONF points at it meanwhile.
@@ -155,7 +155,7 @@ def _net_slurm_cluster():
     missing = missing_binaries()
     if missing:
         pytest.fail(f"Slurm/munge binaries missing: {missing}; install: apt-get install slurmctld slurmd slurm-client munge")
-    net = NetCluster(2).start()
+    net = NetCluster(count).start()
     try:
         cluster = SlurmCluster(net=net).start()
         saved = os.environ.get("SLURM_CONF")

@@ -50,13 +50,15 @@ class Run:
                                backend_options={"hostfile": cluster.hostfile(1), **cluster.ssh_settings(),
                                                 "lost_after": LOST_AFTER})
         self.lines: list[str] = []
+        self.log_file = tmp_path / "launch.log"  # every line, for a failure's reader (the message has the last ones)
         self.launcher = Launcher(self.spec, sink=self.lines.append)
         self.results = []
         self.thread = threading.Thread(target=lambda: self.results.append(self.launcher.run()), daemon=True)
         self.thread.start()
 
     def log(self) -> str:
-        return "\n".join(self.lines[-60:])
+        self.log_file.write_text("\n".join(self.lines) + "\n")
+        return f"(all lines: {self.log_file})\n" + "\n".join(self.lines[-60:])
 
     def said(self, text: str) -> bool:
         return any(text in line for line in self.lines)
@@ -74,7 +76,7 @@ class Run:
         return self.results[0]
 
 
-def nothing_left(cluster, job_id: str) -> None:
+def nothing_left(job_id: str) -> None:
     """No process of the job on any host, and no rendezvous store of this test's launcher here."""
     assert poll_until(lambda: still_alive(job_processes(job_id)) == [], 30, 0.2), still_alive(job_processes(job_id))
     assert still_alive(stores_here()) == []
@@ -114,7 +116,7 @@ def test_node_0s_host_crashes_and_the_job_finishes_on_two_with_a_correct_model(t
     assert result.rounds[1]["resume_step"] >= 10, result.rounds  # not from scratch
     assert result.metrics["world_size"] == 2 and result.metrics["test_accuracy"] >= 0.95, result.metrics
     assert run.said("resumed from checkpoint at step"), log
-    nothing_left(three_hosts, result.job_id)
+    nothing_left(result.job_id)
 
 
 def test_a_partitioned_host_is_left_behind_and_rejoins_when_healed(three_hosts, tmp_path):
@@ -141,7 +143,7 @@ def test_a_partitioned_host_is_left_behind_and_rejoins_when_healed(three_hosts, 
     assert result.rounds[2]["resume_step"] >= result.rounds[1]["resume_step"] > 0, result.rounds
     ends = [json.loads((tmp_path / "out" / f"rank{r}.json").read_text()) for r in range(3)]
     assert {e["world_size"] for e in ends} == {3} and len({e["step"] for e in ends}) == 1, ends
-    nothing_left(three_hosts, result.job_id)
+    nothing_left(result.job_id)
 
 
 def test_a_spare_host_replaces_a_crashed_one_and_fewer_than_min_ends_the_job(four_hosts, tmp_path):
@@ -169,4 +171,4 @@ def test_a_spare_host_replaces_a_crashed_one_and_fewer_than_min_ends_the_job(fou
     with pytest.raises(Exception) as raised:
         result.raise_for_status()
     assert retry.classify(raised.value).action == retry.RETRY
-    nothing_left(four_hosts, result.job_id)
+    nothing_left(result.job_id)

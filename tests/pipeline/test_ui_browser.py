@@ -109,6 +109,9 @@ def page_state(driver) -> dict:
           verdicts: Object.fromEntries([...document.querySelectorAll('#verdicts li')].map(
                       li => [li.dataset.rule, {triggered: li.dataset.triggered, text: li.textContent}])),
           checkpoints: [...document.querySelectorAll('#checkpoint-table tbody tr')].map(r => Number(r.dataset.step)),
+          rounds: q('#rounds') && !q('#rounds').hidden ? [...document.querySelectorAll('#round-table tbody tr')].map(
+                    r => [...r.querySelectorAll('td')].map(td => td.textContent)) : null,
+          round_marks: [...document.querySelectorAll('#plot-loss svg g[id^="loss-round"]')].map(g => g.id),
           failure: q('#failure') && !q('#failure').hidden ? {rank: q('#failure').dataset.rank,
                    text: q('#failure-text').textContent, tail: q('#failure-tail').textContent} : null,
           hang: q('#hang') && !q('#hang').hidden ? {stuck: q('#hang').dataset.stuckRanks,
@@ -210,7 +213,27 @@ def test_a_failed_and_a_hung_job_show_the_rank_its_tail_and_the_stacks(deploymen
     assert failed["failure"]["rank"] == "3" and "exit code 3" in failed["failure"]["text"]
     assert failed["failure"]["tail"].endswith("step 7: RuntimeError: rank 3 hit a bad batch")
     assert sorted(failed["series"]["loss"]) == [f"loss-rank{r}" for r in range(4)]
+    assert failed["rounds"] is None and failed["round_marks"] == []  # no result: no rounds
     shot(browser, "training-tab-failed.png")
+
+    # An elastic job's result names its rounds (dtrain.launch.engine.elastic.Rounds): given the failed job
+    # one through the REST API, its tab lists them and marks them on the plots.
+    xcoms = f"/dags/ui_training/dagRuns/{quote('ui_failed_2x2', safe='')}/taskInstances/train/xcomEntries"
+    rounds = [{"round": 0, "nodes": [0, 1], "world_size": 4, "resume_step": 0},
+              {"round": 1, "nodes": [1], "world_size": 2, "resume_step": 5}]
+    status, body = deployment.request("POST", xcoms, {"key": "return_value", "value": {
+        "job_id": "elastic", "exit_code": 0, "duration_s": 1.0, "world_size": 4, "rounds": rounds}})
+    assert status == 201, body
+    try:
+        browser.get(training_tab(deployment, "ui_failed_2x2"))
+        enter_plugin_frame(browser)
+        elastic = wait_page(browser, lambda s: s["rounds"] is not None and s["round_marks"], 60, "no rounds shown")
+        assert elastic["rounds"] == [["0", "0, 1", "4", "0"], ["1", "1", "2", "5"]]
+        assert sorted(elastic["round_marks"]) == ["loss-round-label0", "loss-round-label5", "loss-round0",
+                                                  "loss-round1"]
+        shot(browser, "training-tab-rounds.png")
+    finally:
+        deployment.request("DELETE", f"{xcoms}/return_value")
 
     browser.get(training_tab(deployment, "ui_hung_1x2"))
     enter_plugin_frame(browser)

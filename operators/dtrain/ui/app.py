@@ -8,11 +8,12 @@ Pages (shown by the Airflow UI in an iframe; see dtrain.plugin):
 JSON API (what the pages use; other tools may call it with an Airflow token):
 
 * ``GET /dtrain/api/ti/summary``: the job (backend, shape, state, duration, result), the failing
-  rank and its tail, the hang verdict and which stack dumps exist, the stall report, checkpoints;
+  rank and its tail, the hang verdict and which stack dumps exist, the stall report, checkpoints,
+  an elastic job's rounds (from its result, validated: dtrain.ui.training.rounds_of);
 * ``GET /dtrain/api/ti/curves?since_step=N``: per-rank points of loss, samples/s, data-wait fraction;
 * ``GET /dtrain/api/ti/logs?lines=N``: the last lines of each rank's log;
 * ``GET /dtrain/api/ti/stack?rank=R``: a rank's stack dump (text);
-* ``GET /dtrain/api/ti/plot/{curve}.svg``: one curve, a line per rank;
+* ``GET /dtrain/api/ti/plot/{curve}.svg``: one curve, a line per rank, a marker at each round's resume step;
 * ``GET /dtrain/api/retraining`` and ``/dtrain/api/retraining/plot.svg?dag_id``.
 
 Every ``ti`` endpoint takes the task instance as query parameters and is guarded by Airflow's own
@@ -136,7 +137,10 @@ def _run_dir(ti: dict[str, Any], records: dict[str, Any]) -> RunDir | None:
 
 
 def _require_run(session, ref: TaskInstanceRef) -> RunDir:
-    run = _run_dir(*_records(session, ref))
+    return _require(_run_dir(*_records(session, ref)), ref)
+
+
+def _require(run: RunDir | None, ref: TaskInstanceRef) -> RunDir:
     if run is None:
         raise HTTPException(404, f"task {ref.task_id} of {ref.dag_id}/{ref.run_id} recorded no training job")
     return run
@@ -216,10 +220,18 @@ def create_app() -> FastAPI:
     def ti_plot(session: SessionDep, ref: TIRef, curve: str) -> Response:
         if curve not in training.CURVES:
             raise HTTPException(404, f"curve={curve!r}: one of {', '.join(training.CURVES)}")
-        live = metrics_cache.follow(_require_run(session, ref))
+        ti, records = _records(session, ref)
+        live = metrics_cache.follow(_require(_run_dir(ti, records), ref))
         title, ylabel = training.CURVES[curve]
-        svg = live.once(("plot", curve), lambda _: plots.rank_curves(
-            curve, title, ylabel, training.plot_points(live.once("curves", training.curves)[curve])))
+        # An elastic job's rounds come with its result (none while it runs): the plot is drawn again when
+        # they change, and one plot a curve is kept (an XCom edited again and again keeps no more).
+        marks = training.round_marks(training.rounds_of(records.get("return_value")))
+        kept = live.once(("plot", curve), lambda _: {})
+        with live.lock:
+            if kept.get("marks") != marks:
+                kept.update(marks=marks, svg=plots.rank_curves(
+                    curve, title, ylabel, training.plot_points(live.once("curves", training.curves)[curve]), marks))
+            svg = kept["svg"]
         return _secure(Response(svg, media_type="image/svg+xml"))
 
     @app.get("/api/ti/logs", dependencies=[read_logs])

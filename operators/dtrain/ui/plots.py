@@ -43,10 +43,24 @@ def _svg(figure) -> str:
     return text[text.index("<svg"):]  # inline in a page: no XML declaration or doctype
 
 
-def rank_curves(curve: str, title: str, ylabel: str, by_rank: Mapping[str, Sequence[Sequence[float]]]) -> str:
-    """One line per rank: x = step, y = the curve's value; the line's group id is ``<curve>-rank<R>``."""
+def rank_curves(curve: str, title: str, ylabel: str, by_rank: Mapping[str, Sequence[Sequence[float]]],
+                rounds: Sequence[tuple[int, int, int]] = ()) -> str:
+    """One line per rank: x = step, y = the curve's value; the line's group id is ``<curve>-rank<R>``.
+
+    ``rounds``: an elastic job's rounds as (round, world size, resume step), each a dashed vertical
+    marker at its resume step labelled ``round N: W ranks`` (group id ``<curve>-round<N>``), so a
+    rank's line is seen to end or start at a round. Rounds that resumed from the same step share
+    one label."""
     with _LOCK:
         figure, ax = _figure()
+        labels: dict[int, list[str]] = {}
+        for number, world_size, step in rounds:
+            ax.axvline(step, color="#718096", linestyle="--", linewidth=0.9, zorder=1,
+                       gid=series_id(curve, f"round{number}"))
+            labels.setdefault(step, []).append(f"round {number}: {world_size} ranks")
+        for step, texts in labels.items():
+            ax.text(step, 0.98, ", ".join(texts), transform=ax.get_xaxis_transform(), rotation=90, ha="right",
+                    va="top", fontsize=6, color="#4a5568", parse_math=False, gid=series_id(curve, f"round-label{step}"))
         for rank in sorted(by_rank, key=int):
             points = by_rank[rank]
             ax.plot([p[0] for p in points], [p[1] for p in points], label=f"rank {rank}", linewidth=1.2,

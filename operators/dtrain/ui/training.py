@@ -13,7 +13,7 @@ from typing import Any, Mapping
 from dtrain.launch.engine.exits import first_failure_of
 from dtrain.rundir import RunDir
 from dtrain.stall_report import summarize_records
-from dtrain.ui.metrics_cache import number
+from dtrain.ui.metrics_cache import MAX_STEP, number
 
 #: the per-rank curves, by API name: (title, y label)
 CURVES = {
@@ -27,6 +27,17 @@ MAX_POINTS = 2000
 MAX_PLOT_POINTS = 500
 #: log lines per rank in the live tails
 TAIL_LINES = 20
+#: an elastic job's rounds shown (the launcher keeps its last 1000: dtrain.launch.engine.elastic); a
+#: longer list is no launcher's and is dropped whole
+MAX_ROUNDS = 1000
+#: rounds marked on a plot, the latest ones (the table lists them all)
+MAX_MARKED_ROUNDS = 20
+#: bounds of one round, as wide as the agents' round lines can say (dtrain.launch.engine.elastic.ROUND_LINE)
+MAX_ROUND_NUMBER = 999_999_999
+MAX_ROUND_NODES = 4096
+MAX_NODE_INDEX = 99_999
+MAX_WORLD_SIZE = 1_000_000
+ROUND_KEYS = frozenset({"round", "nodes", "world_size", "resume_step"})
 
 
 def _value(record: Mapping[str, Any], curve: str) -> float | None:
@@ -71,6 +82,54 @@ def plot_points(by_rank: Mapping[str, list[list[float]]]) -> dict[str, list[list
     return {rank: _thin(points, MAX_PLOT_POINTS) for rank, points in by_rank.items()}
 
 
+def _int(value: Any, low: int, high: int) -> int | None:
+    """``value`` if it is an int (not a bool) in [low, high], else None."""
+    return value if type(value) is int and low <= value <= high else None
+
+
+def _round(entry: Any) -> dict[str, Any] | None:
+    """One round as the launcher records it, or None: its four keys, each of its type and in bounds
+    (other keys are ignored, never shown); its nodes distinct, the world size a whole number of
+    ranks per node."""
+    if not isinstance(entry, dict) or not ROUND_KEYS <= entry.keys():
+        return None
+    number_ = _int(entry["round"], 0, MAX_ROUND_NUMBER)
+    world_size = _int(entry["world_size"], 1, MAX_WORLD_SIZE)
+    resume_step = _int(entry["resume_step"], 0, MAX_STEP)
+    nodes = entry["nodes"]
+    if number_ is None or world_size is None or resume_step is None or not isinstance(nodes, list) \
+            or not 1 <= len(nodes) <= MAX_ROUND_NODES:
+        return None
+    if any(_int(node, 0, MAX_NODE_INDEX) is None for node in nodes) or len(set(nodes)) != len(nodes):
+        return None
+    if world_size % len(nodes):
+        return None
+    return {"round": number_, "nodes": list(nodes), "world_size": world_size, "resume_step": resume_step}
+
+
+def rounds_of(result: Any) -> list[dict[str, Any]]:
+    """An elastic job's rounds from the training task's result XCom (``return_value["rounds"]``),
+    validated: the XCom is untrusted (anyone who may edit the task instance may PATCH it). A list
+    longer than :data:`MAX_ROUNDS` is dropped whole, a malformed round (see :func:`_round`) or a
+    round number seen before is dropped; the rest ordered by round number. ``[]``: none (a fixed
+    job, a job still running: it has no result yet, or one that failed)."""
+    rounds = result.get("rounds") if isinstance(result, dict) else None
+    if not isinstance(rounds, list) or len(rounds) > MAX_ROUNDS:
+        return []
+    kept: dict[int, dict[str, Any]] = {}
+    for entry in rounds:
+        checked = _round(entry)
+        if checked is not None and checked["round"] not in kept:
+            kept[checked["round"]] = checked
+    return [kept[n] for n in sorted(kept)]
+
+
+def round_marks(rounds: list[dict[str, Any]]) -> tuple[tuple[int, int, int], ...]:
+    """What a plot marks of the (validated) rounds: (round, world size, resume step) of the latest
+    :data:`MAX_MARKED_ROUNDS`; hashable, so it keys the plot's cache."""
+    return tuple((r["round"], r["world_size"], r["resume_step"]) for r in rounds[-MAX_MARKED_ROUNDS:])
+
+
 def _job_state(ti_state: str | None, result: Mapping[str, Any] | None, failure, hang) -> str:
     if hang:
         return "hung"
@@ -92,10 +151,11 @@ def job_view(*, ti: Mapping[str, Any], record: Mapping[str, Any] | None, result:
     start_date, end_date, duration (as the API gives them). ``metrics``: the run's metrics records
     when already read (default: read here). ``record``: the run record
     (None: this task launched no job). ``result``: the task's return value (success only).
-    ``hang``: the hang verdict XCom. ``run``: the recorded run directory."""
+    ``hang``: the hang verdict XCom. ``run``: the recorded run directory. ``rounds``: an elastic
+    job's rounds from its result (:func:`rounds_of`; ``[]`` while it runs: no result yet)."""
     view: dict[str, Any] = {"ti": dict(ti), "job": dict(record) if record else None}
     if run is None:
-        view.update(state="no job", failure=None, hang=None, stall=None, checkpoints=[], stacks=[])
+        view.update(state="no job", failure=None, hang=None, stall=None, checkpoints=[], stacks=[], rounds=[])
         return view
     metrics = run.metrics() if metrics is None else metrics
     failure = first_failure_of(run.exits())
@@ -111,7 +171,7 @@ def job_view(*, ti: Mapping[str, Any], record: Mapping[str, Any] | None, result:
         state=_job_state(ti.get("state"), result, failure, hang),
         result={k: result.get(k) for k in ("job_id", "exit_code", "duration_s", "world_size", "failed_rank",
                                            "metrics", "state")} if result else None,
-        failure=failure, hang=hang_view, stacks=stacks,
+        failure=failure, hang=hang_view, stacks=stacks, rounds=rounds_of(result),
         stall=summarize_records(metrics, os.path.join(run.path, "metrics")) if metrics else None,
         checkpoints=run.checkpoints(),
         ranks_reporting=sorted(metrics),

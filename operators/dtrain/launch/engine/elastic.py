@@ -36,8 +36,9 @@ from dtrain.rundir import RunDir, UnsafeRunDir
 if TYPE_CHECKING:
     from dtrain.launch.engine.processes import NodeProcess
 
-#: a round line as the supervisor passes it on: ``[node<stream>] [dtrain-round] node=N round=R ...``
-ROUND_LINE = re.compile(r"\[node(\d{1,5})\] " + re.escape(ROUND_TAG)
+#: a round line as the supervisor passes it on: ``[node<stream>] [dtrain-round] node=N round=R ...``; a
+#: backend whose nodes' output is one stream (Slurm's output file) passes it on untagged
+ROUND_LINE = re.compile(r"(?:\[node(\d{1,5})\] )?" + re.escape(ROUND_TAG)
                         + r" node=(\d{1,5}) round=(\d{1,9}) group_rank=(\d{1,5}) group_world_size=(\d{1,5})")
 MAX_ROUNDS = 1000  # kept in the result (XCom); a job that re-forms more often keeps its last ones
 
@@ -56,10 +57,14 @@ class Round:
 
 
 class Rounds:
-    """The rounds of one job, from its nodes' round lines (:meth:`feed`); thread-safe."""
+    """The rounds of one job, from its nodes' round lines (:meth:`feed`); thread-safe. ``tagged``: each
+    line comes tagged with the node whose stream it came from (ssh, local), which must be the node it
+    names; untagged (Slurm's one output file), the line's own node is taken."""
 
-    def __init__(self, run_dir: str, procs_per_node: int, hosts: Sequence[str], sink: Callable[[str], None]):
+    def __init__(self, run_dir: str, procs_per_node: int, hosts: Sequence[str], sink: Callable[[str], None],
+                 tagged: bool = True):
         self.run_dir, self.procs_per_node, self.hosts, self.sink = run_dir, procs_per_node, list(hosts), sink
+        self.tagged = tagged
         self._open: dict[int, Round] = {}
         self.done: list[Round] = []
         self._lock = threading.Lock()
@@ -68,9 +73,10 @@ class Rounds:
         """Take ``line`` if it is a round line of the node whose stream it came from (True: it is
         consumed, not shown); a round is reported once every member has told it."""
         match = ROUND_LINE.fullmatch(line)
-        if match is None:
+        if match is None or (match.group(1) is None) == self.tagged:
             return False
-        stream, node, number, rank, size = map(int, match.groups())
+        node, number, rank, size = map(int, match.groups()[1:])
+        stream = int(match.group(1)) if self.tagged else node
         if stream != node or node >= len(self.hosts) or rank >= size or size > len(self.hosts):
             return False  # not this node's own line: shown as output, never counted
         with self._lock:

@@ -23,7 +23,7 @@ import socket
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
-from typing import Callable, Sequence
+from typing import Callable, Collection, Sequence
 
 from dtrain.launch.node.lease import HEARTBEAT_S, STALE_BEATS, beat_age, read_fence
 from dtrain.rundir import RunDir
@@ -119,7 +119,7 @@ def stale_after() -> float:
 
 def lost_by_leases(run_dir: str, job_id: str, nodes: int, lost_after: float, *, failed: bool,
                    hosts: Callable[[], Sequence[tuple[str, int]]], probe: Probe, silent_daemon: str | None,
-                   now: float | None = None) -> LostNode | None:
+                   now: float | None = None, exclude: Collection[int] = ()) -> LostNode | None:
     """The node job ``job_id`` lost, when its nodes' leases (:mod:`dtrain.launch.node.lease`) in the run
     directory show a sign of one; None otherwise. A stat per node and a small read per fence record:
     cheap enough for every poll. The launcher's half of the lease, for every backend whose nodes hold one.
@@ -140,11 +140,14 @@ def lost_by_leases(run_dir: str, job_id: str, nodes: int, lost_after: float, *, 
       None: the probe tells it (``fault_of`` waits for sshd's banner).
 
     A node that fenced itself while every node answers is still lost (``unreachable``, with its own
-    reason): it could not reach its peer, and its ranks are gone."""
+    reason): it could not reach its peer, and its ranks are gone.
+
+    ``exclude``: nodes not to look at (an elastic job's nodes already lost, or ended)."""
     now = time.time() if now is None else now
     files = RunDir(run_dir)
-    fenced = {i: reason for i in range(nodes) if (reason := read_fence(files, job_id, i)) is not None}
-    ages = {i: age for i in range(nodes) if (age := beat_age(files, job_id, i, now)) is not None}
+    watched = [i for i in range(nodes) if i not in exclude]
+    fenced = {i: reason for i in watched if (reason := read_fence(files, job_id, i)) is not None}
+    ages = {i: age for i in watched if (age := beat_age(files, job_id, i, now)) is not None}
     stale = set() if failed else {i for i, age in ages.items() if age >= stale_after()}
     if not (fenced or stale or (failed and ages)):
         return None
@@ -154,6 +157,8 @@ def lost_by_leases(run_dir: str, job_id: str, nodes: int, lost_after: float, *, 
     with ThreadPoolExecutor(max_workers=min(32, nodes)) as pool:
         faults = list(pool.map(lambda i: probe(*where[i]), range(nodes)))
     for index, fault in enumerate(faults):
+        if index in exclude:
+            continue
         address, why = where[index][0], f"; it fenced itself: {fenced[index]}" if index in fenced else ""
         if fault is None and silent_daemon and index in stale:
             return LostNode(index, address, "frozen", f"its {silent_daemon} accepts connections but the node's heartbeat is "

@@ -9,6 +9,12 @@ torchrun's c10d rendezvous, with two things torch 2.13 does not do:
   x ``keep_alive_max_attempt`` seconds, and some agent's sync swept it), ``num_nodes_waiting`` says
   so, and each survivor's agent restarts its workers into the next round, as for a node that joins
   (not counted against ``--max-restarts``).
+* **The launcher's word is taken at once.** The launcher knows a node is lost long before the
+  keep-alive lapses (its ssh session ended, its Slurm lease went stale): it lists the node's index
+  under :data:`LOST_KEY` in the store (:mod:`dtrain.launch.engine.rdzv_store`). Each agent publishes
+  which rendezvous member it is under :func:`node_key` (its ``DTRAIN_NODE_INDEX``), so the survivors
+  mark that member's keep-alive as lapsed and the round re-forms without the wait. A node the
+  launcher starts again is taken off the list first.
 * **A lost member is not the script's failure.** A crashed node makes its peers' workers fail at
   once (a reset connection); torchrun would count that against ``--max-restarts`` and, at 0, end the
   job. :class:`ElasticAgent` waits, after a failure, up to :func:`sweep_window` for the rendezvous to
@@ -17,6 +23,10 @@ torchrun's c10d rendezvous, with two things torch 2.13 does not do:
 After every round the handler prints one line (:data:`ROUND_TAG`): this node's index (the backend's
 ``DTRAIN_NODE_INDEX``), the round, its group rank and the group's size. The launcher gathers them
 into the job's rounds (:mod:`dtrain.launch.engine.rounds`): for the log, XCom and the Training tab.
+
+Rounds after the first complete :data:`REFORM_LAST_CALL_S` after MIN nodes are back (the first waits
+the rendered ``last_call_timeout`` for slow starters): every node that can take part is already
+running and reacts within a monitor interval.
 
 The store lives outside the training nodes (:mod:`dtrain.launch.engine.rdzv_store`, started by the
 launcher): ``is_host=0`` on every node, so the loss of any node leaves it.
@@ -38,6 +48,25 @@ ROUND_TAG = "[dtrain-round]"
 #: rendezvous drops it: a node silent for KEEP_ALIVE_S x KEEP_ALIVE_ATTEMPTS is gone from the round
 KEEP_ALIVE_S = 3
 KEEP_ALIVE_ATTEMPTS = 3
+#: seconds a round after the first waits for more nodes once MIN are in (two of SYNC_S)
+REFORM_LAST_CALL_S = 0.5
+#: seconds between two reads of the rendezvous state while an agent waits in a rendezvous (torch: 1 s,
+#: and a 1 s cache): a round re-forms within a few of them. Four reads a second per waiting agent.
+SYNC_S = 0.25
+#: the store key listing the node indexes the launcher has declared lost ("0,2"); the store process sets it
+LOST_KEY = "dtrain.lost"
+#: seconds between two looks at LOST_KEY by an agent
+LOST_CHECK_S = 1.0
+
+
+def node_key(index: str | int) -> str:
+    """The store key under which node ``index``'s agent publishes the rendezvous member it is."""
+    return f"dtrain.node.{index}"
+
+
+def member_text(node: Any) -> str:
+    """A rendezvous member (torch's _NodeDesc) as published under :func:`node_key`."""
+    return f"{node.addr}_{node.pid}_{node.local_id}"
 
 
 def sweep_window(keep_alive_s: float = KEEP_ALIVE_S, attempts: int = KEEP_ALIVE_ATTEMPTS) -> float:
@@ -53,6 +82,8 @@ def round_line(node: str, round_: int, group_rank: int, group_world_size: int) -
 @lru_cache(maxsize=None)
 def _classes():
     """(ElasticRendezvous, ElasticAgent), built on first use (torch imported here, on the node)."""
+    from datetime import datetime, timedelta, timezone
+
     from torch.distributed.elastic.agent.server.api import WorkerState
     from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
     from torch.distributed.elastic.rendezvous.dynamic_rendezvous import DynamicRendezvousHandler
@@ -60,11 +91,14 @@ def _classes():
     class ElasticRendezvous(DynamicRendezvousHandler):
         members: frozenset = frozenset()
         round_: int = -1
+        _losses_checked = 0.0
 
         def next_rendezvous(self):
             info = super().next_rendezvous()
             state = self._state_holder.state
             self.members, self.round_ = frozenset(state.participants), state.round
+            # later rounds re-form among running nodes: no wait for slow starters (shared with the op executor)
+            self._settings.timeout._last_call = timedelta(seconds=REFORM_LAST_CALL_S)
             print(round_line(os.environ.get("DTRAIN_NODE_INDEX", "?"), state.round, info.rank, info.world_size),
                   flush=True)
             return info
@@ -77,10 +111,38 @@ def _classes():
             """A member of this node's round is nowhere in the rendezvous (participants, wait or
             redundancy list): the rendezvous dropped it. A member that restarts on its own leaves and
             rejoins within one operation, so it is seen in one of them."""
+            if self._take_losses():
+                return True
             with self._heartbeat_lock:
                 self._state_holder.sync()
                 present = set(self._state_holder.state.last_heartbeats)
             return bool(self.members - present)
+
+        def _take_losses(self) -> bool:
+            """Mark the keep-alive of every member the launcher declared lost as lapsed (at most once
+            every LOST_CHECK_S): the next sync of any agent drops it from the rendezvous. True when a
+            member of this node's round is among them."""
+            if time.monotonic() - self._losses_checked < LOST_CHECK_S or not self._store.check([LOST_KEY]):
+                return False
+            self._losses_checked = time.monotonic()
+            lost = [i for i in self._store.get(LOST_KEY).decode(errors="replace").split(",") if i.isdigit()]
+            doomed = {self._store.get(node_key(i)).decode(errors="replace") for i in lost
+                      if self._store.check([node_key(i)])}
+            if not doomed:
+                return False
+            with self._heartbeat_lock:
+                for _ in range(5):  # the state is compare-and-set: another agent may write it meanwhile
+                    self._state_holder.sync()
+                    beats = self._state_holder.state.last_heartbeats
+                    hit = [member for member in beats if member_text(member) in doomed]
+                    if not hit:
+                        break
+                    for member in hit:
+                        beats[member] = datetime(1970, 1, 1, tzinfo=timezone.utc)
+                    self._state_holder.mark_dirty()
+                    if self._state_holder.sync():
+                        break
+            return any(member_text(member) in doomed for member in self.members)
 
         def member_lost(self, within: float) -> bool:
             """Whether the rendezvous drops a member of this round within ``within`` seconds (seen
@@ -130,7 +192,26 @@ def elastic_handler(params: Any):
         keep_alive_interval=params.get_as_int("keep_alive_interval", KEEP_ALIVE_S),
         keep_alive_max_attempt=params.get_as_int("keep_alive_max_attempt", KEEP_ALIVE_ATTEMPTS))
     handler._backend_name = ELASTIC  # what get_backend() reports: the registry checks it
+    _quicker_syncs(handler)
+    store.set(node_key(os.environ.get("DTRAIN_NODE_INDEX", "?")), member_text(handler._this_node))
     return handler
+
+
+def _quicker_syncs(handler: Any) -> None:
+    """Read the rendezvous state every SYNC_S seconds while waiting in a rendezvous (this agent
+    process's only one), not torch's 1 s (and a 1 s cache): a round re-forms in about a second."""
+    from torch.distributed.elastic.rendezvous import dynamic_rendezvous
+
+    handler._state_holder._cache_duration = SYNC_S
+    delay = dynamic_rendezvous._delay
+    if getattr(delay, "dtrain", False):
+        return
+
+    def quicker(seconds):  # the SYNC wait is a number; the first round's random skew a range: kept
+        delay(min(seconds, SYNC_S) if isinstance(seconds, (int, float)) else seconds)
+
+    quicker.dtrain = True
+    dynamic_rendezvous._delay = quicker
 
 
 def elastic_agent_class():

@@ -241,24 +241,25 @@ class LeaseArgs:
 
 
 def parse_args(argv: list[str] | None, prog: str = "python -m dtrain.launch.node.lease",
-               targets: bool = True) -> LeaseArgs:
+               targets: Sequence[str] = ("peer", "own")) -> LeaseArgs:
     """The lease's arguments, checked (exit 2 naming the field, the value and what is allowed, before
-    anything starts). ``targets``: whether --peer and --own are taken (a backend may find them itself)."""
+    anything starts). ``targets``: which of --peer and --own are taken (a backend may find them itself)."""
     parser = argparse.ArgumentParser(prog=prog, description="hold this node's lease on its job")
     parser.add_argument("--run-dir", required=True)
     parser.add_argument("--node", required=True)
     parser.add_argument("--job-id", required=True)
     parser.add_argument("--lease", required=True, help="seconds without reaching the peer before fencing")
-    if targets:
+    if "peer" in targets:
         parser.add_argument("--peer", default="", help="ADDRESS:PORT this node must reach (empty: only the clock check)")
+    if "own" in targets:
         parser.add_argument("--own", default="", help="ADDRESS:PORT of this node's own daemon, which must answer")
     args = parser.parse_args(argv)
     try:
         grammar.check("--job-id", args.job_id, grammar.NAME, "letters, digits and _ . + - (1-128)")
         node = int(grammar.finite("--node", args.node, minimum=0, maximum=1 << 20))
         lease = grammar.finite("--lease", args.lease, minimum=LEASE_CHECK_S * 2, maximum=86400)
-        peer = parse_peer(args.peer) if targets and args.peer else None
-        own = parse_peer(args.own, "--own") if targets and args.own else None
+        peer = parse_peer(args.peer) if "peer" in targets and args.peer else None
+        own = parse_peer(args.own, "--own") if "own" in targets and args.own else None
         RunDir(args.run_dir)
     except (SpecError, UnsafeRunDir) as e:
         parser.error(str(e))

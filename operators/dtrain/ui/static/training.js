@@ -58,7 +58,9 @@
     const list = $("summary-list");
     list.replaceChildren();
     const rows = [
-      ["backend", job.backend], ["shape", `${job.nodes} node(s) x ${job.procs_per_node} proc(s) = ${job.world_size} ranks`],
+      ["backend", job.backend], ["shape", Number.isInteger(job.min_nodes)
+        ? `elastic: ${job.min_nodes} to ${job.nodes} node(s) x ${job.procs_per_node} proc(s), at most ${job.world_size} ranks`
+        : `${job.nodes} node(s) x ${job.procs_per_node} proc(s) = ${job.world_size} ranks`],
       ["distribution", job.distribution], ["task state", t.state], ["try", t.try_number],
       ["duration", seconds(result.duration_s !== undefined ? result.duration_s : t.duration_s)],
       ["exit code", result.exit_code !== undefined ? result.exit_code
@@ -156,6 +158,20 @@
     show("stall", true);
   }
 
+  function renderRounds(view) {
+    // An elastic job's rounds, from its result (the server validated them; none while it runs).
+    const rounds = Array.isArray(view.rounds) ? view.rounds : [];
+    const body = $("round-table").querySelector("tbody");
+    body.replaceChildren();
+    for (const r of rounds) {
+      const row = el("tr", null, {"data-round": r.round});
+      for (const cell of [r.round, (r.nodes || []).join(", "), r.world_size, r.resume_step]) row.append(el("td", cell));
+      body.append(row);
+    }
+    $("rounds").dataset.count = String(rounds.length);
+    show("rounds", rounds.length > 0);
+  }
+
   function renderCheckpoints(view) {
     const body = $("checkpoint-table").querySelector("tbody");
     body.replaceChildren();
@@ -201,6 +217,7 @@
     renderFailure(view);
     renderHang(view);
     renderStall(view);
+    renderRounds(view);
     renderCheckpoints(view);
     await Promise.all([renderPlots(), renderTails()]);
     document.body.dataset.refreshes = String(Number(document.body.dataset.refreshes) + 1);

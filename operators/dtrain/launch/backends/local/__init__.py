@@ -114,6 +114,7 @@ class LocalBackend(Backend):
         """A simulated node is lost when its agent ends by a signal this backend did not send."""
         if code >= 0 or self.supervisor.stop_reason is not None:
             return None
+        self.store.lost(node.index)  # the survivors re-form the round now, not when its keep-alive lapses
         return LostNode(node.index, LOOPBACK, "gone", f"its agent was killed (signal {-code})")
 
     def poll(self, handle: JobHandle) -> JobStatus:

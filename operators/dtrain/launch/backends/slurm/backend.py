@@ -7,6 +7,14 @@ submitting process by nature, so every submission can be deferred or re-attached
 handle holds the Slurm job id and the run directory, where the batch script records
 srun's exit status. The pure part (options, script, parsing) is :mod:`.render`.
 
+An elastic job (``nodes="MIN:MAX"``, blocking mode) keeps its allocation when a node fails
+(``--no-kill`` on sbatch and srun, no ``--kill-on-bad-exit``); its rendezvous store runs with the
+launcher, and each node leases against it. A lost node (its lease: :mod:`.lost`) ends the job only
+when fewer than MIN nodes are left (:class:`~dtrain.launch.engine.elastic.Membership`); the others
+record their end per node. Slurm's srun waits for a lost node until SlurmdTimeout declares it down
+(minutes), so once every node left has finished the launcher reports the result and cancels what
+Slurm still holds. The batch script's own node is the exception: its loss ends the job (Slurm's).
+
 A cancel gives the ranks the spec's ``stop_grace`` to save a checkpoint (Slurm's own cancel
 escalates to SIGKILL after the cluster-wide ``KillWait``, which no job can set): first
 ``scancel --signal=TERM`` (every step's processes, no SIGKILL after it), then a wait that ends
@@ -22,6 +30,7 @@ import os
 import shutil
 import subprocess
 import time
+from dataclasses import replace
 from typing import Mapping
 
 from dtrain.errors import DTrainError, LaunchError
@@ -29,9 +38,13 @@ from dtrain.launch.backends.base import Backend, DryRunRequest, JobHandle, JobSt
 from dtrain.launch.backends.slurm import lost
 from dtrain.launch.backends.slurm import render as R
 from dtrain.launch.backends.slurm.render import SlurmOptions
+from dtrain.launch.engine.elastic import Membership, Rounds
 from dtrain.launch.engine.exits import exit_records, ranks_exited_since
 from dtrain.launch.engine.job import Job
 from dtrain.launch.engine.lost import LostNode, shows_a_lost_node
+from dtrain.launch.engine.net import address_towards, free_port
+from dtrain.launch.engine.rdzv_store import RendezvousStore
+from dtrain.launch.engine.torchrun import Elastic
 from dtrain.launch.engine.placement import Placement
 from dtrain.launch.engine.spec import LaunchSpec
 from dtrain.launch.engine.tailfile import TAIL_LINES, LogFollower, read_tail
@@ -183,6 +196,7 @@ class SlurmBackend(Backend):
     install_hint = "apt-get install slurm-client (sbatch, squeue, scontrol, scancel)"
     option_names = tuple(SlurmOptions.__dataclass_fields__)
     supports_detached = True
+    supports_elastic = True
     cli_module = "dtrain.launch.backends.slurm.cli"
     carries_secret_env = True  # sbatch's environment, not the script (see sbatch())
     #: torchrun agents only; the node addresses a TF cluster needs exist only once the job runs
@@ -195,6 +209,9 @@ class SlurmBackend(Backend):
         self.grace_seconds = grace_seconds
         self._terminate_grace: float | None = None
         self._followers: dict[str, LogFollower] = {}
+        self.store: RendezvousStore | None = None  # an elastic job's (and its bookkeeping)
+        self.membership: Membership | None = None
+        self._ended: set[int] = set()
 
     @classmethod
     def resolve_placement(cls, placement: Placement) -> SlurmOptions:
@@ -214,12 +231,36 @@ class SlurmBackend(Backend):
         return spec.resolved
 
     def dryrun(self, job: Job, *, detached: bool = False) -> DryRunRequest:
-        script = R.render_sbatch(job, self._options(job.spec), node_env=self.node_env(job))
+        script = R.render_sbatch(job, self._options(job.spec), node_env=self.node_env(job),
+                                 rdzv=self._elastic_rdzv(job.spec, detached))
         return DryRunRequest(backend=self.name, argvs=(tuple(R.sbatch_argv(R.script_path(job))),), script=script)
+
+    @staticmethod
+    def _elastic_rdzv(spec: LaunchSpec, detached: bool) -> Elastic | None:
+        """An elastic job's store: on this host, at its address on the route to the cluster's nodes."""
+        if not spec.elastic:
+            return None
+        if detached:
+            from dtrain.errors import SpecError
+
+            raise SpecError("deferrable", True, "False for an elastic job (nodes=MIN:MAX): its rendezvous store "
+                                                "lives with the launcher")
+        nodes = R.parse_nodes(lost.scontrol(R.all_nodes_argv()))
+        if not nodes:
+            raise LaunchError("scontrol did not say where the cluster's nodes are: the elastic job's nodes "
+                              "could not be told where its rendezvous store is", 1)
+        return Elastic(address_towards(next(iter(nodes.values()))[0]), free_port("0.0.0.0"))
 
     def submit(self, job: Job, *, detached: bool = False) -> JobHandle:
         options = self._options(job.spec)
-        script = R.write_script(job, options, self.node_env(job))
+        rdzv = self._elastic_rdzv(job.spec, detached)
+        if rdzv is not None:
+            self.membership = Membership(job.spec.min_nodes, self.sink)
+            self.rounds = Rounds(job.run_dir, job.spec.procs_per_node, [f"SLURM_NODEID={i}" for i in range(job.spec.nodes)],
+                                 self.sink, tagged=False)
+            self.store = RendezvousStore()
+            self.store.start(rdzv.port)
+        script = R.write_script(job, options, self.node_env(job), rdzv)
         job_id = sbatch(script, cwd=job.spec.workdir, secret_env=job.spec.secret_env)
         self.poll_interval = options.poll_interval
         self.sink(f"[dtrain] submitted slurm job {job_id} ({job.spec.nodes} node(s)); "
@@ -233,14 +274,41 @@ class SlurmBackend(Backend):
     def _with_tail(self, handle: JobHandle, status: JobStatus) -> JobStatus:
         """A finished job's status carries the end of its output file (why it failed, or its summary)."""
         if status.done:
-            from dataclasses import replace
-
             return replace(status, tail=read_tail(R.log_path(handle.run_dir, handle.backend_job_id), TAIL_LINES))
         return status
 
     def poll(self, handle: JobHandle) -> JobStatus:
         status = self._with_tail(handle, query(handle.backend_job_id, handle.run_dir))
+        if self.membership is not None:
+            return self._poll_elastic(handle, status)
         return self._lost(handle, status, lost_node_of(handle, status))
+
+    def _poll_elastic(self, handle: JobHandle, status: JobStatus) -> JobStatus:
+        """An elastic job's status from its nodes' own records and leases, Slurm's state only when it
+        ended by itself (cancelled, out of time): a lost node with MIN left is no end."""
+        from dtrain.launch.node.lease import read_fence
+
+        nodes, members, files = int(handle.data["nodes"]), self.membership, RunDir(handle.run_dir)
+        for node, code in R.read_node_exits(handle.run_dir, handle.backend_job_id, nodes).items():
+            # a node that fenced itself recorded its agent's end too: its lease tells it lost, below
+            if node not in self._ended and (code == 0 or read_fence(files, handle.job_id, node) is None):
+                self._ended.add(node)
+                members.node_ended(node, code, [])
+        if status.state == "RUNNING":
+            verdict = lost.lost_node(handle.job_id, handle.backend_job_id, handle.run_dir, nodes,
+                                     float(handle.data["lost_after"]), failed=False,
+                                     exclude=self._ended | set(members.lost))
+            if verdict is not None:
+                self.store.lost(verdict.node)  # the survivors re-form the round now, not when its keep-alive lapses
+                members.node_lost(verdict, nodes - len(self._ended) - len(members.lost) - 1)
+        decided = members.status(nodes - len(self._ended) - len(members.lost))
+        if decided is None:
+            return status
+        if decided.ok and not status.done:
+            self.sink(f"[dtrain] every node left has finished; cancelling slurm job {handle.backend_job_id}, "
+                      f"which Slurm holds for its lost node(s) until it declares them down")
+            scancel(handle.backend_job_id)
+        return decided if decided.tail or decided.ok else replace(decided, tail=status.tail)
 
     async def async_poll(self, handle: JobHandle) -> JobStatus:
         import asyncio
@@ -256,13 +324,20 @@ class SlurmBackend(Backend):
 
     def follow(self, handle: JobHandle) -> None:
         follower = self._followers.setdefault(handle.backend_job_id,
-                                              LogFollower(R.log_path(handle.run_dir, handle.backend_job_id), self.sink))
+                                              LogFollower(R.log_path(handle.run_dir, handle.backend_job_id),
+                                                          self._output_line))
         follower.poll()
+
+    def _output_line(self, line: str) -> None:
+        if self.rounds is None or not self.rounds.feed(line):
+            self.sink(line)
 
     def release(self, handle: JobHandle) -> None:
         follower = self._followers.pop(handle.backend_job_id, None)
         if follower is not None:
             follower.poll(final=True)
+        if self.store is not None:
+            self.store.stop()
 
     def cancel(self, handle: JobHandle, grace: float | None = None) -> None:
         """SIGTERM the ranks and give them ``grace`` seconds (default: the spec's stop_grace; the

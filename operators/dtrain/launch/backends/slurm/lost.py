@@ -18,16 +18,17 @@ every node's slurmd port is probed with a TCP handshake, each node's NodeAddr an
 from __future__ import annotations
 
 import subprocess
+from typing import Collection
 
 from dtrain.launch.backends.slurm import render as R
 from dtrain.launch.engine.lost import PROBE_TIMEOUT_S, LostNode, handshake_fault, lost_by_leases
 
 
 def lost_node(job_id: str, slurm_job_id: str, run_dir: str, nodes: int, lost_after: float, *, failed: bool,
-              now: float | None = None) -> LostNode | None:
+              now: float | None = None, exclude: Collection[int] = ()) -> LostNode | None:
     """The node job ``job_id`` (Slurm's ``slurm_job_id``) lost, when its leases show a sign of one; None
-    otherwise. ``failed``: the job has ended with a failure."""
-    return lost_by_leases(run_dir, job_id, nodes, lost_after, failed=failed, now=now,
+    otherwise. ``failed``: the job has ended with a failure; ``exclude``: nodes not to look at."""
+    return lost_by_leases(run_dir, job_id, nodes, lost_after, failed=failed, now=now, exclude=exclude,
                           hosts=lambda: job_hosts(slurm_job_id), silent_daemon="slurmd",
                           probe=lambda address, port: handshake_fault(address, port, timeout=PROBE_TIMEOUT_S))
 

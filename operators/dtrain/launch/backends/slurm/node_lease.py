@@ -11,6 +11,9 @@
 * **own** is this node's slurmd (``SLURMD_NODENAME``): killed, nothing could stop this node's ranks
   any more (Slurm signals a job's processes through it), so the node fences itself after the lease.
 
+An elastic job's node (``--peer``: the launcher's rendezvous store) leases against that store instead:
+its peers may come and go, and a node cut off from the store cannot take part in the next round.
+
 A single-node job has no peer (the clock check and its own slurmd only). When Slurm cannot say where
 the nodes are, the lease holds with the clock check only, and says so.
 """
@@ -33,8 +36,9 @@ def targets(node_list: str, node: int) -> tuple[tuple[str, int] | None, tuple[st
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = lease.parse_args(argv, prog="python -m dtrain.launch.backends.slurm.node_lease", targets=False)
+    args = lease.parse_args(argv, prog="python -m dtrain.launch.backends.slurm.node_lease", targets=("peer",))
     peer, own = targets(os.environ.get("SLURM_JOB_NODELIST", ""), args.node)
+    peer = args.peer or peer
     if own is None:
         print(f"{lease.ANNOUNCE} node={args.node}: Slurm did not say where the job's nodes are: "
               "this node's lease checks the clock only", file=sys.stderr, flush=True)

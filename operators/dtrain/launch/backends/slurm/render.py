@@ -31,7 +31,7 @@ from dtrain.errors import DTrainError, LaunchError, SpecError
 from dtrain.launch.backends.base import JobStatus, contract_node_env
 from dtrain.launch.engine.job import Job
 from dtrain.launch.engine.lost import DEFAULT_LOST_AFTER_S, MIN_LOST_AFTER_S
-from dtrain.launch.engine.torchrun import Static, agent_argv
+from dtrain.launch.engine.torchrun import Elastic, Static, agent_argv
 from dtrain.rundir import RunDir
 
 SCRIPT_NAME = "slurm-job.sh"
@@ -236,6 +236,11 @@ def exit_path(run_dir: str, slurm_job_id: str) -> str:
     return os.path.join(run_dir, f"slurm-{slurm_job_id}.exit")
 
 
+def node_exit_path(run_dir: str, slurm_job_id: str, node: int) -> str:
+    """Where an elastic job's node records its agent's exit status (:data:`ELASTIC_NODE_SHELL`)."""
+    return os.path.join(run_dir, f"slurm-{slurm_job_id}.node{int(node)}.exit")
+
+
 def stop_path(run_dir: str, slurm_job_id: str) -> str:
     """Written by the launcher before it SIGTERMs the job's steps (a stop it will end with a cancel)."""
     return os.path.join(run_dir, f"slurm-{slurm_job_id}.stop")
@@ -260,10 +265,11 @@ def check_run_dir(run_dir: str) -> None:
                   "(it appears on an #SBATCH --output line)")
 
 
-def node_argv(job: Job, python: str) -> list[str]:
+def node_argv(job: Job, python: str, rdzv: Elastic | None = None) -> list[str]:
     """torchrun for one node, static rendezvous: Slurm fixes membership; the endpoint and node rank
-    come at run time from PET_MASTER_ADDR/PORT and PET_NODE_RANK (= SLURM_NODEID) per node."""
-    return agent_argv(job.spec, python=python, job_id=job.job_id, rdzv=Static())
+    come at run time from PET_MASTER_ADDR/PORT and PET_NODE_RANK (= SLURM_NODEID) per node. An elastic
+    job's (``rdzv``): at the launcher's store, each node naming the address it reaches it from."""
+    return agent_argv(job.spec, python=python, job_id=job.job_id, rdzv=rdzv or Static())
 
 
 # Runs inside every srun task: the per-node values exist only there. A constant: no user value in it.
@@ -275,14 +281,29 @@ def node_argv(job: Job, python: str) -> list[str]:
 # the shell, so that no trap runs. "$1" is the agent's interpreter. Beside the agent the node holds
 # its lease (.node_lease: it beats, and fences the node when it cannot reach the next node's slurmd,
 # or its own slurmd stops answering); the reap stops it with the rest.
-NODE_SHELL = ('export NODE_RANK="$SLURM_NODEID" DTRAIN_NODE_INDEX="$SLURM_NODEID" PET_NODE_RANK="$SLURM_NODEID" '
-              'PET_MASTER_ADDR="$MASTER_ADDR" PET_MASTER_PORT="$MASTER_PORT"; py="$1"; '
-              'reap() { "$py" -m dtrain.launch.node.proctree reap "$DTRAIN_JOB_ID" --node "$SLURM_NODEID"; }; '
-              '"$py" -m dtrain.launch.backends.slurm.node_lease --run-dir "$DTRAIN_RUN_DIR" --node "$SLURM_NODEID" '
-              '--job-id "$DTRAIN_JOB_ID" --lease "$DTRAIN_LOST_AFTER" & '
-              'DTRAIN_AGENT_PARENT=$$ "$@" & agent=$!; '
-              'trap \'kill -TERM "$agent" 2>/dev/null; wait "$agent"; reap; exit 143\' TERM INT HUP; '
-              'wait "$agent"; status=$?; reap; exit "$status"')
+_RANK_EXPORTS = ('export NODE_RANK="$SLURM_NODEID" DTRAIN_NODE_INDEX="$SLURM_NODEID" PET_NODE_RANK="$SLURM_NODEID" '
+                 'PET_MASTER_ADDR="$MASTER_ADDR" PET_MASTER_PORT="$MASTER_PORT"; ')
+_LEASE = ('"$py" -m dtrain.launch.backends.slurm.node_lease --run-dir "$DTRAIN_RUN_DIR" --node "$SLURM_NODEID" '
+          '--job-id "$DTRAIN_JOB_ID" --lease "$DTRAIN_LOST_AFTER"')
+
+
+def _node_shell(exports: str, lease: str, on_end: str = "", functions: str = "") -> str:
+    return (exports + 'py="$1"; '
+            'reap() { "$py" -m dtrain.launch.node.proctree reap "$DTRAIN_JOB_ID" --node "$SLURM_NODEID"; }; '
+            + functions + lease + ' & '
+            'DTRAIN_AGENT_PARENT=$$ "$@" & agent=$!; '
+            'trap \'kill -TERM "$agent" 2>/dev/null; wait "$agent"; reap; exit 143\' TERM INT HUP; '
+            'wait "$agent"; status=$?; reap; ' + on_end + 'exit "$status"')
+
+
+NODE_SHELL = _node_shell(_RANK_EXPORTS, _LEASE)
+# An elastic job's node: its rank comes from each round; its lease holds against the launcher's rendezvous
+# store (its peers may come and go); and its agent's exit status is recorded per node (:func:`node_exit_path`),
+# since srun waits for a lost node until Slurm declares it down (SlurmdTimeout, minutes).
+ELASTIC_NODE_SHELL = _node_shell(
+    'export DTRAIN_NODE_INDEX="$SLURM_NODEID"; ', _LEASE + ' --peer "$DTRAIN_LEASE_PEER"', 'record "$status"; ',
+    'record() { tmp=$(mktemp "$DTRAIN_RUN_DIR/.slurm-$SLURM_JOB_ID.node$SLURM_NODEID.XXXXXX") && echo "$1" > "$tmp" '
+    '&& mv -f "$tmp" "$DTRAIN_RUN_DIR/slurm-$SLURM_JOB_ID.node$SLURM_NODEID.exit"; }; ')
 
 _ADDR_FUNCTION = """\
 # A node's address: its NodeAddr in slurm.conf, else DNS; node names need not resolve.
@@ -304,11 +325,14 @@ def export_line(name: str, value: str) -> str:
 
 
 def render_sbatch(job: Job, options: SlurmOptions, *, workdir: str | None = None,
-                  node_env: Mapping[str, str] | None = None) -> str:
+                  node_env: Mapping[str, str] | None = None, rdzv: Elastic | None = None) -> str:
     """The complete sbatch script for ``job``. Pure: the same inputs give the same text. ``node_env``:
     what every node gets (the backend's :meth:`~dtrain.launch.backends.base.Backend.node_env`, its
-    default when None); each node adds its index from SLURM_NODEID."""
+    default when None); each node adds its index from SLURM_NODEID. ``rdzv``: an elastic job's store
+    (the launcher's); its job keeps its allocation when a node fails (``--no-kill``, sbatch and srun)."""
     spec = job.spec
+    if spec.elastic and rdzv is None:
+        raise DTrainError("an elastic job's script needs the launcher's rendezvous store (rdzv)")
     check_run_dir(job.run_dir)
     python = options.python or sys.executable
     workdir = spec.workdir or workdir or os.getcwd()
@@ -318,6 +342,7 @@ def render_sbatch(job: Job, options: SlurmOptions, *, workdir: str | None = None
     directives = [
         f"--job-name={options.job_name or job.job_id}",
         f"--nodes={spec.nodes}",
+        *(["--no-kill"] if spec.elastic else []),
         "--ntasks-per-node=1",
         *([f"--gpus-per-node={gpus}"] if gpus else []),
         *([f"--time={options.time_limit}"] if options.time_limit else []),
@@ -334,11 +359,26 @@ def render_sbatch(job: Job, options: SlurmOptions, *, workdir: str | None = None
         node_env = contract_node_env(job, None, grace=spec.stop_grace)
     # Secrets stay out of the script: sbatch's environment carries them.
     env = {name: value for name, value in node_env.items() if name not in spec.secret_env}
+    if spec.elastic:
+        env["DTRAIN_LEASE_PEER"] = f"{rdzv.host}:{rdzv.port}"
     exports = [export_line(name, value) for name, value in sorted(env.items())]
     port = str(options.master_port) if options.master_port else "$((20000 + SLURM_JOB_ID % 20000))"
+    # a fixed job ends when one node fails; an elastic one goes on without it (and Slurm keeps its allocation)
     srun = ["srun", f"--nodes={spec.nodes}", f"--ntasks={spec.nodes}", "--ntasks-per-node=1",
-            "--kill-on-bad-exit=1", "bash", "-c", NODE_SHELL, "dtrain-node"]
-    command = " \\\n  ".join([" ".join(q(a) for a in srun), " ".join(q(a) for a in node_argv(job, python))])
+            *(["--no-kill", "bash", "-c", ELASTIC_NODE_SHELL] if spec.elastic
+              else ["--kill-on-bad-exit=1", "bash", "-c", NODE_SHELL]), "dtrain-node"]
+    command = " \\\n  ".join([" ".join(q(a) for a in srun), " ".join(q(a) for a in node_argv(job, python, rdzv))])
+    if spec.elastic:
+        rendezvous = [f'echo "[dtrain] slurm job $SLURM_JOB_ID on $SLURM_JOB_NODELIST: elastic ({spec.placement.nnodes} '
+                      f'nodes), rendezvous store {rdzv.host}:{rdzv.port}"']
+    else:
+        rendezvous = [
+            'MASTER_NODE=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)',
+            'MASTER_ADDR=$(dtrain_node_addr "$MASTER_NODE")',
+            f"MASTER_PORT={port}",
+            "export MASTER_ADDR MASTER_PORT",
+            'echo "[dtrain] slurm job $SLURM_JOB_ID on $SLURM_JOB_NODELIST: rendezvous $MASTER_NODE ($MASTER_ADDR:$MASTER_PORT)"',
+        ]
     exit_file = q(job.run_dir) + '/slurm-"$SLURM_JOB_ID".exit'
     stop_file = q(job.run_dir) + '/slurm-"$SLURM_JOB_ID".stop'
     lines = [
@@ -350,11 +390,7 @@ def render_sbatch(job: Job, options: SlurmOptions, *, workdir: str | None = None
         *exports,
         _ADDR_FUNCTION,
         f"export DTRAIN_LOST_AFTER={options.lost_after:g}",
-        'MASTER_NODE=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)',
-        'MASTER_ADDR=$(dtrain_node_addr "$MASTER_NODE")',
-        f"MASTER_PORT={port}",
-        "export MASTER_ADDR MASTER_PORT",
-        'echo "[dtrain] slurm job $SLURM_JOB_ID on $SLURM_JOB_NODELIST: rendezvous $MASTER_NODE ($MASTER_ADDR:$MASTER_PORT)"',
+        *rendezvous,
         command,
         "status=$?",
         # mktemp creates the temporary file exclusively: a link a rank planted is never written through.
@@ -372,10 +408,10 @@ def script_path(job: Job) -> str:
     return os.path.join(job.run_dir, SCRIPT_NAME)
 
 
-def write_script(job: Job, options: SlurmOptions, node_env: Mapping[str, str]) -> str:
+def write_script(job: Job, options: SlurmOptions, node_env: Mapping[str, str], rdzv: Elastic | None = None) -> str:
     """Render and write the script into the run directory (exclusive no-follow temp file + rename);
     returns its path. Owner-only permissions: the script carries the job's environment."""
-    text = render_sbatch(job, options, node_env=node_env)
+    text = render_sbatch(job, options, node_env=node_env, rdzv=rdzv)
     return RunDir(job.run_dir).write(SCRIPT_NAME, data=text.encode(), mode=0o700)
 
 
@@ -412,6 +448,10 @@ def parse_nodes(text: str) -> dict[str, tuple[str, int]]:
 
 def show_nodes_argv(node_list: str) -> list[str]:
     return ["scontrol", "show", "node", "-o", node_list]
+
+
+def all_nodes_argv() -> list[str]:
+    return ["scontrol", "show", "node", "-o"]
 
 
 def hostnames_argv(node_list: str) -> list[str]:
@@ -457,6 +497,21 @@ def decide(job_id: str, fields: dict[str, str], recorded_exit: int | None) -> Jo
         return JobStatus(state, done=True, exit_code=_code_from_state(state, fields.get("ExitCode")), reason=reason)
     return JobStatus("UNKNOWN", done=True, exit_code=UNKNOWN_JOB_EXIT_CODE,
                      reason="Slurm no longer knows the job and it left no exit record")
+
+
+def read_node_exits(run_dir: str, slurm_job_id: str, nodes: int) -> dict[int, int]:
+    """An elastic job's per-node exit records (:func:`node_exit_path`): node index -> status, each a
+    small integer read without following a link (a rank can write them: they only end its own job)."""
+    found = {}
+    files = RunDir(run_dir)
+    for node in range(nodes):
+        try:
+            raw = files.read(os.path.basename(node_exit_path(run_dir, slurm_job_id, node)), limit=32)
+        except ValueError:
+            continue
+        if raw is not None and raw.strip().isdigit():
+            found[node] = int(raw.strip())
+    return found
 
 
 def read_exit_record(run_dir: str, slurm_job_id: str) -> int | None:

@@ -62,10 +62,10 @@ from dtrain.launch.backends.ssh.hostfile import (HOST_OPTIONS, KEEPALIVE_S, SETT
 from dtrain.launch.engine.elastic import Membership, Rounds
 from dtrain.launch.engine.job import Job
 from dtrain.launch.engine.lost import LOST_EXIT_CODE, PROBE_TIMEOUT_S, LostNode, fault_of, lost_node
-from dtrain.launch.engine.net import free_port
+from dtrain.launch.engine.net import address_towards, free_port
 from dtrain.launch.engine.placement import Placement
 from dtrain.launch.engine.processes import NodeProcess, NodeSupervisor
-from dtrain.launch.engine.rdzv_store import RendezvousStore, address_towards
+from dtrain.launch.engine.rdzv_store import RendezvousStore
 from dtrain.launch.engine.spec import LaunchSpec
 from dtrain.launch.engine.torchrun import Elastic, Static, agent_argv
 
@@ -375,6 +375,7 @@ class SSHBackend(Backend):
         if code != LOST_EXIT_CODE or self._stop.is_set():
             return None
         host = self.hosts[node.index]
+        self.store.lost(node.index)  # the survivors re-form the round now, not when its keep-alive lapses
         verdict = lost_node(node.index, host.address, self.settings.login_port(host),
                             timeout=min(PROBE_TIMEOUT_S, self.settings.connect_timeout))
         threading.Thread(target=self._bring_back, args=(node.index,), name=f"dtrain-rejoin-{node.index}",
@@ -395,6 +396,7 @@ class SSHBackend(Backend):
                         return
                     self.pgids.pop(index, None)
                     self.membership.returned(index)
+                    self.store.back(index)
                     self.sink(f"[dtrain] node {index} ({host.address}) answers again: it rejoins at the next round")
                     self.supervisor.start_node(index, self._request.argvs[index], self._request.stdin[index].encode())
                 return

@@ -1,0 +1,90 @@
+"""Elastic jobs (``nodes="MIN:MAX"``) on a real three-node Slurm cluster (slurmd on hosts with their own
+addresses, tests/netcluster.py): the allocation survives a node's crash (``--no-kill``) and the survivors
+finish at world size 2 with the demo's accuracy; fewer than MIN left ends the job with the lost-node
+verdict. The node that runs the batch script (node 0) is not the one crashed: its loss ends a Slurm job.
+Nothing of the job is left on any host, nor in Slurm's queue."""
+
+from __future__ import annotations
+
+import sys
+import threading
+
+import pytest
+
+from dtrain.launch.engine import retry
+from dtrain.launch.engine.elastic import latest_step
+from dtrain.launch.engine.launcher import Launcher
+from tests.faults.test_elastic import DIGITS, ELASTIC_TRAIN, nothing_left
+from tests.services import _net_slurm_cluster
+from tests.slurm.cluster import queue
+from tests.slurm.conftest import cpu_spec
+from tests.support import poll_until
+
+pytestmark = [pytest.mark.timeout(420)]
+
+
+@pytest.fixture
+def three_slurm_nodes():
+    yield from _net_slurm_cluster(3)
+
+
+def launch(spec):
+    lines: list[str] = []
+    launcher = Launcher(spec, sink=lines.append)
+    results = []
+    thread = threading.Thread(target=lambda: results.append(launcher.run()), daemon=True)
+    thread.start()
+    return launcher, thread, results, lines
+
+
+def nothing_running(cluster) -> bool:
+    """No job of the cluster runs or waits: one that lost a node stays COMPLETING until Slurm declares the
+    node down (SlurmdTimeout, 60 s here); its processes on the other nodes are gone by then."""
+    out = cluster.run(["squeue", "-h", "-o", "%T"]).stdout.split()
+    return all(state == "COMPLETING" for state in out)
+
+
+def said(lines, text: str) -> bool:
+    return any(text in line for line in lines)
+
+
+def test_a_crashed_node_leaves_a_slurm_job_that_finishes_on_two_with_a_correct_model(three_slurm_nodes, tmp_path):
+    net, run_dir = three_slurm_nodes.net, str(tmp_path / "run")
+    spec = cpu_spec(DIGITS + ["--epochs", "12", "--step-sleep", "0.05", "--checkpoint-every", "10"], nodes="2:3",
+                    procs_per_node=1, run_dir=run_dir, stop_grace=2.0, backend_options={"lost_after": 12})
+    launcher, thread, results, lines = launch(spec)
+    assert poll_until(lambda: said(lines, "[dtrain] round 0: 3 node(s)"), 180, 0.2), "\n".join(lines[-40:])
+    assert poll_until(lambda: latest_step(run_dir) > 0, 120, 0.2), "\n".join(lines[-40:])
+    net.crash(2)
+    thread.join(240)
+    assert not thread.is_alive(), "\n".join(lines[-40:])
+    result = results[0]
+    assert result.exit_code == 0, "\n".join(lines[-60:])
+    assert said(lines, f"[dtrain] node 2 ({net.hosts[2].address}) lost: gone"), "\n".join(lines[-60:])
+    assert [sorted(r["nodes"]) for r in result.rounds] == [[0, 1, 2], [0, 1]], result.rounds
+    assert result.rounds[1]["resume_step"] >= 10, result.rounds
+    assert result.metrics["world_size"] == 2 and result.metrics["test_accuracy"] >= 0.95, result.metrics
+    assert poll_until(lambda: nothing_running(three_slurm_nodes), 30, 0.5), queue(three_slurm_nodes)
+    nothing_left(result.job_id)
+
+
+def test_fewer_than_min_slurm_nodes_end_the_job_with_the_lost_node_verdict(three_slurm_nodes, tmp_path):
+    net, run_dir = three_slurm_nodes.net, str(tmp_path / "run")
+    spec = cpu_spec([sys.executable, ELASTIC_TRAIN, str(tmp_path / "out"), "--until-file", str(tmp_path / "never")],
+                    nodes="2:3", procs_per_node=1, run_dir=run_dir, stop_grace=2.0, backend_options={"lost_after": 12})
+    launcher, thread, results, lines = launch(spec)
+    assert poll_until(lambda: said(lines, "[dtrain] round 0: 3 node(s)"), 180, 0.2), "\n".join(lines[-40:])
+    assert poll_until(lambda: latest_step(run_dir) > 0, 120, 0.2), "\n".join(lines[-40:])
+    net.crash(1)
+    net.crash(2)
+    thread.join(180)
+    assert not thread.is_alive(), "\n".join(lines[-40:])
+    result = results[0]
+    assert result.exit_code == 255 and result.lost["node"] in (1, 2) and result.lost["fault"] == "gone", \
+        "\n".join(lines[-60:])
+    assert said(lines, "fewer than 2: the job cannot go on")
+    with pytest.raises(Exception) as raised:
+        result.raise_for_status()
+    assert retry.classify(raised.value).action == retry.RETRY
+    assert poll_until(lambda: nothing_running(three_slurm_nodes), 60, 0.5), queue(three_slurm_nodes)
+    nothing_left(result.job_id)
