@@ -50,8 +50,8 @@ def said(lines, text: str) -> bool:
 
 def test_a_crashed_node_leaves_a_slurm_job_that_finishes_on_two_with_a_correct_model(three_slurm_nodes, tmp_path):
     net, run_dir = three_slurm_nodes.net, str(tmp_path / "run")
-    spec = cpu_spec(DIGITS + ["--epochs", "12", "--step-sleep", "0.05", "--checkpoint-every", "10"], nodes="2:3",
-                    procs_per_node=1, run_dir=run_dir, stop_grace=2.0, backend_options={"lost_after": 12})
+    spec = cpu_spec(DIGITS + ["--epochs", "8", "--step-sleep", "0.05", "--checkpoint-every", "10"], nodes="2:3",
+                    procs_per_node=1, run_dir=run_dir, stop_grace=2.0, backend_options={"lost_after": 11})
     launcher, thread, results, lines = launch(spec)
     assert poll_until(lambda: said(lines, "[dtrain] round 0: 3 node(s)"), 180, 0.2), "\n".join(lines[-40:])
     assert poll_until(lambda: latest_step(run_dir) > 0, 120, 0.2), "\n".join(lines[-40:])
@@ -71,7 +71,7 @@ def test_a_crashed_node_leaves_a_slurm_job_that_finishes_on_two_with_a_correct_m
 def test_fewer_than_min_slurm_nodes_end_the_job_with_the_lost_node_verdict(three_slurm_nodes, tmp_path):
     net, run_dir = three_slurm_nodes.net, str(tmp_path / "run")
     spec = cpu_spec([sys.executable, ELASTIC_TRAIN, str(tmp_path / "out"), "--until-file", str(tmp_path / "never")],
-                    nodes="2:3", procs_per_node=1, run_dir=run_dir, stop_grace=2.0, backend_options={"lost_after": 12})
+                    nodes="2:3", procs_per_node=1, run_dir=run_dir, stop_grace=2.0, backend_options={"lost_after": 11})
     launcher, thread, results, lines = launch(spec)
     assert poll_until(lambda: said(lines, "[dtrain] round 0: 3 node(s)"), 180, 0.2), "\n".join(lines[-40:])
     assert poll_until(lambda: latest_step(run_dir) > 0, 120, 0.2), "\n".join(lines[-40:])

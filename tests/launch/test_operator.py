@@ -90,3 +90,15 @@ def test_deferrable_default_comes_from_airflow_config(setting, expected):
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env)
     assert out.returncode == 0, out.stderr
     assert out.stdout.split() == [str(expected), "False"]
+
+
+def test_an_elastic_job_is_refused_deferrable_before_anything_starts(tmp_path):
+    from dtrain.errors import SpecError
+    from dtrain.launch.airflow.operator import DistributedTrainingOperator
+
+    op = DistributedTrainingOperator(task_id="t", command=[script("fail_rank.py")], nodes="1:2", procs_per_node=1,
+                                     run_dir=str(tmp_path / "run"), deferrable=True)
+    with pytest.raises(SpecError) as e:
+        op.execute({"run_id": "r1"})
+    assert e.value.field == "deferrable" and "elastic" in str(e.value)
+    assert not (tmp_path / "run").exists()

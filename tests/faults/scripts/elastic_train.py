@@ -28,6 +28,7 @@ def main() -> int:
     import torch.distributed as dist
 
     from dtrain.training.checkpoint import CheckpointManager
+    from dtrain.training.watchdog import heartbeat
 
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
@@ -42,6 +43,7 @@ def main() -> int:
         if stop.item() > 0:
             break
         step += 1
+        heartbeat()  # progress for the launcher's hang watch (hang_timeout)
         if ckpt.should_save(step):
             ckpt.save(step, {"world_size": world})
         time.sleep(args.step_sleep)

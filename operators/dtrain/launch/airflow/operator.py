@@ -27,6 +27,7 @@ from typing import Any, Sequence
 from airflow.configuration import conf
 from airflow.sdk import BaseOperator, ResumableJobMixin
 
+from dtrain.errors import SpecError
 from dtrain.launch.airflow.links import LINKS
 from dtrain.launch.airflow.placement_args import PLACEMENT_FIELDS, PlacementArgs
 from dtrain.launch.airflow.retry_policy import TrainingRetryPolicy
@@ -47,7 +48,8 @@ class DistributedTrainingOperator(PlacementArgs, ResumableJobMixin, BaseOperator
 
     Args:
         command: argv run on every rank (templated; no shell).
-        nodes: number of nodes (templated; strings from Params are converted).
+        nodes: number of nodes (templated; strings from Params are converted), or "MIN:MAX" for an elastic
+            job (local, ssh, slurm; docs/elastic.md).
         procs_per_node: processes per node (templated).
         distribution: ``pytorch`` | ``deepspeed`` | ``mpi`` | ``tensorflow`` (templated).
         backend: a registered backend (``local`` | ``ssh`` | ``slurm`` | ``mpi`` | an installed one; templated).
@@ -85,7 +87,8 @@ class DistributedTrainingOperator(PlacementArgs, ResumableJobMixin, BaseOperator
         durable: (``ResumableJobMixin``, default True) on backends whose jobs outlive the worker,
             submit detached and record the job in the task state store, so that a retry after a
             worker crash re-attaches to it (or takes its result if it already succeeded) instead of
-            running it twice. False: the job is tied to the worker process, as with ``local``.
+            running it twice. False: the job is tied to the worker process, as with ``local``. An
+            elastic job (``nodes="MIN:MAX"``) always runs attached: its rendezvous store lives with the task.
         retry_policy: Airflow's retry policy; default :class:`TrainingRetryPolicy` (bad input fails
             at once, transient faults retry; ``retries`` still bounds the tries). None: no policy.
         aws_conn_id: an Airflow AWS connection whose credentials every rank gets as the standard
@@ -195,13 +198,19 @@ class DistributedTrainingOperator(PlacementArgs, ResumableJobMixin, BaseOperator
         from dtrain.launch.engine.launcher import Launcher
 
         spec = self.build_spec(context)  # raises SpecError before anything starts
+        if spec.elastic and self.deferrable:
+            raise SpecError("deferrable", True, "False for an elastic job (nodes=MIN:MAX): its rendezvous store "
+                                                "lives with the task that launches it (docs/elastic.md)")
         self._record_run(spec, context)
         if self.deferrable:
             from dtrain.launch.airflow.deferrable import defer_job
 
             return defer_job(self, spec, context)
         self._launcher = Launcher(spec, sink=self.log.info)
-        if self.durable and self._launcher.backend.supports_detached:
+        if spec.elastic and self.durable:
+            self.log.info("an elastic job runs attached to this task (not durable): its rendezvous store lives "
+                          "with the task (docs/elastic.md)")
+        if self.durable and self._launcher.backend.supports_detached and not spec.elastic:
             self._result = None
             # The mixin returns poll_until_complete's value only when it reconnects; the result is
             # kept on the operator instead, whichever way the job was reached (as Athena's does).

@@ -236,6 +236,8 @@ class Backend(abc.ABC):
     poll_interval: float = 0.02
     #: an elastic job's rounds as this backend saw them form (dtrain.launch.engine.elastic.Rounds); None otherwise
     rounds: Any = None
+    #: called with each round of an elastic job as it forms (the launcher's hang watch follows the world size)
+    on_round: Callable[[Any], None] | None = None
     #: seconds between SIGTERM and SIGKILL on a stop; None: the spec's ``stop_grace``
     grace_seconds: float | None = None
 

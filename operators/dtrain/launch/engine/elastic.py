@@ -62,9 +62,9 @@ class Rounds:
     names; untagged (Slurm's one output file), the line's own node is taken."""
 
     def __init__(self, run_dir: str, procs_per_node: int, hosts: Sequence[str], sink: Callable[[str], None],
-                 tagged: bool = True):
+                 tagged: bool = True, on_round: Callable[[Round], None] | None = None):
         self.run_dir, self.procs_per_node, self.hosts, self.sink = run_dir, procs_per_node, list(hosts), sink
-        self.tagged = tagged
+        self.tagged, self.on_round = tagged, on_round
         self._open: dict[int, Round] = {}
         self.done: list[Round] = []
         self._lock = threading.Lock()
@@ -97,6 +97,8 @@ class Rounds:
         nodes = ", ".join(f"{i} ({self.hosts[i]})" for i in sorted(round_.members, key=round_.members.__getitem__))
         self.sink(f"[dtrain] round {round_.round}: {round_.nodes} node(s) [{nodes}], world size {round_.world_size}, "
                   f"from step {round_.resume_step}")
+        if self.on_round is not None:
+            self.on_round(round_)
 
     def to_list(self) -> list[dict[str, Any]]:
         with self._lock:

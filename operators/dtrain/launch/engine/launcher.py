@@ -156,8 +156,11 @@ class Launcher:
         if self.spec.hang_timeout is None:
             return None
         job.rank_env.update(hang.rank_env(job.run_dir, job.rank_env))
-        return hang.HangWatch(job.run_dir, self.spec.world_size, self.spec.hang_timeout,
-                              on_hang=self._on_hang, sink=self.sink).start()
+        watch = hang.HangWatch(job.run_dir, self.spec.world_size, self.spec.hang_timeout,
+                               on_hang=self._on_hang, sink=self.sink)
+        if self.spec.elastic:  # watch the ranks of the current round: those of a lost node stopped for good
+            self.backend.on_round = lambda round_: setattr(watch.detector, "world_size", round_.world_size)
+        return watch.start()
 
     def _on_hang(self, verdict: hang.HangVerdict) -> None:
         self.hang_verdict = verdict

@@ -7,7 +7,7 @@ with node 0). The launcher starts this small process next to itself::
     python -m dtrain.launch.engine.rdzv_store PORT
 
 It hosts a TCPStore on PORT (chosen free by the backend's dry run; every interface: the nodes reach it
-at the launcher's address on their route, :func:`~dtrain.launch.engine.net.address_towards`), prints
+at the launcher's address on their route, :func:`store_address`), prints
 ``port=N`` and serves until its stdin closes (the launcher ended it, or died: the pipe closes with
 it) or it is signalled; it also dies with its parent
 (:func:`~dtrain.launch.node.proctree.die_with_parent`). Meanwhile it reads the launcher's word on
@@ -28,10 +28,19 @@ import time
 
 from dtrain.errors import LaunchError
 from dtrain.launch.node.elastic_rdzv import LOST_KEY
+from dtrain.launch.node.netif import source_address
 from dtrain.launch.node.proctree import PARENT_ENV
 
 PORT_PREFIX = "port="
 START_TIMEOUT_S = 60.0  # torch's import on a loaded host
+
+
+def store_address(node: str) -> str:
+    """The address at which node ``node`` reaches a server on this host: ours on the route to it."""
+    address = source_address(node)
+    if address is None:
+        raise LaunchError(f"no route from this host to {node}: its agent could not reach the rendezvous store here", 1)
+    return address
 
 
 class RendezvousStore:

@@ -183,15 +183,13 @@ class LaunchSpec:
         return self.placement.elastic
 
     def _check_elastic(self) -> None:
-        """What an elastic job cannot have yet: a fixed world size built into its settings."""
+        """What an elastic job cannot have: a world size fixed in its distribution's settings."""
         if not self.elastic:
             return
         if self.distribution != "pytorch":
             raise SpecError("distribution", self.distribution, "pytorch for an elastic job (nodes=MIN:MAX): "
                                                                "DeepSpeed's batch arithmetic and TF_CONFIG fix the world size")
-        if self.hang_timeout is not None:
-            raise SpecError("hang_timeout", self.hang_timeout, "None for an elastic job (nodes=MIN:MAX): the hang "
-                                                               "watch expects every rank of a fixed world")
+
 
     @property
     def resolved(self) -> Any:

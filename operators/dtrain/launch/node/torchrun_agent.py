@@ -129,11 +129,11 @@ def main(argv: list[str] | None = None) -> None:
     if args.rdzv_backend == ELASTIC:  # its agent: a lost member's restart is not the script's failure
         from torch.distributed.launcher import api as launcher_api
 
-        from dtrain.launch.engine.net import address_towards
+        from dtrain.launch.node.netif import source_address
 
         launcher_api.LocalElasticAgent = elastic_agent_class()
         if not args.local_addr:  # the address this node reaches the store from: where its peers reach it
-            args.local_addr = address_towards(args.rdzv_endpoint.rpartition(":")[0].strip("[]"))
+            args.local_addr = source_address(args.rdzv_endpoint.rpartition(":")[0].strip("[]"))
     if args.rdzv_backend == RESTARTABLE_STATIC:
         if not args.rdzv_endpoint:
             args.rdzv_endpoint = f"{args.master_addr}:{args.master_port or 29500}"

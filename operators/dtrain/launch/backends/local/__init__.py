@@ -104,7 +104,7 @@ class LocalBackend(Backend):
     def _start_elastic(self, job: Job, port: int) -> None:
         spec = job.spec
         self.membership = Membership(spec.min_nodes, self.sink)
-        self.rounds = Rounds(job.run_dir, spec.procs_per_node, [LOOPBACK] * spec.nodes, self.sink)
+        self.rounds = Rounds(job.run_dir, spec.procs_per_node, [LOOPBACK] * spec.nodes, self.sink, on_round=self.on_round)
         self.store = RendezvousStore(self.python)
         self.store.start(port)
         self.sink(f"[dtrain] elastic: {spec.placement.nnodes} nodes; rendezvous store {LOOPBACK}:{self.store.port} "

@@ -42,8 +42,8 @@ from dtrain.launch.engine.elastic import Membership, Rounds
 from dtrain.launch.engine.exits import exit_records, ranks_exited_since
 from dtrain.launch.engine.job import Job
 from dtrain.launch.engine.lost import LostNode, shows_a_lost_node
-from dtrain.launch.engine.net import address_towards, free_port
-from dtrain.launch.engine.rdzv_store import RendezvousStore
+from dtrain.launch.engine.net import free_port
+from dtrain.launch.engine.rdzv_store import RendezvousStore, store_address
 from dtrain.launch.engine.torchrun import Elastic
 from dtrain.launch.engine.placement import Placement
 from dtrain.launch.engine.spec import LaunchSpec
@@ -249,15 +249,16 @@ class SlurmBackend(Backend):
         if not nodes:
             raise LaunchError("scontrol did not say where the cluster's nodes are: the elastic job's nodes "
                               "could not be told where its rendezvous store is", 1)
-        return Elastic(address_towards(next(iter(nodes.values()))[0]), free_port("0.0.0.0"))
+        return Elastic(store_address(next(iter(nodes.values()))[0]), free_port("0.0.0.0"))
 
     def submit(self, job: Job, *, detached: bool = False) -> JobHandle:
         options = self._options(job.spec)
         rdzv = self._elastic_rdzv(job.spec, detached)
         if rdzv is not None:
             self.membership = Membership(job.spec.min_nodes, self.sink)
-            self.rounds = Rounds(job.run_dir, job.spec.procs_per_node, [f"SLURM_NODEID={i}" for i in range(job.spec.nodes)],
-                                 self.sink, tagged=False)
+            self.rounds = Rounds(job.run_dir, job.spec.procs_per_node,
+                                 [f"SLURM_NODEID={i}" for i in range(job.spec.nodes)], self.sink, tagged=False,
+                                 on_round=self.on_round)
             self.store = RendezvousStore()
             self.store.start(rdzv.port)
         script = R.write_script(job, options, self.node_env(job), rdzv)

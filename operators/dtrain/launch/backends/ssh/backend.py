@@ -62,10 +62,10 @@ from dtrain.launch.backends.ssh.hostfile import (HOST_OPTIONS, KEEPALIVE_S, SETT
 from dtrain.launch.engine.elastic import Membership, Rounds
 from dtrain.launch.engine.job import Job
 from dtrain.launch.engine.lost import LOST_EXIT_CODE, PROBE_TIMEOUT_S, LostNode, fault_of, lost_node
-from dtrain.launch.engine.net import address_towards, free_port
+from dtrain.launch.engine.net import free_port
 from dtrain.launch.engine.placement import Placement
 from dtrain.launch.engine.processes import NodeProcess, NodeSupervisor
-from dtrain.launch.engine.rdzv_store import RendezvousStore
+from dtrain.launch.engine.rdzv_store import RendezvousStore, store_address
 from dtrain.launch.engine.spec import LaunchSpec
 from dtrain.launch.engine.torchrun import Elastic, Static, agent_argv
 
@@ -305,7 +305,7 @@ class SSHBackend(Backend):
             raise SpecError("deferrable", True, "False for an elastic job (nodes=MIN:MAX): its rendezvous store "
                                                 "lives with the launcher")
         # an elastic job's store runs here, at our address on the nodes' route; a fixed job's on node 0
-        server = address_towards(hosts[0].address) if spec.elastic else hosts[0].address
+        server = store_address(hosts[0].address) if spec.elastic else hosts[0].address
         port = (spec.rdzv_port or free_port("0.0.0.0")) if spec.elastic else self.free_port(spec)
         workdir = spec.workdir or os.getcwd()
         grace = self.stop_grace(spec)
@@ -358,7 +358,8 @@ class SSHBackend(Backend):
         spec = job.spec
         self._request = request
         self.membership = Membership(spec.min_nodes, self.sink)
-        self.rounds = Rounds(job.run_dir, spec.procs_per_node, [h.host for h in self.hosts], self.sink)
+        self.rounds = Rounds(job.run_dir, spec.procs_per_node, [h.host for h in self.hosts], self.sink,
+                             on_round=self.on_round)
         self.store = RendezvousStore()
         self.store.start(int(request.env["MASTER_PORT"]))
         spares = len(self.hosts) - spec.nodes
