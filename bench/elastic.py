@@ -19,7 +19,8 @@ process of the host killed), and the job recovers:
 The Airflow retry overhead: before the cluster starts, a real Airflow (tests/airflow_services.py:
 api-server, scheduler with its LocalExecutor, dag-processor, on SQLite; no triggerer, a retry does not
 use it) runs the probe DAG ``bench/dags/retry_probe.py`` ``--probes`` times: one task, ``retries=1``,
-``retry_delay=0``, whose first try fails at once and whose second succeeds at once; each try writes the
+``retry_delay`` as the pipeline factory sets it (``RETRY_DELAY``, 10 s), whose first try fails at once and
+whose second succeeds at once; each try writes the
 time its callable starts (and the first, the time just before it raises). Per run, the overhead is from
 the first try's raise to the second try's callable start (the second launch's start in the in-process
 relaunch follows the first's end at once), in three parts, the dates from the REST API's tries endpoint:
@@ -29,8 +30,8 @@ processes ended, the scheduler finds the try up for retry and queues it, the exe
 whose supervisor stamps ``start_date`` as the task process starts) and *start-up* (``start_date`` to the
 callable: the task process parses the DAG file, which imports the training operator, and builds the
 task's context). Then Airflow is stopped (nothing of it runs while the jobs are timed). Still
-favouring the relaunch: ``retry_delay`` 0 (Airflow's default is 5 min, the pipeline factory's 10 s),
-the test setup's scheduler idle sleep of 0.25 s (Airflow's default 1 s), a hostfile fixed instantly (a
+favouring the relaunch: the factory's ``retry_delay`` (Airflow's own default is 5 min), the test setup's
+scheduler idle sleep of 0.25 s (Airflow's default 1 s), a hostfile fixed instantly (a
 real edit, by a person or a tool, costs more), and the operator's own work before its launch starts
 (not in the probe).
 
@@ -41,7 +42,9 @@ checkpoint's) whose step is above that peak: downtime plus redone steps, the sam
 hosts' sshd is started again (a reboot: same keys, same address) after each crash. The two ways
 alternate (the order swaps every repetition, so load drifts hit both alike); per-repetition figures
 (the relaunch's as in-process + Airflow retry), then one line with the median of each, their ratio (the
-goal: elastic loses at most half as much) and the ratio against the in-process relaunch alone.
+goal: elastic loses at most half as much), and two ratios that favour the relaunch more: against the
+relaunch with Airflow's retry machinery but no ``retry_delay`` at all, and against the in-process
+relaunch alone.
 
 Needs root (namespaces, sshd). Nothing is left behind: Airflow is stopped after the probes, the
 cluster is removed at the end, and the run directories (and Airflow's home) with them unless a run
@@ -69,11 +72,14 @@ sys.path.insert(0, REPO)
 from dtrain.launch.engine.elastic import latest_step  # noqa: E402
 from dtrain.launch.engine.launcher import Launcher, LaunchResult  # noqa: E402
 from dtrain.launch.engine.spec import LaunchSpec  # noqa: E402
-from dtrain.launch.node.proctree import environ_of  # noqa: E402
 from tests.airflow_services import AirflowServices, bundle  # noqa: E402
 from tests.faults.airflow_fixtures import tries  # noqa: E402
 from tests.netcluster import PREFIX, NetCluster, leftovers  # noqa: E402
 from tests.remote.sshd_cluster import SSHCluster, start_cluster  # noqa: E402
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from faults import job_pids  # noqa: E402  (bench/faults.py: the same look for a job's processes)
+from dtrain.pipeline.factory import RETRY_DELAY  # noqa: E402
 
 HOSTS, VICTIM = 3, 2
 EVERY, FAULT_STEP = 10, 15  # checkpoint every 10 steps; the fault once rank 0 logged step 15 (5 steps to redo)
@@ -277,20 +283,6 @@ def airflow_retry_overhead(work: str, probes: int) -> list[dict[str, float]]:
     return found
 
 
-def job_pids(work: str) -> set[int]:
-    """Live processes of any of the bench's jobs, on any host (their environment names a run dir under ``work``)."""
-    found = set()
-    for name in os.listdir("/proc"):
-        if name.isdigit() and (environ_of(int(name)) or {}).get("DTRAIN_RUN_DIR", "").startswith(work + os.sep):
-            try:
-                with open(f"/proc/{name}/stat", encoding="utf-8") as fh:
-                    if fh.read().rsplit(")", 1)[1].split()[0] != "Z":
-                        found.add(int(name))
-            except OSError:
-                continue
-    return found
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=3)
@@ -329,7 +321,7 @@ def main() -> None:
             cluster.stop()
     finally:
         net.stop()
-        left = [f"pid {pid}" for pid in sorted(job_pids(work))]
+        left = [f"pid {pid}" for pid in sorted(job_pids(work, below=True))]
         left += [thing for thing in leftovers() if f"{PREFIX}{net.tag}" in thing]
         if left:
             print(f"  left behind by the bench: {', '.join(left)}", flush=True)
@@ -338,13 +330,15 @@ def main() -> None:
     else:
         shutil.rmtree(work)  # kept when a run failed (SystemExit above), for a look at its run directory and log
     e, r = statistics.median(times["elastic"]), statistics.median(times["relaunch"])
+    delay = RETRY_DELAY.total_seconds()
     print(f"elastic: node loss costs {e:.1f} s (elastic continuation) vs {r + airflow:.1f} s (relaunch from "
-          f"checkpoint by an Airflow retry: in-process {r:.1f} s + Airflow retry {airflow:.1f} s), ratio "
-          f"{e / (r + airflow):.2f} (goal <= 0.5; vs the in-process relaunch alone {e / r:.2f}); median of "
+          f"checkpoint by an Airflow retry: in-process {r:.1f} s + Airflow retry {airflow:.1f} s, of which "
+          f"retry_delay {delay:g} s), ratio {e / (r + airflow):.2f} (goal <= 0.5; without the retry_delay "
+          f"{e / (r + airflow - delay):.2f}; vs the in-process relaunch alone {e / r:.2f}); median of "
           f"{args.repeats}, 3 ssh hosts x 1 proc, host 2 crashed at step {FAULT_STEP} (checkpoint every {EVERY}, "
           f"{STEP_SLEEP:g} s steps), fault to rank 0 past its step; Airflow retry: median of {args.probes} probes "
           f"(end {parts['end']:.2f} + between tries {parts['between tries']:.2f} + start-up "
-          f"{parts['start-up']:.2f} s), retry_delay 0, LocalExecutor on SQLite; "
+          f"{parts['start-up']:.2f} s), the pipeline factory's retry_delay, LocalExecutor on SQLite; "
           f"bench {time.monotonic() - started:.0f} s")
 
 

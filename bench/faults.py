@@ -93,11 +93,13 @@ RESUME_JOB = [sys.executable, "-m", "dtrain.training.reference.train_digits", "-
               "--checkpoint-every", str(EVERY), "--step-sleep", "0.2"]
 
 
-def job_pids(run_dir: str) -> set[int]:
-    """Every live process of the job on any host: its environment names the run directory."""
+def job_pids(run_dir: str, below: bool = False) -> set[int]:
+    """Every live process of the job on any host: its environment names the run directory (``below``:
+    or any run directory under it, for every job of a bench)."""
     found = set()
     for name in os.listdir("/proc"):
-        if name.isdigit() and (environ_of(int(name)) or {}).get("DTRAIN_RUN_DIR") == run_dir:
+        named = (environ_of(int(name)) or {}).get("DTRAIN_RUN_DIR", "") if name.isdigit() else ""
+        if named == run_dir or (below and named.startswith(run_dir + os.sep)):
             try:
                 with open(f"/proc/{name}/stat", encoding="utf-8") as fh:
                     if fh.read().rsplit(")", 1)[1].split()[0] != "Z":

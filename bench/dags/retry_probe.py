@@ -1,7 +1,8 @@
 """The retry probe of bench/elastic.py: what an Airflow retry itself costs, between a try that failed and
 the next try's user code.
 
-One task, ``retries=1``, ``retry_delay=0``: its first try fails at once, its second succeeds at once. Each
+One task, ``retries=1``, ``retry_delay`` as a pipeline from the factory has it (``RETRY_DELAY``, 10 s): its
+first try fails at once, its second succeeds at once. Each
 try appends a line to the file ``params.out`` (JSON: try, event ``start`` when its callable begins and
 ``fail`` just before it raises, the wall-clock time), which the bench reads next to the tries' start and
 end dates from the REST API. The DAG file imports the training operator, as a training DAG does, so the
@@ -12,12 +13,13 @@ from __future__ import annotations
 
 import json
 import time
-from datetime import datetime, timedelta
+from datetime import datetime
 
 from airflow.providers.standard.operators.python import PythonOperator
 from airflow.sdk import DAG, Param
 
 import dtrain.launch.airflow.operator  # noqa: F401 (parse-time cost of a training DAG)
+from dtrain.pipeline.factory import RETRY_DELAY
 
 DAG_ID, TASK_ID = "bench_retry_probe", "probe"
 
@@ -37,5 +39,5 @@ def probe(**context) -> None:
 
 with DAG(dag_id=DAG_ID, schedule=None, start_date=datetime(2026, 1, 1), catchup=False,
          params={"out": Param("/nonexistent", type="string")},
-         default_args={"retries": 1, "retry_delay": timedelta(seconds=0)}):
+         default_args={"retries": 1, "retry_delay": RETRY_DELAY}):
     PythonOperator(task_id=TASK_ID, python_callable=probe)

@@ -79,6 +79,8 @@ SET_BY_FACTORY = frozenset({"task_id", "command", "nodes", "procs_per_node", "di
                             "pre_execute"})
 MODEL_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.+-]{0,127}")
 PARAM_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,63}")
+#: a pipeline's tasks retry once, this long after a failure (default_args may say otherwise)
+RETRY_DELAY = dt.timedelta(seconds=10)
 
 VERSION = param_jinja("dataset_version")
 PART = "{{ dtrain_partition(dag_run) }}"
@@ -617,7 +619,7 @@ def retraining_pipeline(
         max_active_runs=max_active_runs,
         params=all_params,
         user_defined_macros=_macros(a),
-        default_args={"retries": 1, "retry_delay": dt.timedelta(seconds=10), **(default_args or {})},
+        default_args={"retries": 1, "retry_delay": RETRY_DELAY, **(default_args or {})},
         tags=["dtrain", "retraining", *tags],
         doc_md=doc_md or __doc__.split("\n\n", 1)[0],
     ) as dag:

@@ -108,11 +108,13 @@ def _classes():
             return waiting or int(self._member_gone())
 
         def _member_gone(self) -> bool:
+            """The launcher declared a member of this node's round lost, or the rendezvous dropped one."""
+            return self._take_losses() or self._swept()
+
+        def _swept(self) -> bool:
             """A member of this node's round is nowhere in the rendezvous (participants, wait or
             redundancy list): the rendezvous dropped it. A member that restarts on its own leaves and
             rejoins within one operation, so it is seen in one of them."""
-            if self._take_losses():
-                return True
             with self._heartbeat_lock:
                 self._state_holder.sync()
                 present = set(self._state_holder.state.last_heartbeats)
@@ -145,13 +147,16 @@ def _classes():
             return any(member_text(member) in doomed for member in self.members)
 
         def member_lost(self, within: float) -> bool:
-            """Whether the rendezvous drops a member of this round within ``within`` seconds (seen
-            twice, half a second apart, so a member between leaving and rejoining is not taken)."""
+            """Whether the launcher declares a member of this round lost, or the rendezvous drops one
+            (seen twice, half a second apart, so a member between leaving and rejoining is not taken),
+            within ``within`` seconds."""
             deadline = time.monotonic() + within
             while True:
-                if self._member_gone():
+                if self._take_losses():
+                    return True
+                if self._swept():
                     time.sleep(0.5)
-                    if self._member_gone():
+                    if self._swept():
                         return True
                 if time.monotonic() >= deadline:
                     return False
