@@ -4,6 +4,7 @@ of Slurm's answers. Pure: no daemon needed (the real runs are in test_cluster.py
 from __future__ import annotations
 
 import os
+import shlex
 import shutil
 import string
 import subprocess
@@ -81,6 +82,35 @@ def test_sbatch_script_exact():
     options = SlurmOptions(partition="gpu", time_limit="2-00:00:00", account="ml-team", python="/opt/venv/bin/python",
                            extra_sbatch=("--qos=high", "--exclusive"))
     assert render_sbatch(make_job(), options, workdir="/shared/my code") == EXPECTED
+
+
+def test_an_elastic_script_keeps_its_allocation_and_meets_at_the_launchers_store():
+    """nodes=2:3: the allocation survives a node failure (--no-kill, sbatch and srun; no
+    --kill-on-bad-exit), the agents meet at the launcher's store, each node leases against that store
+    and records its end; no node rank from Slurm (each round gives its own)."""
+    from dtrain.launch.backends.slurm.render import ELASTIC_NODE_SHELL
+    from dtrain.launch.engine.torchrun import Elastic
+
+    spec = LaunchSpec(command=["train.py"], nodes="2:3", procs_per_node=4, backend="slurm", gpus_per_node=4)
+    job = Job(spec=spec, job_id="dtrain-el1", run_dir="/shared/runs/dtrain-el1", rank_env={"DTRAIN_JOB_ID": "dtrain-el1"})
+    text = render_sbatch(job, SlurmOptions(python="/py"), workdir="/w", rdzv=Elastic("10.0.0.1", 29411))
+    lines = text.splitlines()
+    assert lines[1:4] == ["#SBATCH --job-name=dtrain-el1", "#SBATCH --nodes=3", "#SBATCH --no-kill"]
+    assert "export DTRAIN_LEASE_PEER=10.0.0.1:29411" in lines and not any("MASTER_" in line for line in lines)
+    srun = next(i for i, line in enumerate(lines) if line.startswith("srun "))
+    assert lines[srun - 1] == ('echo "[dtrain] slurm job $SLURM_JOB_ID on $SLURM_JOB_NODELIST: elastic (2:3 nodes), '
+                               'rendezvous store 10.0.0.1:29411"')
+    assert lines[srun] == ("srun --nodes=3 --ntasks=3 --ntasks-per-node=1 --no-kill bash -c "
+                           + shlex.quote(ELASTIC_NODE_SHELL) + " dtrain-node \\")
+    assert lines[srun + 1] == (
+        "  /py -m dtrain.launch.node.torchrun_agent --nnodes=2:3 --nproc-per-node=4 --rdzv-backend=dtrain-c10d "
+        "--rdzv-endpoint=10.0.0.1:29411 --rdzv-id=dtrain-el1 --rdzv-conf=is_host=0,join_timeout=300,"
+        "last_call_timeout=5,keep_alive_interval=3,keep_alive_max_attempt=3 --max-restarts=0 --no-python "
+        "/py -m dtrain.launch.node.rank_entry train.py")
+    assert 'export DTRAIN_NODE_INDEX="$SLURM_NODEID"; ' in ELASTIC_NODE_SHELL and "NODE_RANK=" not in ELASTIC_NODE_SHELL
+    assert '--peer "$DTRAIN_LEASE_PEER"' in ELASTIC_NODE_SHELL and 'record "$status"' in ELASTIC_NODE_SHELL
+    with pytest.raises(Exception):  # an elastic script needs the store
+        render_sbatch(job, SlurmOptions(python="/py"), workdir="/w")
 
 
 def test_hostile_values_reach_the_program_verbatim_through_real_bash(tmp_path):

@@ -33,7 +33,7 @@ import time
 from dataclasses import replace
 from typing import Mapping
 
-from dtrain.errors import DTrainError, LaunchError
+from dtrain.errors import DTrainError, LaunchError, SpecError
 from dtrain.launch.backends.base import Backend, DryRunRequest, JobHandle, JobStatus, run_async
 from dtrain.launch.backends.slurm import lost
 from dtrain.launch.backends.slurm import render as R
@@ -241,8 +241,6 @@ class SlurmBackend(Backend):
         if not spec.elastic:
             return None
         if detached:
-            from dtrain.errors import SpecError
-
             raise SpecError("deferrable", True, "False for an elastic job (nodes=MIN:MAX): its rendezvous store "
                                                 "lives with the launcher")
         nodes = R.parse_nodes(lost.scontrol(R.all_nodes_argv()))
@@ -306,6 +304,8 @@ class SlurmBackend(Backend):
         if decided is None:
             return status
         if decided.ok and not status.done:
+            if not members.lost:
+                return status  # every node finished: Slurm ends the job in a moment, COMPLETED
             self.sink(f"[dtrain] every node left has finished; cancelling slurm job {handle.backend_job_id}, "
                       f"which Slurm holds for its lost node(s) until it declares them down")
             scancel(handle.backend_job_id)
