@@ -1,7 +1,7 @@
 """Elastic jobs (``nodes="MIN:MAX"``) on a real three-node Slurm cluster (slurmd on hosts with their own
 addresses, tests/netcluster.py): the allocation survives a node's crash (``--no-kill``) and the survivors
-finish at world size 2 with the demo's accuracy; fewer than MIN left ends the job with the lost-node
-verdict. The node that runs the batch script (node 0) is not the one crashed: its loss ends a Slurm job.
+finish at world size 2 with the demo's accuracy; a node cut off is left behind (it fences itself); fewer
+than MIN left ends the job with the lost-node verdict. The node that runs the batch script (node 0) is not the one crashed: its loss ends a Slurm job.
 Nothing of the job is left on any host, nor in Slurm's queue."""
 
 from __future__ import annotations
@@ -14,6 +14,8 @@ import pytest
 from dtrain.launch.engine import retry
 from dtrain.launch.engine.elastic import latest_step
 from dtrain.launch.engine.launcher import Launcher
+from dtrain.launch.node.lease import read_fence
+from dtrain.rundir import RunDir
 from tests.faults.test_elastic import DIGITS, ELASTIC_TRAIN, nothing_left
 from tests.services import _net_slurm_cluster
 from tests.slurm.cluster import queue
@@ -68,19 +70,32 @@ def test_a_crashed_node_leaves_a_slurm_job_that_finishes_on_two_with_a_correct_m
     nothing_left(result.job_id)
 
 
-def test_fewer_than_min_slurm_nodes_end_the_job_with_the_lost_node_verdict(three_slurm_nodes, tmp_path):
+def test_a_cut_off_slurm_node_is_left_behind_then_fewer_than_min_end_the_job(three_slurm_nodes, tmp_path):
+    """Node 2's host cut off: its peers hang in their all-reduce until the rendezvous drops it, then go on
+    as round 1 on two nodes; it fences itself while still cut off (its lease: it cannot reach the
+    launcher's store), and the launcher names it unreachable. Then node 1's host crashes: one node is
+    left, fewer than MIN: the job ends with the lost-node verdict, which the retry policy retries."""
     net, run_dir = three_slurm_nodes.net, str(tmp_path / "run")
     spec = cpu_spec([sys.executable, ELASTIC_TRAIN, str(tmp_path / "out"), "--until-file", str(tmp_path / "never")],
                     nodes="2:3", procs_per_node=1, run_dir=run_dir, stop_grace=2.0, backend_options={"lost_after": 11})
     launcher, thread, results, lines = launch(spec)
     assert poll_until(lambda: said(lines, "[dtrain] round 0: 3 node(s)"), 180, 0.2), "\n".join(lines[-40:])
     assert poll_until(lambda: latest_step(run_dir) > 0, 120, 0.2), "\n".join(lines[-40:])
-    net.crash(1)
-    net.crash(2)
-    thread.join(180)
+    job_id = launcher.job.job_id
+    net.partition(2)
+    try:
+        assert poll_until(lambda: said(lines, "[dtrain] round 1: 2 node(s)"), 90, 0.2), "\n".join(lines[-40:])
+        assert poll_until(lambda: said(lines, f"[dtrain] node 2 ({net.hosts[2].address}) lost: unreachable"), 60,
+                          0.2), "\n".join(lines[-40:])
+        fence = read_fence(RunDir(run_dir), job_id, 2)
+        assert fence is not None and "could not reach its peer" in fence, fence
+        net.crash(1)
+        thread.join(180)
+    finally:
+        net.heal(2)
     assert not thread.is_alive(), "\n".join(lines[-40:])
     result = results[0]
-    assert result.exit_code == 255 and result.lost["node"] in (1, 2) and result.lost["fault"] == "gone", \
+    assert result.exit_code == 255 and (result.lost["node"], result.lost["fault"]) == (1, "gone"), \
         "\n".join(lines[-60:])
     assert said(lines, "fewer than 2: the job cannot go on")
     with pytest.raises(Exception) as raised:

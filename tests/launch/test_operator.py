@@ -102,3 +102,32 @@ def test_an_elastic_job_is_refused_deferrable_before_anything_starts(tmp_path):
         op.execute({"run_id": "r1"})
     assert e.value.field == "deferrable" and "elastic" in str(e.value)
     assert not (tmp_path / "run").exists()
+
+
+def test_a_failed_elastic_jobs_rounds_go_to_xcom_before_the_task_fails():
+    """A job that ended below MIN has no result XCom: its rounds are pushed under dtrain_rounds (what
+    the Training tab shows), then the task fails with the lost-node verdict."""
+    from dtrain.errors import LaunchError
+    from dtrain.launch.airflow.operator import DistributedTrainingOperator
+    from dtrain.launch.engine.job import ROUNDS_KEY
+    from dtrain.launch.engine.launcher import LaunchResult
+
+    class TI:
+        def __init__(self):
+            self.pushed = {}
+
+        def xcom_push(self, key, value):
+            self.pushed[key] = value
+
+    rounds = [{"round": 0, "nodes": [0, 1, 2], "world_size": 3, "resume_step": 0}]
+    lost = {"node": 1, "address": "10.0.0.2", "fault": "gone", "detail": "x", "message": "node 1 (10.0.0.2) lost"}
+    op = DistributedTrainingOperator(task_id="t", command=["train.py"], nodes="2:3")
+    failed, ti = LaunchResult.of_job("j", "/nonexistent", 3, 255, 1.0), TI()
+    failed.rounds, failed.lost = rounds, lost
+    with pytest.raises(LaunchError):
+        op._raise_for_status(failed, {"ti": ti})
+    assert ti.pushed == {ROUNDS_KEY: rounds}
+    succeeded, ti = LaunchResult.of_job("j", "/nonexistent", 3, 0, 1.0), TI()
+    succeeded.rounds = rounds
+    op._raise_for_status(succeeded, {"ti": ti})
+    assert ti.pushed == {}  # its result (return_value) has them

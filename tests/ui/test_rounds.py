@@ -1,5 +1,5 @@
 """An elastic job's rounds on the Training tab: from the training task's result XCom (``return_value["rounds"]``,
-the launcher's dtrain.launch.engine.elastic.Rounds), validated (the XCom is anyone's who may edit the task
+the launcher's dtrain.launch.engine.elastic.Rounds), or for a job that failed its rounds XCom, validated (the XCom is anyone's who may edit the task
 instance: a value that is not the launcher's is dropped, never shown), listed in the summary and marked on each
 per-rank plot at the round's resume step; none while the job runs (it has no result yet)."""
 
@@ -9,6 +9,7 @@ import json
 
 import pytest
 
+from dtrain.launch.engine.job import ROUNDS_KEY
 from dtrain.ui import metrics_cache, plots, training
 from tests.ui.client import get, rest, ti_query, xcom_entries
 
@@ -107,27 +108,48 @@ def write_elastic_metrics(run_dir) -> None:
         (metrics / f"rank{rank}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
 
 
-@pytest.fixture
-def result_xcom(api, failed_run):
-    """``put(value)``: the failed run's training task's ``return_value`` XCom set to ``value`` through the
-    REST API (as its operator, or anyone who may edit it, would); removed at the end, pass or fail."""
-    path = xcom_entries("ui_training", failed_run.run_id, "train")
+def xcom_setter(api, run, key: str):
+    """``put(value)``: the run's training task's XCom ``key`` set to ``value`` through the REST API (as
+    its operator, or anyone who may edit it, would); ``made``: whether it was made (to remove it)."""
+    path = xcom_entries("ui_training", run.run_id, "train")
     made = []
 
     def put(value) -> None:
         if made:
-            response = rest(api, "PATCH", f"{path}/return_value", {"value": value, "map_index": -1})
+            response = rest(api, "PATCH", f"{path}/{key}", {"value": value, "map_index": -1})
             assert response.status_code == 200, response.text
             return
-        response = rest(api, "POST", path, {"key": "return_value", "value": value})
+        response = rest(api, "POST", path, {"key": key, "value": value})
         assert response.status_code == 201, response.text
         made.append(True)
 
+    def remove() -> None:
+        if made:
+            rest(api, "DELETE", f"{path}/{key}")
+
+    return put, remove
+
+
+@pytest.fixture
+def result_xcom(api, failed_run):
+    """``put(value)``: the failed run's training task's ``return_value`` XCom set to ``value``; removed at
+    the end, pass or fail."""
+    put, remove = xcom_setter(api, failed_run, "return_value")
     try:
         yield put
     finally:
-        if made:
-            rest(api, "DELETE", f"{path}/return_value")
+        remove()
+
+
+@pytest.fixture
+def rounds_xcom(api, failed_run):
+    """``put(value)``: the failed run's training task's rounds XCom (what the operator pushes for an
+    elastic job that failed) set to ``value``; removed at the end, pass or fail."""
+    put, remove = xcom_setter(api, failed_run, ROUNDS_KEY)
+    try:
+        yield put
+    finally:
+        remove()
 
 
 def summary(api, run) -> dict:
@@ -173,6 +195,18 @@ def test_the_rounds_of_a_finished_elastic_job_are_listed_and_marked_on_every_plo
     assert 'id="loss-round1"' in svg and 'id="loss-round2"' not in svg
     kept = metrics_cache.cached()[str(own_run_dir)]._computed
     assert [key for key in kept if key[0] == "plot"] == [("plot", c) for c in CURVES]
+
+
+def test_the_rounds_of_an_elastic_job_that_failed_come_from_its_rounds_xcom(api, failed_run, own_run_dir,
+                                                                          rounds_xcom):
+    """A job that ended below MIN has no result; its operator pushes the rounds (dtrain_rounds): listed
+    and marked as a result's would be, validated the same way."""
+    write_elastic_metrics(own_run_dir)
+    rounds_xcom(ROUNDS)
+    assert summary(api, failed_run)["rounds"] == ROUNDS
+    assert all(f'id="loss-round{r["round"]}"' in plot(api, failed_run) for r in ROUNDS)
+    rounds_xcom([*ROUNDS, {"round": "<script>", "nodes": [0], "world_size": 1, "resume_step": 0}])
+    assert summary(api, failed_run)["rounds"] == ROUNDS
 
 
 @pytest.mark.parametrize("case", list(HOSTILE))

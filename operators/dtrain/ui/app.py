@@ -9,7 +9,8 @@ JSON API (what the pages use; other tools may call it with an Airflow token):
 
 * ``GET /dtrain/api/ti/summary``: the job (backend, shape, state, duration, result), the failing
   rank and its tail, the hang verdict and which stack dumps exist, the stall report, checkpoints,
-  an elastic job's rounds (from its result, validated: dtrain.ui.training.rounds_of);
+  an elastic job's rounds (from its result, or the rounds XCom of one that failed; validated:
+  dtrain.ui.training.task_rounds);
 * ``GET /dtrain/api/ti/curves?since_step=N``: per-rank points of loss, samples/s, data-wait fraction;
 * ``GET /dtrain/api/ti/logs?lines=N``: the last lines of each rank's log;
 * ``GET /dtrain/api/ti/stack?rank=R``: a rank's stack dump (text);
@@ -43,7 +44,7 @@ from airflow.api_fastapi.common.db.common import SessionDep
 from airflow.api_fastapi.core_api.security import GetUserDep, requires_access_dag, requires_authenticated
 
 from dtrain.errors import SpecError
-from dtrain.launch.engine.job import RUN_RECORD_KEY
+from dtrain.launch.engine.job import ROUNDS_KEY, RUN_RECORD_KEY
 from dtrain.tracking import RUN_XCOM_KEY as MLFLOW_RUN_KEY
 from dtrain.provenance import Untrusted, models_roots, runs_roots, trusted_published, trusted_run_dir
 from dtrain.rundir import RunDir, UnsafeRunDir
@@ -113,7 +114,7 @@ def _records(session, ref: TaskInstanceRef) -> tuple[dict[str, Any], dict[str, A
     if ti is None:
         raise HTTPException(404, f"no task instance {ref.dag_id}/{ref.run_id}/{ref.task_id}[{ref.map_index}]")
     return ti, store.xcoms(session, ref.dag_id, ref.run_id, ref.task_id, ref.map_index,
-                           (RUN_RECORD_KEY, "return_value", "hang", MLFLOW_RUN_KEY))
+                           (RUN_RECORD_KEY, "return_value", "hang", MLFLOW_RUN_KEY, ROUNDS_KEY))
 
 
 def _roots(which) -> list[str]:
@@ -205,7 +206,7 @@ def create_app() -> FastAPI:
         run = _run_dir(ti, records)
         metrics = metrics_cache.follow(run).records if run else None
         view = training.job_view(ti=ti, record=records.get(RUN_RECORD_KEY) if run else None,
-                                 result=result, hang=hang, run=run, metrics=metrics)
+                                 result=result, hang=hang, run=run, metrics=metrics, rounds=records.get(ROUNDS_KEY))
         if MLFLOW_RUN_KEY in records:
             view["mlflow_run"] = mlflow_links.run_link(mlflow_links.server_url(), records[MLFLOW_RUN_KEY])
         return _json(view)
@@ -225,7 +226,7 @@ def create_app() -> FastAPI:
         title, ylabel = training.CURVES[curve]
         # An elastic job's rounds come with its result (none while it runs): the plot is drawn again when
         # they change, and one plot a curve is kept (an XCom edited again and again keeps no more).
-        marks = training.round_marks(training.rounds_of(records.get("return_value")))
+        marks = training.round_marks(training.task_rounds(records.get("return_value"), records.get(ROUNDS_KEY)))
         kept = live.once(("plot", curve), lambda _: {})
         with live.lock:
             if kept.get("marks") != marks:

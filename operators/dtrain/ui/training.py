@@ -124,6 +124,14 @@ def rounds_of(result: Any) -> list[dict[str, Any]]:
     return [kept[n] for n in sorted(kept)]
 
 
+def task_rounds(result: Any, rounds_xcom: Any) -> list[dict[str, Any]]:
+    """An elastic job's rounds: from its result (it succeeded), else from the rounds XCom the operator
+    pushes for a job that failed (``dtrain_rounds``); validated either way (:func:`rounds_of`)."""
+    if isinstance(result, dict) and "rounds" in result:
+        return rounds_of(result)
+    return rounds_of({"rounds": rounds_xcom})
+
+
 def round_marks(rounds: list[dict[str, Any]]) -> tuple[tuple[int, int, int], ...]:
     """What a plot marks of the (validated) rounds: (round, world size, resume step) of the latest
     :data:`MAX_MARKED_ROUNDS`; hashable, so it keys the plot's cache."""
@@ -144,15 +152,16 @@ def _job_state(ti_state: str | None, result: Mapping[str, Any] | None, failure, 
 
 def job_view(*, ti: Mapping[str, Any], record: Mapping[str, Any] | None, result: Mapping[str, Any] | None,
              hang: Mapping[str, Any] | None, run: RunDir | None,
-             metrics: Mapping[int, list[dict[str, Any]]] | None = None) -> dict[str, Any]:
+             metrics: Mapping[int, list[dict[str, Any]]] | None = None, rounds: Any = None) -> dict[str, Any]:
     """The Training tab's summary of one training task instance.
 
     ``ti``: the task instance's dag_id, run_id, task_id, map_index, state, try_number,
     start_date, end_date, duration (as the API gives them). ``metrics``: the run's metrics records
     when already read (default: read here). ``record``: the run record
     (None: this task launched no job). ``result``: the task's return value (success only).
-    ``hang``: the hang verdict XCom. ``run``: the recorded run directory. ``rounds``: an elastic
-    job's rounds from its result (:func:`rounds_of`; ``[]`` while it runs: no result yet)."""
+    ``hang``: the hang verdict XCom. ``run``: the recorded run directory. ``rounds``: the rounds XCom of
+    a failed elastic job; the view's rounds come from the result, else from it (:func:`task_rounds`;
+    ``[]`` while the job runs)."""
     view: dict[str, Any] = {"ti": dict(ti), "job": dict(record) if record else None}
     if run is None:
         view.update(state="no job", failure=None, hang=None, stall=None, checkpoints=[], stacks=[], rounds=[])
@@ -171,7 +180,7 @@ def job_view(*, ti: Mapping[str, Any], record: Mapping[str, Any] | None, result:
         state=_job_state(ti.get("state"), result, failure, hang),
         result={k: result.get(k) for k in ("job_id", "exit_code", "duration_s", "world_size", "failed_rank",
                                            "metrics", "state")} if result else None,
-        failure=failure, hang=hang_view, stacks=stacks, rounds=rounds_of(result),
+        failure=failure, hang=hang_view, stacks=stacks, rounds=task_rounds(result, rounds),
         stall=summarize_records(metrics, os.path.join(run.path, "metrics")) if metrics else None,
         checkpoints=run.checkpoints(),
         ranks_reporting=sorted(metrics),

@@ -312,11 +312,16 @@ class DistributedTrainingOperator(PlacementArgs, ResumableJobMixin, BaseOperator
         return self._result if self._result is not None else self.poll_until_complete(external_id, context)
 
     def _raise_for_status(self, result, context) -> None:
-        """Fail the task if the job failed; a hang's verdict (stuck ranks, stack dump paths) goes
-        to XCom first, where a downstream task or a person can read it."""
+        """Fail the task if the job failed; a hang's verdict (stuck ranks, stack dump paths) and an
+        elastic job's rounds go to XCom first, where a downstream task, a person or the Training tab
+        can read them (a job that succeeded has its rounds in its result)."""
+        from dtrain.launch.engine.job import ROUNDS_KEY
+
         ti = (context or {}).get("ti")
         if result.hang and ti is not None:
             ti.xcom_push(key="hang", value=result.hang)
+        if result.rounds and not result.ok and ti is not None:
+            ti.xcom_push(key=ROUNDS_KEY, value=result.rounds)
         result.raise_for_status()
 
     def _track(self, handle, context) -> None:

@@ -14,6 +14,8 @@ from dtrain.rundir import CHECKPOINTS, DEEPSPEED_CONFIG, EXITS, METRICS, RunDir,
 
 #: XCom key under which the training operator records where its job writes (the Training tab reads it)
 RUN_RECORD_KEY = "dtrain_run"
+#: XCom key of an elastic job's rounds when it failed (a job that succeeded has them in its result)
+ROUNDS_KEY = "dtrain_rounds"
 
 
 def dtrain_home() -> str:
