@@ -145,6 +145,17 @@ def test_rounds_are_told_by_every_member_on_its_own_stream(tmp_path):
     assert len(rounds.to_list()) == 1
 
 
+def test_round_lines_told_by_one_member_only_cannot_grow_the_launchers_memory(tmp_path):
+    from dtrain.launch.engine.elastic import MAX_OPEN_ROUNDS
+
+    rounds = Rounds(str(tmp_path), 1, ["h0", "h1"], lambda line: None)
+    for number in range(10_000):  # a node's forged lines, each a round no other member tells
+        assert rounds.feed(f"[node0] [dtrain-round] node=0 round={number} group_rank=0 group_world_size=2")
+    assert len(rounds._open) == MAX_OPEN_ROUNDS and rounds.to_list() == []
+    assert rounds.feed("[node1] [dtrain-round] node=1 round=9999 group_rank=1 group_world_size=2")
+    assert [r["round"] for r in rounds.to_list()] == [9999]  # the latest round is still told
+
+
 def test_untagged_round_lines_name_their_node_as_slurms_one_output_file_has_them(tmp_path):
     lines: list[str] = []
     rounds = Rounds(str(tmp_path), 1, ["n0", "n1"], lines.append, tagged=False)

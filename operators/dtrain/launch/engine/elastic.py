@@ -1,8 +1,9 @@
 """An elastic job (``nodes="MIN:MAX"``) as the launcher follows it: which nodes still run, and its rounds.
 
 What is decided here comes from the launcher's own processes (one per node: a local agent, an ssh
-client), never from what a node prints: a node is *lost* when its process ends the way the backend
-says a lost node ends (ssh: 255), *done* when it exits 0, *failed* otherwise. :class:`Membership`
+client) or the nodes' leases (Slurm), never from what a node prints: a node is *lost* when its process
+ends the way the backend says a lost node ends (ssh: 255; local: a signal the backend did not send) or
+its lease says so, *done* when it exits 0, *failed* otherwise. :class:`Membership`
 turns that into the job's status at each poll:
 
 * a lost node with at least MIN nodes still running: the job goes on (the survivors' agents re-form
@@ -41,6 +42,8 @@ if TYPE_CHECKING:
 ROUND_LINE = re.compile(r"(?:\[node(\d{1,5})\] )?" + re.escape(ROUND_TAG)
                         + r" node=(\d{1,5}) round=(\d{1,9}) group_rank=(\d{1,5}) group_world_size=(\d{1,5})")
 MAX_ROUNDS = 1000  # kept in the result (XCom); a job that re-forms more often keeps its last ones
+#: rounds told by some of their members only, kept at once: a forged line cannot grow the launcher's memory
+MAX_OPEN_ROUNDS = 16
 
 
 @dataclass
@@ -82,6 +85,8 @@ class Rounds:
         with self._lock:
             if any(r.round == number for r in self.done):
                 return True
+            if number not in self._open and len(self._open) >= MAX_OPEN_ROUNDS:
+                del self._open[min(self._open)]  # the oldest untold round: its members moved on
             current = self._open.setdefault(number, Round(round=number, nodes=size))
             if current.nodes != size:
                 return True
