@@ -111,7 +111,7 @@ def _builtin_params(nodes: int, procs_per_node: int, backend: str, backends: Seq
     return {
         "nodes": Param(nodes, type=NODES_TYPE, minimum=1, maximum=64, pattern=NODES_PATTERN, title="Nodes",
                        description="Nodes to train on (simulated on one host with backend=local), or MIN:MAX "
-                                   "for an elastic job that goes on while at least MIN are left (local, ssh)."),
+                                   "for an elastic job that goes on while at least MIN are left (local, ssh, slurm)."),
         "procs_per_node": Param(procs_per_node, type="integer", minimum=1, maximum=16, title="Processes per node",
                                 description="Training processes per node: the GPU count on GPU nodes."),
         "distribution": Param(distributions[0], type="string", enum=list(distributions), title="Distribution",

@@ -20,7 +20,7 @@ def register(subparsers) -> None:
     p = subparsers.add_parser("launch", help="launch a distributed training command",
                               description="Run CMD (an argv list, no shell) on every rank.")
     p.add_argument("--nodes", default="1", help="number of nodes (default 1), or MIN:MAX for an elastic job "
-                                                "(goes on with at least MIN nodes when some are lost; local, ssh)")
+                                                "(goes on with at least MIN nodes when some are lost; local, ssh, slurm)")
     p.add_argument("--procs-per-node", type=int, default=1, help="processes per node (default 1)")
     p.add_argument("--distribution", default="pytorch", choices=DISTRIBUTIONS)
     p.add_argument("--backend", default="local", help=f"one of {', '.join(backend_names())} (default local)")

@@ -49,7 +49,7 @@ class LaunchSpec:
         command: argv run on every rank (no shell; arguments reach it verbatim).
             ``train.py args`` runs with this Python; ``python -m pkg.mod`` works too.
         nodes: number of nodes (simulated nodes for the local backend), or ``"MIN:MAX"``: an elastic
-            job (local and ssh backends, distribution pytorch) that starts on up to MAX nodes, goes on
+            job (local, ssh and slurm backends, distribution pytorch) that starts on up to MAX nodes, goes on
             at a smaller world size when nodes are lost while MIN are left, and grows back when they
             return (docs/elastic.md). ``nodes`` is then MAX, ``min_nodes`` MIN.
         procs_per_node: worker processes per node (GPUs per node on GPU hosts).
