@@ -109,11 +109,15 @@ def _round(entry: Any) -> dict[str, Any] | None:
 
 def rounds_of(result: Any) -> list[dict[str, Any]]:
     """An elastic job's rounds from the training task's result XCom (``return_value["rounds"]``),
-    validated: the XCom is untrusted (anyone who may edit the task instance may PATCH it). A list
-    longer than :data:`MAX_ROUNDS` is dropped whole, a malformed round (see :func:`_round`) or a
-    round number seen before is dropped; the rest ordered by round number. ``[]``: none (a fixed
-    job, a job still running: it has no result yet, or one that failed)."""
-    rounds = result.get("rounds") if isinstance(result, dict) else None
+    validated (:func:`checked_rounds`); ``[]``: none (a fixed job, a job still running: it has no
+    result yet, or one that failed: :func:`task_rounds`)."""
+    return checked_rounds(result.get("rounds") if isinstance(result, dict) else None)
+
+
+def checked_rounds(rounds: Any) -> list[dict[str, Any]]:
+    """Rounds from an XCom, which is untrusted (anyone who may edit the task instance may PATCH it): a
+    list longer than :data:`MAX_ROUNDS` is dropped whole, a malformed round (see :func:`_round`) or a
+    round number seen before is dropped; the rest ordered by round number."""
     if not isinstance(rounds, list) or len(rounds) > MAX_ROUNDS:
         return []
     kept: dict[int, dict[str, Any]] = {}
@@ -129,7 +133,7 @@ def task_rounds(result: Any, rounds_xcom: Any) -> list[dict[str, Any]]:
     pushes for a job that failed (``dtrain_rounds``); validated either way (:func:`rounds_of`)."""
     if isinstance(result, dict) and "rounds" in result:
         return rounds_of(result)
-    return rounds_of({"rounds": rounds_xcom})
+    return checked_rounds(rounds_xcom)
 
 
 def round_marks(rounds: list[dict[str, Any]]) -> tuple[tuple[int, int, int], ...]:

@@ -51,8 +51,10 @@ KEEP_ALIVE_ATTEMPTS = 3
 #: seconds a round after the first waits for more nodes once MIN are in (two of SYNC_S)
 REFORM_LAST_CALL_S = 0.5
 #: seconds between two reads of the rendezvous state while an agent waits in a rendezvous (torch: 1 s,
-#: and a 1 s cache): a round re-forms within a few of them. Four reads a second per waiting agent.
+#: and a 1 s cache): a round re-forms within a few of them. Four reads a second per waiting agent;
+#: while its workers run, an agent reads the state at most every MONITOR_CACHE_S (torch's), as before.
 SYNC_S = 0.25
+MONITOR_CACHE_S = 1.0
 #: the store key listing the node indexes the launcher has declared lost ("0,2"); the store process sets it
 LOST_KEY = "dtrain.lost"
 #: seconds between two looks at LOST_KEY by an agent
@@ -94,7 +96,11 @@ def _classes():
         _losses_checked = 0.0
 
         def next_rendezvous(self):
-            info = super().next_rendezvous()
+            self._state_holder._cache_duration = SYNC_S  # quick reads only while waiting here
+            try:
+                info = super().next_rendezvous()
+            finally:
+                self._state_holder._cache_duration = MONITOR_CACHE_S
             state = self._state_holder.state
             self.members, self.round_ = frozenset(state.participants), state.round
             # later rounds re-form among running nodes: no wait for slow starters (shared with the op executor)
@@ -197,17 +203,17 @@ def elastic_handler(params: Any):
         keep_alive_interval=params.get_as_int("keep_alive_interval", KEEP_ALIVE_S),
         keep_alive_max_attempt=params.get_as_int("keep_alive_max_attempt", KEEP_ALIVE_ATTEMPTS))
     handler._backend_name = ELASTIC  # what get_backend() reports: the registry checks it
-    _quicker_syncs(handler)
+    _quicker_syncs()
     store.set(node_key(os.environ.get("DTRAIN_NODE_INDEX", "?")), member_text(handler._this_node))
     return handler
 
 
-def _quicker_syncs(handler: Any) -> None:
-    """Read the rendezvous state every SYNC_S seconds while waiting in a rendezvous (this agent
-    process's only one), not torch's 1 s (and a 1 s cache): a round re-forms in about a second."""
+def _quicker_syncs() -> None:
+    """Wait SYNC_S seconds, not torch's 1 s, between two reads of the rendezvous state in a rendezvous
+    (this agent process's only one; its cache is shortened meanwhile by ``next_rendezvous``): a round
+    re-forms in about a second."""
     from torch.distributed.elastic.rendezvous import dynamic_rendezvous
 
-    handler._state_holder._cache_duration = SYNC_S
     delay = dynamic_rendezvous._delay
     if getattr(delay, "dtrain", False):
         return
