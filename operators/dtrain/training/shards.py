@@ -431,7 +431,9 @@ class ShardLoader:
     Iterating it once is one epoch in the sampler's current order (call ``sampler.set_epoch``
     before each). Yields tuples of batched tensors, like a DataLoader with the default collate,
     but with no per-sample work and no per-batch gather: a batch is a slice of the read-ahead
-    block. No worker processes or threads: the read is a memory copy, cheaper than the hand-off.
+    block. No worker processes or threads: the read is a memory copy, cheaper than the hand-off. To
+    read ahead off the training thread and copy to a GPU on a side stream, wrap it:
+    ``DevicePrefetcher(loader, "cuda")`` (:mod:`dtrain.training.prefetch`).
     A variable-length field comes as a list per batch (``collate="list"``: views of the block, no
     copy) or as :class:`Padded` values and mask (``collate="pad"``, ``pad_value``), padded to the
     batch's longest sample.
@@ -458,6 +460,12 @@ class ShardLoader:
         return n // self.batch_size if self.drop_last else -(-n // self.batch_size)
 
     def __iter__(self) -> Iterator[tuple]:
+        for block in self.blocks():
+            yield from block
+
+    def blocks(self) -> Iterator[list[tuple]]:
+        """The epoch's batches a gathered block at a time (what :class:`~dtrain.training.prefetch.DevicePrefetcher`
+        reads on its thread and copies to the device in one go)."""
         import numpy as np
 
         order = self.sampler.indices_array() if hasattr(self.sampler, "indices_array") else np.fromiter(self.sampler, np.int64)
@@ -465,7 +473,7 @@ class ShardLoader:
         block = self.batch_size * self.block_batches()
         for start in range(0, len(indices), block):
             columns = self.dataset.gather(indices[start:start + block])
-            yield from zip(*(self._batches(c, f) for c, f in zip(columns, self.dataset.fields)))
+            yield list(zip(*(self._batches(c, f) for c, f in zip(columns, self.dataset.fields))))
 
     def _batches(self, column, field: str) -> Iterator:
         """A gathered block's column as batches: a fixed field becomes one (pinned) tensor whose batches are
