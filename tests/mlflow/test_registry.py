@@ -175,3 +175,34 @@ def test_a_consumer_loads_the_champion_in_a_fresh_process_and_predicts(mlflow_se
                           timeout=300, cwd=str(tmp_path))
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert json.loads(proc.stdout.strip().splitlines()[-1]) == pytest.approx(expected, abs=1e-6)
+
+
+def test_a_reprocessed_old_date_starts_from_and_is_gated_against_the_model_published_before_it(
+        mlflow_server, client, tmp_path):
+    """Reprocessing 03-01 after 03-04 is champion: nothing was published before 03-01, so no warm start
+    and nothing to beat; a run of 03-02 starts from 03-01's model, not from the champion."""
+    registry = registry_for(mlflow_server, tmp_path)
+    registry.publish(trained(registry, client, tmp_path, "2026-03-01", seed=1, rmse=0.5), "", {})
+    registry.publish(trained(registry, client, tmp_path, "2026-03-04", seed=4, rmse=0.2), "", {})
+    assert aliases(client, registry) == {"champion": "2"}
+
+    assert registry.warm_start("v1", "2026-03-01") == "" and registry.baseline("v1", "2026-03-01") is None
+    before_march_2 = registry.warm_start("v1", "2026-03-02")
+    assert before_march_2.endswith(f"/{registry.model_name}/1/model.pt")
+    assert open(before_march_2, "rb").read() == (tmp_path / "2026-03-01" / "model.pt").read_bytes()
+    assert registry.baseline("v1", "2026-03-02").model == f"models:/{registry.model_name}/1"
+    assert registry.baseline("v1", "2026-03-02").metrics["rmse"] == 0.5
+    assert registry.baseline("v1", "2026-03-05").model == f"models:/{registry.model_name}/2"
+    assert registry.baseline("v2", "2026-03-05") is None  # another dataset version starts afresh
+
+    # The reprocessed 03-01 is published: champion stays with 03-04, and 03-02 now follows the new 03-01.
+    rerun = RunRef(run_id="scheduled__2026-03-01", clear_number=1, version="v1", partition="2026-03-01")
+    start_or_resume(client, registry.experiment_name, run_key(registry.pipeline.dag_id, rerun.run_id, 1), {})
+    model = tmp_path / "rerun" / "model.pt"
+    model.parent.mkdir()
+    save(str(model), 11)
+    registry.record_evaluation(rerun, {"metrics": {"rmse": 0.45}, "model_path": str(model)})
+    out = registry.publish(rerun, "", {}).record
+    assert (out["version"], out["alias"]) == ("3", "challenger") and aliases(client, registry)["champion"] == "2"
+    assert registry.baseline("v1", "2026-03-02").model == f"models:/{registry.model_name}/3"
+    assert open(registry.warm_start("v1", "2026-03-02"), "rb").read() == model.read_bytes()

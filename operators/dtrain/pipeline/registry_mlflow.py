@@ -7,8 +7,10 @@
 
 The rules (docs/mlflow.md):
 
-* the gate compares with the metric of the version holding the ``champion`` alias (its run's
-  ``eval.<metric>``); no champion yet: nothing to beat;
+* a run of date D starts from (``{init_from}``) and is gated against the model published just before
+  D: the newest version of the run's dataset version whose partition (tag ``dtrain.partition``) is
+  before D, as with the directory registry, whichever version holds ``champion``; its run's
+  ``eval.<metric>`` is the gate's baseline; nothing published before D: nothing to beat;
 * publish registers a new version whose source is the run's model artifact, then moves
   ``champion`` to it: two calls, so a failure between them leaves ``champion`` where it was, and a
   retry finds the version it registered (by run id) instead of registering a second one;
@@ -17,7 +19,7 @@ The rules (docs/mlflow.md):
 * a backfill never moves ``champion`` backwards: a version whose partition (tag
   ``dtrain.partition``) is older than the champion's is registered with the ``challenger`` alias and
   ``champion`` stays;
-* ``{init_from}`` is the champion's model file, downloaded once onto the shared filesystem.
+* ``{init_from}`` is that version's model file, downloaded once onto the shared filesystem.
 """
 
 from __future__ import annotations
@@ -41,6 +43,9 @@ MLFLOW_MODEL = "model"
 #: evaluate's metrics are logged as eval.<name>; the gate reads eval.<metric> of the champion's run
 EVAL_PREFIX = "eval."
 PARTITION_TAG = "dtrain.partition"
+DATASET_VERSION_TAG = "dtrain.dataset_version"
+#: versions read per request while looking for the one published before a date
+PAGE_SIZE = 1000
 
 
 def _alias(field_name: str, value: Any) -> str:
@@ -137,32 +142,61 @@ class MlflowRegistry(ModelRegistry):
         version = aliases.get(self.champion)
         return None if version is None else client.get_model_version(self.model_name, str(version))
 
+    def _versions(self, client):
+        """Every registered version of the model, a page at a time (none when it is not registered yet)."""
+        token = None
+        while True:
+            page = client.search_model_versions(f"name='{self.model_name}'", max_results=PAGE_SIZE,
+                                                page_token=token)
+            yield from page
+            token = page.token
+            if not token:
+                return
+
+    def _published_before(self, client, version: str, partition: str):
+        """The version published just before ``partition``: of dataset ``version``, the newest partition
+        (tag) before it, the last registered one of that partition; None if there is none. A version
+        without the tags (registered by someone else) is not a date's model."""
+        from dtrain.pipeline.publish import PARTITION_RE
+
+        best, best_key = None, None
+        for found in self._versions(client):
+            tags = found.tags or {}
+            held = tags.get(PARTITION_TAG)
+            if tags.get(DATASET_VERSION_TAG) != version or not isinstance(held, str) or not PARTITION_RE.match(held):
+                continue
+            key = (held, int(found.version))
+            if held < partition and (best_key is None or key > best_key):
+                best, best_key = found, key
+        return best
+
     # -- the registry ------------------------------------------------------------------------------
 
     def baseline(self, version: str, partition: str) -> Baseline | None:
         server = self.server()
         with server.signed_in():
             client = server.client()
-            champion = self._champion(client)
-            if champion is None:
+            previous = self._published_before(client, version, partition)
+            if previous is None:
                 return None
-            metrics = client.get_run(champion.run_id).data.metrics if champion.run_id else {}
+            metrics = client.get_run(previous.run_id).data.metrics if previous.run_id else {}
         evaluation = {k[len(EVAL_PREFIX):]: v for k, v in metrics.items() if k.startswith(EVAL_PREFIX)}
-        return Baseline(model=f"models:/{self.model_name}/{champion.version}", metrics=evaluation)
+        return Baseline(model=f"models:/{self.model_name}/{previous.version}", metrics=evaluation)
 
     def warm_start(self, version: str, partition: str) -> str:
-        """The champion's trained file, downloaded once to ``<shared_fs>/registry/<dag>/<model>/<version>/``."""
+        """The trained file of the version published just before ``partition``, downloaded once to
+        ``<shared_fs>/registry/<dag>/<model>/<version>/``."""
         server = self.server()
         with server.signed_in():
             client = server.client()
-            champion = self._champion(client)
-            if champion is None or not champion.run_id:
+            previous = self._published_before(client, version, partition)
+            if previous is None or not previous.run_id:
                 return ""
-            version = check("champion version", champion.version, MLFLOW_VERSION, "a model version number")
+            number = check("model version", previous.version, MLFLOW_VERSION, "a model version number")
             name = self.pipeline.model_name
-            final = os.path.join(self.pipeline.shared_fs, "registry", self.pipeline.dag_id, self.model_name, version)
+            final = os.path.join(self.pipeline.shared_fs, "registry", self.pipeline.dag_id, self.model_name, number)
             if not os.path.exists(os.path.join(final, name)):
-                self._download(client, champion.run_id, f"{TRAINED}/{name}", final)
+                self._download(client, previous.run_id, f"{TRAINED}/{name}", final)
         return os.path.join(final, name)
 
     @staticmethod
@@ -238,7 +272,7 @@ class MlflowRegistry(ModelRegistry):
         mine = client.search_model_versions(f"name='{self.model_name}' and run_id='{run_id}'")
         if mine:
             return max(mine, key=lambda v: int(v.version))
-        tags = {PARTITION_TAG: run.partition, "dtrain.dataset_version": run.version,
+        tags = {PARTITION_TAG: run.partition, DATASET_VERSION_TAG: run.version,
                 "dtrain.dag_id": self.pipeline.dag_id, "dtrain.run_id": run.run_id}
         return client.create_model_version(self.model_name, self._source(run_id), run_id=run_id, tags=tags)
 
