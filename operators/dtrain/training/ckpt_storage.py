@@ -80,14 +80,14 @@ class LocalStorage:
         shutil.rmtree(self.path(name), ignore_errors=True)
 
     def writer(self, name: str):
-        from torch.distributed.checkpoint import FileSystemWriter
+        from dtrain.training.dcp_io import DiskWriter
 
-        return FileSystemWriter(self.path(name), sync_files=True)  # each shard fsynced before it counts
+        return DiskWriter(self.path(name))  # each shard file fsynced before it counts
 
     def reader(self, name: str):
-        from torch.distributed.checkpoint import FileSystemReader
+        from dtrain.training.dcp_io import DiskReader
 
-        return FileSystemReader(self.path(name))
+        return DiskReader(self.path(name))
 
 
 class FsspecStorage:
