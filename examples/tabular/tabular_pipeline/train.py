@@ -84,13 +84,13 @@ def main(argv: list[str] | None = None) -> int:
     loop.time_collectives(train_model)  # each step's all-reduce wait: the stall report names a straggler
     loss_fn = torch.nn.MSELoss()
 
-    def train_step(batch: tuple[torch.Tensor, torch.Tensor]) -> tuple[float, int]:
-        x, y = (t.to(device) for t in batch)
+    def train_step(batch: tuple[torch.Tensor, torch.Tensor]) -> tuple[torch.Tensor, int]:
+        x, y = (t.to(device, non_blocking=True) for t in batch)
         loss = loss_fn(train_model(x).squeeze(1), y)
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         optimizer.step()
-        return loss.item(), len(y)
+        return loss.detach(), len(y)  # a tensor: TrainLoop reads it later, the step never waits
 
     step = loop.run(loader, sampler, args.epochs, train_step)  # on SIGTERM: checkpoint, then exit 143
 

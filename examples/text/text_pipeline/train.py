@@ -56,12 +56,12 @@ def main(argv: list[str] | None = None) -> int:
     train_model = torch.nn.parallel.DistributedDataParallel(model) if ctx.world_size > 1 else model
     loop.time_collectives(train_model)  # each step's all-reduce wait: the stall report names a straggler
 
-    def train_step(batch: tuple[torch.Tensor]) -> tuple[float, int]:
-        loss = lm.next_token_loss(train_model, batch[0].to(device))
+    def train_step(batch: tuple[torch.Tensor]) -> tuple[torch.Tensor, int]:
+        loss = lm.next_token_loss(train_model, batch[0].to(device, non_blocking=True))
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         optimizer.step()
-        return loss.item(), len(batch[0])
+        return loss.detach(), len(batch[0])  # a tensor: TrainLoop reads it later, the step never waits
 
     step = loop.run(loader, sampler, args.epochs, train_step)  # on SIGTERM: checkpoint, then exit 143
 

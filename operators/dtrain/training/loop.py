@@ -6,6 +6,12 @@ per-rank metrics, and a coordinated stop on SIGTERM.
     loop.restore(init_from=args.init_from, load_weights=lambda path: model.load_state_dict(torch.load(path)))
     step = loop.run(loader, sampler, epochs, train_step)   # train_step(batch) -> (loss, samples)
 
+``train_step`` returns the loss as a tensor (``loss.detach()``; best: the step never waits for the
+device) or a float (``loss.item()``: a wait for the device every step). A tensor loss is read in
+chunks of ``metrics_every`` steps once the device has passed them (:class:`StepRecorder`); the step
+time and data wait are CUDA events on a GPU, host time on a CPU. The loss of the last step is
+``loop.last_loss`` once ``run`` returns.
+
 ``run`` resumes mid-epoch where a checkpoint left off (the sampler's order is fixed by seed and
 epoch, so the batches already trained are skipped), saves every ``checkpoint_every`` steps, and on
 SIGTERM stops every rank after the same step, saves that step and exits with the guard's code (143).
@@ -17,13 +23,12 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-import time
 from typing import Any, Callable, Iterable
 
 from dtrain.training.checkpoint import CheckpointManager
 from dtrain.training.collectives import CollectiveTimer
 from dtrain.training.dist import shutdown
-from dtrain.training.metrics import MetricsWriter
+from dtrain.training.metrics import MetricsWriter, StepRecorder, step_clock
 from dtrain.training.preemption import PreemptionGuard
 
 
@@ -50,18 +55,30 @@ class TrainLoop:
         rank: this process's global rank (rank 0 writes checkpoints).
         checkpoint_every: steps between checkpoints.
         guard: the PreemptionGuard installed by the script (default: one installed now).
+        metrics_every: steps whose metrics are read from the device together (a tensor loss is read
+            once per this many steps, or once ``metrics_delay_s`` seconds passed).
+        device: where the steps run (default: the model's first parameter's device): on CUDA the
+            step times are CUDA events.
     """
 
     def __init__(self, model: Any, optimizer: Any, *, rank: int, checkpoint_every: int = 50,
-                 guard: PreemptionGuard | None = None):
+                 guard: PreemptionGuard | None = None, metrics_every: int = 50, metrics_delay_s: float = 1.0,
+                 device: Any = None):
         self.model, self.optimizer, self.is_main = model, optimizer, rank == 0
         self.guard = guard or PreemptionGuard()
         self.ckpt = CheckpointManager(every_n_steps=checkpoint_every, rank=rank)
-        self.metrics = MetricsWriter(rank)
+        self.clock = step_clock(device if device is not None else _device_of(model))
+        self.metrics = StepRecorder(MetricsWriter(rank), self.clock, every=metrics_every,
+                                    max_delay_s=metrics_delay_s)
         self.collectives: CollectiveTimer | None = None
         self.step, self.warm_start = 0, None
         self.resumed_from = 0
-        self.last_loss = float("nan")  # of the last step this process trained
+
+    @property
+    def last_loss(self) -> float:
+        """The loss of the last step written to the metrics (every step once ``run`` returned); nan
+        before any."""
+        return self.metrics.last_loss
 
     def time_collectives(self, train_model: Any) -> None:
         """Record each step's wait in the gradient all-reduce of ``train_model`` (the DDP wrapper; call
@@ -93,7 +110,7 @@ class TrainLoop:
         self.ckpt.save(self.step, {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
                                    "warm_start_from": self.warm_start})
 
-    def run(self, loader: Iterable, sampler: Any, epochs: int, train_step: Callable[[Any], tuple[float, int]]) -> int:
+    def run(self, loader: Iterable, sampler: Any, epochs: int, train_step: Callable[[Any], tuple[Any, int]]) -> int:
         """Train until ``epochs`` x len(loader) steps; returns the step reached. On a stop request it
         saves and exits the process (it does not return)."""
         steps_per_epoch = len(loader)
@@ -106,8 +123,9 @@ class TrainLoop:
             if not self.guard.stop_requested():
                 raise
             # Told to stop and a collective failed: a peer left before the ranks agreed on a step, so
-            # no coordinated checkpoint is possible (the periodic one stands). Exit without teardown.
-            self.metrics.close()
+            # no coordinated checkpoint is possible (the periodic one stands). Exit without teardown,
+            # and without waiting for steps queued behind the failed collective.
+            self.metrics.close(wait=False)
             self.guard.exit()
         self.metrics.close()
         if preempted:
@@ -121,17 +139,17 @@ class TrainLoop:
         for _ in range(skip):  # a resume mid-epoch: skip the batches the interrupted run trained on
             next(batches)
         while True:
-            waited = time.perf_counter()
+            fetch = self.clock.mark()
             try:
                 batch = next(batches)
             except StopIteration:
                 return False
-            started = time.perf_counter()
+            start = self.clock.mark()
             loss, samples = train_step(batch)
-            self.step, self.last_loss = self.step + 1, loss
-            self.metrics.log(step=self.step, epoch=epoch, loss=loss, samples=samples,
-                             step_time_s=time.perf_counter() - waited, data_wait_s=started - waited,
-                             comm_wait_s=self.collectives.take() if self.collectives else None)
+            self.step += 1
+            self.metrics.record(step=self.step, epoch=epoch, loss=loss, samples=samples,
+                                marks=(fetch, start, self.clock.mark()),
+                                comm_wait_s=self.collectives.take() if self.collectives else None)
             if self.ckpt.should_save(self.step):
                 self.save()
             if self.guard.should_stop():  # SIGTERM on any rank: every rank stops after this same step
@@ -145,3 +163,9 @@ class TrainLoop:
         self._say(f"preempted: checkpoint saved at step {self.step}")
         shutdown()
         sys.exit(self.guard.exit_code)
+
+
+def _device_of(model: Any) -> Any:
+    for parameter in model.parameters():
+        return parameter.device
+    return "cpu"

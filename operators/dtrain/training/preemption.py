@@ -27,11 +27,14 @@ Design:
   else happens until the loop asks. Repeated SIGTERMs change nothing: every process of a
   job gets the signal from several senders (the launcher, torchrun, the per-rank wrapper).
 * :meth:`PreemptionGuard.should_stop` is a collective when torch.distributed is
-  initialized: one MAX all-reduce of the local flag, so every rank stops after the same
+  initialized: a MAX all-reduce of the local flag, so every rank stops after the same
   step even when the signal reached them a step apart. That matters: DDP ranks that stop
   at different steps leave one blocked in the next step's all-reduce, and a DeepSpeed
   checkpoint needs every rank. Call it at the same points on every rank (each step, or
-  every k steps: it is cheap, one small tensor).
+  every k steps). The all-reduce is asynchronous and its result is read at the next call:
+  the step never waits for it (on NCCL the flag comes back through pinned memory, read a
+  step after the device wrote it), and every rank reads the same result at the same call,
+  so a stop lands one call after the ranks' flags were sent.
 * A rank whose peer is already gone gets an error from the agreement (gloo: the
   connection closed): when a stop was requested here, that counts as "stop" (and
   :attr:`PreemptionGuard.peers_lost` is set), so the rank still exits promptly, without a
@@ -110,6 +113,7 @@ class PreemptionGuard:
         self.request: StopRequest | None = None
         self.peers_lost = False
         self._agreed = False
+        self._pending: tuple | None = None  # the all-reduce sent at the last call: (work, flag, host copy, done)
         self._previous: dict[int, object] = {}
         if install:
             self.install()
@@ -169,7 +173,8 @@ class PreemptionGuard:
 
     def should_stop(self) -> bool:
         """Whether to stop now: this process's request, agreed with every rank (a MAX all-reduce)
-        when torch.distributed is initialized and ``sync`` is on. Once True, stays True."""
+        when torch.distributed is initialized and ``sync`` is on; the all-reduce sent at one call is
+        read at the next, so the answer comes a call after the request. Once True, stays True."""
         if self._agreed:
             return True
         local = self.request is not None
@@ -177,23 +182,34 @@ class PreemptionGuard:
         if group is None:
             self._agreed = local
             return local
-        import torch
         import torch.distributed as dist
 
-        flag = torch.tensor([1 if local else 0], dtype=torch.int32, device=_collective_device(dist))
         try:
-            dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+            self._agreed = self._read_pending()
+            if not self._agreed:
+                self._pending = _send_flag(dist, local)
         except Exception:
             if not local:
                 raise  # a peer failed while nobody asked to stop: a real failure
             self.peers_lost = True  # a peer already stopped: stop here too, without agreement
             self._agreed = True
             return True
-        self._agreed = bool(flag.item())
         if self._agreed and self.request is None:  # a peer got the signal first
             self.request = StopRequest(signum=signal.SIGTERM, received_at=time.monotonic(),
                                        grace=stop_grace_from_env())
         return self._agreed
+
+    def _read_pending(self) -> bool:
+        """The agreed flag of the all-reduce sent at the last call (False at the first call)."""
+        if self._pending is None:
+            return False
+        work, flag, host, done = self._pending
+        self._pending = None
+        work.wait()
+        if done is not None:  # NCCL: the flag was copied to pinned memory a step ago
+            done.synchronize()
+            return bool(host[0])
+        return bool(flag[0])
 
     def exit(self) -> None:
         """Exit now with :attr:`exit_code`, skipping the interpreter's teardown: after a peer left
@@ -239,12 +255,23 @@ def _world():
     return dist_module.group.WORLD
 
 
-def _collective_device(dist):
+def _send_flag(dist, local: bool) -> tuple:
+    """Start the MAX all-reduce of this rank's flag without waiting for it: (work, flag, host copy, done
+    event). On NCCL the flag is on the GPU; its copy to pinned memory is queued behind the all-reduce."""
     import torch
 
-    if dist.get_backend() == "nccl":
-        return torch.device("cuda", torch.cuda.current_device())
-    return torch.device("cpu")
+    if dist.get_backend() != "nccl":
+        flag = torch.tensor([1 if local else 0], dtype=torch.int32)
+        return dist.all_reduce(flag, op=dist.ReduceOp.MAX, async_op=True), flag, None, None
+    device = torch.device("cuda", torch.cuda.current_device())
+    flag = torch.full((1,), 1 if local else 0, dtype=torch.int32, device=device)  # a fill: no copy to wait for
+    work = dist.all_reduce(flag, op=dist.ReduceOp.MAX, async_op=True)
+    work.wait()  # on NCCL: the current stream waits for the all-reduce, the host does not
+    host = torch.empty(1, dtype=torch.int32, pin_memory=True)
+    host.copy_(flag, non_blocking=True)
+    done = torch.cuda.Event()
+    done.record()
+    return work, flag, host, done
 
 
 __all__ = ["PreemptionGuard", "StopRequest", "STOP_EXIT_CODE", "GRACE_ENV", "stop_requested", "active_guard",

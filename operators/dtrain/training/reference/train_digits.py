@@ -27,7 +27,7 @@ import time
 from dtrain.training.checkpoint import CheckpointManager
 from dtrain.training.collectives import CollectiveTimer
 from dtrain.training.dist import exit_now, init_distributed, shutdown
-from dtrain.training.metrics import MetricsWriter, write_result
+from dtrain.training.metrics import MetricsWriter, StepRecorder, step_clock, write_result
 from dtrain.training.preemption import PreemptionGuard
 from dtrain.training.scaling import scaled_lr, warmup_factor
 
@@ -113,7 +113,9 @@ def main(argv: list[str] | None = None) -> int:
     from torch.utils.data import DataLoader, DistributedSampler
 
     torch.manual_seed(args.seed)
-    ctx = init_distributed()
+    # With DeepSpeed the process group is made here, bound to this rank's GPU, and DeepSpeed reuses it
+    # (its own has no device at world size 1).
+    ctx = init_distributed(group_of_one=args.deepspeed)
     # From here SIGTERM asks for a checkpoint and a clean exit (before it, the default: a rank
     # still joining the process group has nothing to save).
     guard = PreemptionGuard()
@@ -188,7 +190,9 @@ def main(argv: list[str] | None = None) -> int:
             ckpt.save(step, {"model": model.state_dict(), "optimizer": optimizer.state_dict(),
                              "scheduler": scheduler.state_dict()})
 
-    metrics = MetricsWriter(ctx.rank)
+    # Losses and step times read from the device in chunks, once it has passed them: no wait per step.
+    clock = step_clock(device)
+    metrics = StepRecorder(MetricsWriter(ctx.rank), clock)
     loss_fn = torch.nn.CrossEntropyLoss()
     total_steps = steps_per_epoch * args.epochs
     loss = torch.tensor(0.0)
@@ -201,13 +205,13 @@ def main(argv: list[str] | None = None) -> int:
             for _ in range(skip):
                 next(batches)
             while True:
-                waited = time.perf_counter()
+                fetch = clock.mark()
                 try:
                     x, y = next(batches)
                 except StopIteration:
                     break
-                started = time.perf_counter()
-                x, y = x.to(device), y.to(device)
+                start = clock.mark()
+                x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
                 loss = loss_fn(train_model(x), y)
                 if args.deepspeed:
                     train_model.backward(loss)
@@ -220,10 +224,8 @@ def main(argv: list[str] | None = None) -> int:
                 if args.step_sleep:
                     time.sleep(args.step_sleep)
                 step += 1
-                done = time.perf_counter()
-                metrics.log(step=step, epoch=epoch, loss=loss.item(), samples=len(y),
-                            step_time_s=done - waited, data_wait_s=started - waited,
-                            comm_wait_s=collectives.take() if collectives else None)
+                metrics.record(step=step, epoch=epoch, loss=loss, samples=len(y), marks=(fetch, start, clock.mark()),
+                               comm_wait_s=collectives.take() if collectives else None)
                 if ckpt.should_save(step):
                     save_checkpoint()
                 if guard.should_stop():  # SIGTERM on any rank: every rank stops after this same step
@@ -234,8 +236,8 @@ def main(argv: list[str] | None = None) -> int:
             raise
         # Told to stop, and a collective failed here: a peer left without agreeing on a step (it
         # failed, or was killed outright). No coordinated checkpoint is possible (the periodic one
-        # stands); exit now rather than wait for the SIGKILL.
-        metrics.close()
+        # stands); exit now rather than wait for the SIGKILL, or for steps queued behind the failed collective.
+        metrics.close(wait=False)
         if ctx.is_main:
             print(f"stopped: a peer left before the ranks agreed on a step ({type(e).__name__}); "
                   f"no checkpoint saved", flush=True)
