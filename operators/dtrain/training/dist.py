@@ -32,11 +32,14 @@ def _use_cuda() -> bool:
     return torch.cuda.is_available()
 
 
-def init_distributed(backend: str | None = None, timeout_s: float = 300.0) -> DistContext:
+def init_distributed(backend: str | None = None, timeout_s: float = 300.0, *, group_of_one: bool = False) -> DistContext:
     """Join the process group described by the environment (torchrun, mpirun, Slurm via torchrun).
 
     nccl when CUDA is available (one GPU per LOCAL_RANK), gloo on CPU. A single
-    process with no launcher env runs as world size 1 without a process group.
+    process with no launcher env runs as world size 1 without a process group, unless
+    ``group_of_one``: DeepSpeed needs a group even then, and makes its own without a device at
+    world size 1 (NCCL then guesses the GPU from the global rank), but reuses one made here.
+    An NCCL group is bound to this rank's GPU (``device_id``), on every path.
     """
     import torch
     import torch.distributed as dist
@@ -54,14 +57,32 @@ def init_distributed(backend: str | None = None, timeout_s: float = 300.0) -> Di
     if cuda:
         torch.cuda.set_device(local_rank)
         device = f"cuda:{local_rank}"
-    if world_size > 1 and not dist.is_initialized():
+    if (world_size > 1 or group_of_one) and not dist.is_initialized():
         dist.init_process_group(backend=backend, timeout=timedelta(seconds=timeout_s),
-                                **({"device_id": torch.device(device)} if cuda else {}))
+                                **group_device(backend, device), **_store_of_one(dist, world_size))
     return DistContext(
         rank=rank, world_size=world_size, local_rank=local_rank,
         local_world_size=int(os.environ.get("LOCAL_WORLD_SIZE", "1")),
         node_rank=int(os.environ.get("NODE_RANK", "0")), backend=backend, device=device,
     )
+
+
+def group_device(backend: str, device: str) -> dict:
+    """``device_id`` for a process group with NCCL on a GPU: bound to its device, NCCL needs no guess
+    of which GPU a rank uses ("Guessing device ID based on global rank"), and a barrier knows its
+    device ("barrier(): using the device under current context"). Other backends get none."""
+    import torch
+
+    if "nccl" in backend and device.startswith("cuda"):
+        return {"device_id": torch.device(device)}
+    return {}
+
+
+def _store_of_one(dist, world_size: int) -> dict:
+    """A single process without a launcher's MASTER_ADDR/MASTER_PORT: an in-process store, no port."""
+    if world_size == 1 and not ("MASTER_ADDR" in os.environ and "MASTER_PORT" in os.environ):
+        return {"store": dist.HashStore(), "rank": 0, "world_size": 1}
+    return {}
 
 
 def shutdown() -> None:
