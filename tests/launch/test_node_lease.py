@@ -16,6 +16,7 @@ import time
 
 import pytest
 
+from dtrain.launch.backends.ssh.records import RecordError
 from dtrain.launch.node import lease
 from dtrain.rundir import LEASE, RunDir
 from tests.support import poll_until
@@ -60,12 +61,13 @@ def test_a_cut_off_node_fences_its_ranks_records_why_and_stops_beating(tmp_path,
 def test_a_fence_record_is_read_as_untrusted_text(tmp_path):
     files = RunDir(str(tmp_path))
     files.ensure_dir(LEASE, JOB)
-    files.write(LEASE, JOB, lease.fenced_name(0), data=json.dumps({"reason": "cut\x1b[2J off\n"}).encode())
+    files.write(LEASE, JOB, lease.fenced_name(0), data=json.dumps({"time": 1.0, "reason": "cut\x1b[2J off\n"}).encode())
     assert lease.read_fence(files, JOB, 0) == "cut?[2J off?"  # no control character reaches a log line
-    files.write(LEASE, JOB, lease.fenced_name(0), data=json.dumps({"reason": "x" * 100_000}).encode())
+    files.write(LEASE, JOB, lease.fenced_name(0), data=json.dumps({"time": 1.0, "reason": "x" * 100_000}).encode())
     assert lease.read_fence(files, JOB, 0) is None  # larger than any fence record: not read, ignored
     files.write(LEASE, JOB, lease.fenced_name(0), data=b"\x00not json")
-    assert lease.read_fence(files, JOB, 0) == "it recorded a fence (unreadable record)"
+    with pytest.raises(RecordError, match="not JSON"):
+        lease.read_fence(files, JOB, 0)
     os.remove(files.join(LEASE, JOB, lease.fenced_name(0)))
     os.symlink("/etc/passwd", files.join(LEASE, JOB, lease.fenced_name(0)))
     assert lease.read_fence(files, JOB, 0) is None  # a planted link is not followed

@@ -1,7 +1,10 @@
 """How the Slurm backend decides that a job lost a node (dtrain.launch.backends.slurm.lost), from the
 leases in the run directory and one TCP handshake with each suspect's slurmd port. Where the nodes are
 (``scontrol``: their NodeAddr and Port) is replaced by local ports here -- one listening, one closed,
-one that answers nothing -- the only stand-in; tests/faults/test_lost_node_slurm.py runs the real faults."""
+one that answers nothing -- the only stand-in; tests/faults/test_lost_node_slurm.py runs the real faults.
+The records are signed with the job's lease key, as the nodes' lease holders sign them; a beat's age is
+planted (the kernel sets a file's ctime, which a test cannot back-date: tests/launch/test_lease_forgery.py
+checks that reading)."""
 
 from __future__ import annotations
 
@@ -14,11 +17,14 @@ import pytest
 
 from dtrain.launch.backends.slurm import lost
 from dtrain.launch.engine.lost import shows_a_lost_node
-from dtrain.launch.node.lease import beat_name, fenced_name
+from dtrain.launch.node import lease
+from dtrain.launch.node.lease import BEAT, FENCE, beat_name, fenced_name, record
 from dtrain.rundir import LEASE, RunDir
 
 #: the dtrain job whose leases are decided on (Slurm's job id is "7")
 JOB = "dtrain-0123456789ab"
+SECRET = "5e" * 32
+KEY = lost.job_key(JOB, {"secret": SECRET})
 
 
 @pytest.fixture
@@ -58,23 +64,30 @@ def cluster(tmp_path, monkeypatch):
         return list(hosts)
 
     monkeypatch.setattr(lost, "job_hosts", job_hosts)
+    real_age_of = lease.age_of
+    monkeypatch.setattr(lease, "age_of", lambda files, now, *parts: AGES.get(parts, real_age_of(files, now, *parts)))
+    AGES.clear()
     return run_dir, hosts, asked
 
 
+#: (LEASE, job, beat file) -> the age planted for it
+AGES: dict[tuple[str, ...], float] = {}
+
+
 def beat(run_dir: RunDir, node: int, age: float, job: str = JOB) -> None:
-    run_dir.ensure_dir(LEASE, job)
-    run_dir.touch(LEASE, job, beat_name(node))
-    then = time.time() - age
-    os.utime(run_dir.join(LEASE, job, beat_name(node)), (then, then))
+    key = lost.job_key(job, {"secret": SECRET})
+    run_dir.write(LEASE, job, beat_name(node), data=record(key, BEAT, node, {"time": time.time() - age}))
+    AGES[(LEASE, job, beat_name(node))] = age
 
 
 def fence(run_dir: RunDir, node: int, reason: str, job: str = JOB) -> None:
-    run_dir.ensure_dir(LEASE, job)
-    run_dir.write(LEASE, job, fenced_name(node), data=json.dumps({"reason": reason}).encode())
+    key = lost.job_key(job, {"secret": SECRET})
+    run_dir.write(LEASE, job, fenced_name(node), data=record(key, FENCE, node, {"time": time.time(), "reason": reason}))
 
 
-def decide(run_dir: RunDir, failed: bool = False, lost_after: float = 30.0):
-    return lost.lost_node(JOB, "7", run_dir.path, 2, lost_after, failed=failed)
+def decide(run_dir: RunDir, failed: bool = False, lost_after: float = 30.0, report=None):
+    return lost.lost_node(JOB, "7", run_dir.path, 2, lost_after, failed=failed, key=KEY,
+                          **({"report": report} if report else {}))
 
 
 def test_fresh_beats_and_no_fence_ask_nobody(cluster, ports):
@@ -145,7 +158,7 @@ def test_the_leases_of_the_job_a_retry_replaces_are_not_the_retrys(cluster, port
     beat(run_dir, 0, 90.0, job="dtrain-before")
     beat(run_dir, 1, 120.0, job="dtrain-before")
     fence(run_dir, 1, "this node could not reach its peer", job="dtrain-before")
-    assert decide(run_dir) is None and not shows_a_lost_node(run_dir.path, JOB, 2)
+    assert decide(run_dir) is None and not shows_a_lost_node(run_dir.path, JOB, 2, KEY)
     beat(run_dir, 0, 1.0)
     beat(run_dir, 1, 1.0)
     assert decide(run_dir) is None and asked == []  # not even a probe
@@ -167,6 +180,29 @@ def test_the_verdict_names_the_lost_node_not_its_peer_that_fenced_itself(cluster
     fence(run_dir, 0, "could not reach its peer node 1")
     found = decide(run_dir)
     assert (found.node, found.fault) == (1, fault), found
+
+
+def test_records_a_rank_wrote_decide_nothing_and_are_named(cluster, ports):
+    """A rank can write the lease folder: an unsigned fence, a fence signed for another node, a stale
+    beat of its own making. None is the holder's; each is named once per poll's report."""
+    run_dir, hosts, asked = cluster
+    hosts += [ports["alive"], ports["alive"]]
+    beat(run_dir, 0, 1.0)
+    run_dir.write(LEASE, JOB, fenced_name(1), data=json.dumps({"time": 1.0, "reason": "forged"}).encode())
+    run_dir.write(LEASE, JOB, beat_name(1), data=json.dumps({"time": 1.0}).encode())
+    AGES[(LEASE, JOB, beat_name(1))] = 600.0
+    told = []
+    assert decide(run_dir, report=told.append) is None and asked == []
+    assert not shows_a_lost_node(run_dir.path, JOB, 2, KEY)
+    assert [line.split(": ")[0] for line in told] == [f"[dtrain] node 1"] * 2, told
+    assert f"refused the fence record {LEASE}/{JOB}/node1.fenced: not signed (no MAC)" in told[0]
+    assert f"refused the beat record {LEASE}/{JOB}/node1.beat: not signed (no MAC)" in told[1]
+    # node 0's genuine fence record, copied to node 1: signed for another node
+    fence(run_dir, 0, "could not reach its peer")
+    os.replace(run_dir.join(LEASE, JOB, fenced_name(0)), run_dir.join(LEASE, JOB, fenced_name(1)))
+    told.clear()
+    assert decide(run_dir, report=told.append) is None
+    assert "signed for another record ('fence' of node 0)" in told[0], told
 
 
 SCONTROL_NODES = (

@@ -23,10 +23,13 @@ import socket
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
-from typing import Callable, Collection, Sequence
+from typing import TYPE_CHECKING, Callable, Collection, Sequence
 
-from dtrain.launch.node.lease import HEARTBEAT_S, STALE_BEATS, beat_age, read_fence
-from dtrain.rundir import RunDir
+from dtrain.launch.node.lease import BEAT, FENCE, HEARTBEAT_S, STALE_BEATS, beat_age, beat_name, fenced_name, read_fence
+from dtrain.rundir import LEASE, RunDir
+
+if TYPE_CHECKING:
+    from dtrain.launch.backends.ssh.records import JobKey
 
 #: the exit status of a launch that lost a node (dtrain.launch.engine.retry: a lost node, retried)
 LOST_EXIT_CODE = 255
@@ -112,6 +115,43 @@ def lost_node(node: int, address: str, port: int, timeout: float = PROBE_TIMEOUT
 Probe = Callable[[str, int], "tuple[str, str] | None"]
 
 
+#: how many distinct lease warnings a watcher keeps to tell each once (a rank could vary them without end)
+TOLD_LIMIT = 256
+
+
+class TellOnce:
+    """A sink that passes each distinct line once: a watcher polls every second, a forged record stays."""
+
+    def __init__(self, sink: Callable[[str], None]):
+        self.sink, self.told = sink, set()
+
+    def __call__(self, line: str) -> None:
+        if line not in self.told and len(self.told) < TOLD_LIMIT:
+            self.told.add(line)
+            self.sink(line)
+
+
+def _lease_records(files: RunDir, key: "JobKey | None", job_id: str, nodes: Collection[int], now: float,
+                   report: Callable[[str], None]) -> tuple[dict[int, str], dict[int, float]]:
+    """({node: fence reason}, {node: beat age}) from the records their holders wrote; each record that
+    does not verify is reported, naming its file, and counts as none."""
+    from dtrain.launch.backends.ssh.records import RecordError
+
+    fenced, ages = {}, {}
+    for node in nodes:
+        for kind, name, read, into in ((FENCE, fenced_name, lambda: read_fence(files, job_id, node, key), fenced),
+                                       (BEAT, beat_name, lambda: beat_age(files, job_id, node, now, key), ages)):
+            try:
+                found = read()
+            except RecordError as e:
+                report(f"[dtrain] node {node}: refused the {kind} record {LEASE}/{job_id}/{name(node)}: {e}; "
+                       "not its lease holder's (a rank can write the run directory)")
+                continue
+            if found is not None:
+                into[node] = found
+    return fenced, ages
+
+
 def stale_after() -> float:
     """A node's heartbeat older than this is stale: only then is its host asked."""
     return STALE_BEATS * HEARTBEAT_S
@@ -119,6 +159,7 @@ def stale_after() -> float:
 
 def lost_by_leases(run_dir: str, job_id: str, nodes: int, lost_after: float, *, failed: bool,
                    hosts: Callable[[], Sequence[tuple[str, int]]], probe: Probe, silent_daemon: str | None,
+                   key: "JobKey | None", report: Callable[[str], None] = lambda line: None,
                    now: float | None = None, exclude: Collection[int] = ()) -> LostNode | None:
     """The node job ``job_id`` lost, when its nodes' leases (:mod:`dtrain.launch.node.lease`) in the run
     directory show a sign of one; None otherwise. A stat per node and a small read per fence record:
@@ -139,15 +180,18 @@ def lost_by_leases(run_dir: str, job_id: str, nodes: int, lost_after: float, *, 
       whose heartbeat is stale is then ``frozen`` (its kernel answers, its processes are stopped).
       None: the probe tells it (``fault_of`` waits for sshd's banner).
 
-    A node that fenced itself while every node answers is still lost (``unreachable``, with its own
-    reason): it could not reach its peer, and its ranks are gone.
+    ``key``: the job's lease key, with which the holders sign their records (Slurm); a record that does
+    not verify counts as none, and is reported (``report``), naming its file. None: the holders sign
+    nothing (mpi: the holder is a thread of a rank), so a record is only a hint.
+
+    A node whose signed fence record says it fenced itself, while every node answers, is still lost
+    (``unreachable``, with its own reason): it could not reach its peer, and its ranks are gone. An
+    unsigned fence record the probe contradicts makes the node *suspect*: reported, not lost.
 
     ``exclude``: nodes not to look at (an elastic job's nodes already lost, or ended)."""
     now = time.time() if now is None else now
     files = RunDir(run_dir)
-    watched = [i for i in range(nodes) if i not in exclude]
-    fenced = {i: reason for i in watched if (reason := read_fence(files, job_id, i)) is not None}
-    ages = {i: age for i in watched if (age := beat_age(files, job_id, i, now)) is not None}
+    fenced, ages = _lease_records(files, key, job_id, [i for i in range(nodes) if i not in exclude], now, report)
     stale = set() if failed else {i for i, age in ages.items() if age >= stale_after()}
     if not (fenced or stale or (failed and ages)):
         return None
@@ -165,15 +209,23 @@ def lost_by_leases(run_dir: str, job_id: str, nodes: int, lost_after: float, *, 
                                                       f"{ages[index]:.0f} s old: its processes are stopped")
         if fault is not None and (fault[0] != "unreachable" or fenced or failed or ages.get(index, 0.0) >= lost_after):
             return LostNode(index, address, fault[0], fault[1] + why)
-    if fenced:
+    if fenced and key is not None:
         index = min(fenced)
         return LostNode(index, where[index][0], "unreachable", f"it fenced itself: {fenced[index]}")
+    for index in sorted(fenced):
+        report(f"[dtrain] node {index} ({where[index][0]}) suspect: an unsigned fence record says it fenced itself "
+               f"({fenced[index]}), but every node answers the probe: not declared lost")
     return None
 
 
-def shows_a_lost_node(run_dir: str, job_id: str, nodes: int, now: float | None = None) -> bool:
-    """Whether a node of job ``job_id`` fenced itself or stopped beating (no probe)."""
+def fenced(run_dir: str, job_id: str, node: int, key: "JobKey | None") -> bool:
+    """Whether node ``node``'s lease holder recorded that it fenced itself (a record that verifies with ``key``)."""
+    return node in _lease_records(RunDir(run_dir), key, job_id, [node], time.time(), lambda line: None)[0]
+
+
+def shows_a_lost_node(run_dir: str, job_id: str, nodes: int, key: "JobKey | None", now: float | None = None) -> bool:
+    """Whether a node of job ``job_id`` fenced itself or stopped beating, by records that verify with
+    ``key`` (no probe)."""
     now = time.time() if now is None else now
-    files = RunDir(run_dir)
-    return any(read_fence(files, job_id, i) is not None or (beat_age(files, job_id, i, now) or 0.0) >= stale_after()
-               for i in range(nodes))
+    fenced, ages = _lease_records(RunDir(run_dir), key, job_id, range(nodes), now, lambda line: None)
+    return bool(fenced) or any(age >= stale_after() for age in ages.values())

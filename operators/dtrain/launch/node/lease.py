@@ -25,12 +25,26 @@ meanwhile, the watcher has given the node up).
   it replaces left its nodes' beats and fences behind; its nodes may even beat or fence after the
   retry started (a partitioned node whose link heals, a frozen one that thaws).
 
+**The records decide nothing unless the holder signed them.** Any rank can write the lease folder,
+so with a key (:func:`read_key`: Slurm's node shell hands it over on the holder's stdin, never in an
+environment, an argv or the run directory) each beat and fence is a record signed like the detached
+SSH daemon's (:class:`dtrain.launch.backends.ssh.records.JobKey`: HMAC-SHA256 over canonical JSON that
+names its kind, job and node), and a record that does not verify is refused (:class:`RecordError`),
+never read as the holder's. A beat's age is its file's status-change time (ctime), which the kernel
+sets to now on every change: ``os.utime`` back-dates the mtime a watcher would otherwise read, not the
+ctime. Without a key (mpi: the holder is a thread of a rank) the records are unsigned hints, and the
+launcher takes no verdict from a fence record that its own probe contradicts
+(:func:`dtrain.launch.engine.lost.lost_by_leases`).
+
 Stdlib and psutil only (it runs on every node, before and beside the ranks).
 """
 
 from __future__ import annotations
 
 import argparse
+import ctypes
+import hashlib
+import hmac
 import json
 import socket
 import stat
@@ -38,12 +52,15 @@ import sys
 import threading
 import time
 from dataclasses import dataclass
-from typing import Any, Callable, MutableMapping, Sequence
+from typing import IO, TYPE_CHECKING, Any, Callable, MutableMapping, Sequence
 
 from dtrain import grammar
 from dtrain.errors import SpecError
 from dtrain.launch.node.proctree import kill_job
 from dtrain.rundir import LEASE, RunDir, UnsafeRunDir
+
+if TYPE_CHECKING:
+    from dtrain.launch.backends.ssh.records import JobKey
 
 #: seconds a node that fences itself gives its ranks between SIGTERM and SIGKILL (not the stop
 #: grace): cut off from its peers, they cannot reach a checkpoint, and every second they live is a
@@ -57,7 +74,12 @@ HEARTBEAT_S = 5.0
 STALE_BEATS = 3
 #: what a fence's reason may hold (it is read back as untrusted): a lease file's, an ssh exit record's
 FENCE_REASON_LIMIT = 500
+#: the most a beat or fence record can be (read bounded: a larger file is nobody's record)
+RECORD_LIMIT = FENCE_REASON_LIMIT + 512
 ANNOUNCE = "[dtrain-lease]"
+#: the kinds of lease record (:data:`dtrain.launch.backends.ssh.records.FIELDS` says what each holds)
+BEAT, FENCE = "beat", "fence"
+PR_SET_DUMPABLE = 4
 
 
 def reaches(peer: tuple[str, int], timeout: float) -> bool:
@@ -108,12 +130,53 @@ def fenced_name(node: int) -> str:
     return f"node{node}.fenced"
 
 
-def beat(run_dir: RunDir, job_id: str, node: int, interval: float, ended: threading.Event) -> None:
-    """Touch the node's beat file now and every ``interval`` seconds until ``ended`` is set."""
+#: the node secrets' field that holds the lease key (:func:`read_key`)
+KEY_FIELD = "lease_key"
+#: the most a node-secrets line can be
+SECRETS_LINE_LIMIT = 4096
+
+
+def lease_key(secret: str) -> str:
+    """The lease key of a job whose secret is ``secret`` (64 hex digits each): its own, so that whoever
+    learns it on a node learns nothing else the job's secret signs."""
+    return hmac.new(bytes.fromhex(secret), b"dtrain node lease", hashlib.sha256).hexdigest()
+
+
+def read_key(stream: IO[str], job_id: str) -> "JobKey | None":
+    """The lease key the node shell wrote on the holder's ``stream`` (its stdin: one JSON line,
+    ``{"lease_key": "<64 hex>", ...}``), which is then closed; None when it wrote none (the lease then
+    holds and fences, its records unsigned); SpecError for a line that is not that. This process is
+    made non-dumpable first: another process of the ranks' user cannot read its memory (root can)."""
+    from dtrain.launch.backends.ssh.records import JobKey
+
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_DUMPABLE, 0, 0, 0, 0)
+    except (OSError, AttributeError):
+        pass
+    try:
+        line = stream.readline(SECRETS_LINE_LIMIT).strip()
+    finally:
+        stream.close()
+    if not line:
+        return None
+    try:
+        return JobKey(job_id, json.loads(line)[KEY_FIELD])
+    except (ValueError, TypeError, KeyError, SpecError):
+        raise SpecError("stdin", "<not shown>", '{"lease_key": "<64 lowercase hex digits>"} on one line') from None
+
+
+def record(key: "JobKey | None", kind: str, node: int, fields: dict[str, Any]) -> bytes:
+    """A lease record's bytes: signed with ``key``, plain without one."""
+    return json.dumps(key.sign(kind, node, fields) if key is not None else fields).encode()
+
+
+def beat(run_dir: RunDir, job_id: str, node: int, interval: float, ended: threading.Event,
+         key: "JobKey | None" = None) -> None:
+    """Write the node's beat record now and every ``interval`` seconds until ``ended`` is set."""
     while True:
         try:
             run_dir.ensure_dir(LEASE, job_id)  # the lease folder is the product's: a link or file planted there goes
-            run_dir.touch(LEASE, job_id, beat_name(node))
+            run_dir.write(LEASE, job_id, beat_name(node), data=record(key, BEAT, node, {"time": time.time()}))
         except (OSError, UnsafeRunDir):
             pass  # the filesystem hiccuped, or a rank moved things: a stale beat only makes the watcher look
         if ended.wait(interval):
@@ -121,36 +184,52 @@ def beat(run_dir: RunDir, job_id: str, node: int, interval: float, ended: thread
 
 
 def age_of(run_dir: RunDir, now: float, *parts: str) -> float | None:
-    """Seconds since the regular file at ``parts`` was last written (by ``now`` against its mtime, so
-    clocks synchronised to well within a beat, as NTP/chrony keep them); None without one."""
+    """Seconds since the regular file at ``parts`` last changed (by ``now`` against its ctime, so clocks
+    synchronised to well within a beat, as NTP/chrony keep them); None without one. The ctime, not the
+    mtime: any process of the job can back-date the mtime (``os.utime``); the kernel sets the ctime to
+    now on every change, that one included."""
     try:
         found = run_dir.stat(*parts)
     except UnsafeRunDir:
         return None
-    return now - found.st_mtime if found is not None and stat.S_ISREG(found.st_mode) else None
+    return now - found.st_ctime if found is not None and stat.S_ISREG(found.st_mode) else None
 
 
-def beat_age(run_dir: RunDir, job_id: str, node: int, now: float) -> float | None:
-    """Seconds since node ``node`` of job ``job_id`` last beat (None: it never did)."""
+def read_record(run_dir: RunDir, key: "JobKey | None", job_id: str, node: int, kind: str) -> dict[str, Any] | None:
+    """Node ``node``'s ``kind`` record of job ``job_id``, checked field by field: verified with ``key``
+    (unsigned records are read as they are only without one); None when there is none; RecordError
+    naming why when a record is there that its holder did not write."""
+    from dtrain.launch.backends.ssh.records import RecordError, check, parse
+
+    try:
+        raw = run_dir.read(LEASE, job_id, (beat_name if kind == BEAT else fenced_name)(node), limit=RECORD_LIMIT)
+    except (OSError, UnsafeRunDir):
+        return None
+    if raw is None:  # none, or larger than any record: not the holder's
+        return None
+    value = parse(raw)
+    if key is not None:
+        return key.verify(kind, node, value)
+    if not isinstance(value, dict):
+        raise RecordError(f"not a {kind} record")
+    return check(kind, value)
+
+
+def beat_age(run_dir: RunDir, job_id: str, node: int, now: float, key: "JobKey | None" = None) -> float | None:
+    """Seconds since node ``node`` of job ``job_id`` last beat (None: it never did); RecordError for a beat
+    record its holder did not sign (``key``)."""
+    if read_record(run_dir, key, job_id, node, BEAT) is None:
+        return None
     return age_of(run_dir, now, LEASE, job_id, beat_name(node))
 
 
-def read_fence(run_dir: RunDir, job_id: str, node: int) -> str | None:
-    """The reason node ``node`` of job ``job_id`` recorded for fencing itself, if it did (untrusted
-    text, bounded)."""
-    try:
-        raw = run_dir.read(LEASE, job_id, fenced_name(node), limit=FENCE_REASON_LIMIT + 256)
-    except (OSError, UnsafeRunDir):
+def read_fence(run_dir: RunDir, job_id: str, node: int, key: "JobKey | None" = None) -> str | None:
+    """The reason node ``node`` of job ``job_id`` recorded for fencing itself, if it did (text for a log
+    line, bounded); RecordError for a fence record its holder did not sign (``key``)."""
+    found = read_record(run_dir, key, job_id, node, FENCE)
+    if found is None:
         return None
-    if raw is None:
-        return None
-    try:
-        reason = json.loads(raw).get("reason")
-    except (ValueError, AttributeError):
-        return "it recorded a fence (unreadable record)"
-    if not isinstance(reason, str):
-        return "it recorded a fence (no reason)"
-    return "".join(c if c.isprintable() else "?" for c in reason[:FENCE_REASON_LIMIT])
+    return "".join(c if c.isprintable() else "?" for c in found["reason"][:FENCE_REASON_LIMIT])
 
 
 def parse_peer(text: str, field: str = "--peer") -> tuple[str, int]:
@@ -162,19 +241,22 @@ def parse_peer(text: str, field: str = "--peer") -> tuple[str, int]:
 
 
 def run(run_dir: str, node: int, job_id: str, lease: float, peer: tuple[str, int] | None,
-        check_every: float = LEASE_CHECK_S, heartbeat: float = HEARTBEAT_S, own: tuple[str, int] | None = None) -> int:
-    """Beat and hold the lease until the node is fenced (then 0; the caller ends the holder otherwise)."""
+        check_every: float = LEASE_CHECK_S, heartbeat: float = HEARTBEAT_S, own: tuple[str, int] | None = None,
+        key: "JobKey | None" = None) -> int:
+    """Beat and hold the lease until the node is fenced (then 0; the caller ends the holder otherwise);
+    ``key`` signs the records."""
     files = RunDir(run_dir)
     ended = threading.Event()
-    threading.Thread(target=beat, args=(files, job_id, node, heartbeat, ended), daemon=True).start()
+    threading.Thread(target=beat, args=(files, job_id, node, heartbeat, ended, key), daemon=True).start()
 
     def fence(reason: str) -> None:
         ended.set()  # a fenced node beats no more
         print(f"{ANNOUNCE} node={node}: {reason}; fencing: stopping its ranks", file=sys.stderr, flush=True)
         try:
             files.ensure_dir(LEASE, job_id)
-            files.write(LEASE, job_id, fenced_name(node), data=json.dumps({"time": time.time(), "reason": reason}).encode())
-        except (OSError, ValueError):
+            files.write(LEASE, job_id, fenced_name(node),
+                        data=record(key, FENCE, node, {"time": time.time(), "reason": reason[:FENCE_REASON_LIMIT]}))
+        except (OSError, ValueError, UnsafeRunDir):
             pass  # the fence matters, not its record
         kill_job(job_id, FENCE_GRACE_S, node)
 

@@ -43,7 +43,7 @@ from dtrain.launch.backends.base import Backend, DryRunRequest, JobHandle, JobSt
 from dtrain.launch.backends.mpi.render import check_export_names, coerce_mpi_options, mpirun_argv, mpirun_env
 from dtrain.launch.engine.exits import exit_records, first_failure_of, ranks_exited_since, records_since
 from dtrain.launch.engine.job import Job
-from dtrain.launch.engine.lost import PROBE_TIMEOUT_S, LostNode, fault_of, lost_by_leases
+from dtrain.launch.engine.lost import PROBE_TIMEOUT_S, LostNode, TellOnce, fault_of, lost_by_leases
 from dtrain.launch.engine.placement import Placement
 from dtrain.launch.engine.processes import NodeSupervisor
 from dtrain.launch.engine.spec import LaunchSpec
@@ -99,6 +99,7 @@ class MPIBackend(Backend):
         self._ranks_ended_at: float | None = None
         self._access: NodeAccess | None = None  # the submitted job's nodes
         self._leases_checked = self._probed = 0.0
+        self._told = TellOnce(self.sink)  # suspect nodes, refused lease records: once each
 
     @classmethod
     def validate(cls, spec: LaunchSpec) -> None:
@@ -197,8 +198,11 @@ class MPIBackend(Backend):
             self._probed = time.monotonic()
             return fault_of(address, port, timeout=PROBE_TIMEOUT_S)
 
+        # key None: each node's holder is a thread of its local rank 0, so a rank could sign anything it
+        # could; the records are hints, which the probe of each node's sshd confirms or contradicts
         return lost_by_leases(handle.run_dir, handle.job_id, len(access.endpoints), access.lost_after,
-                              failed=failed, hosts=lambda: access.endpoints, probe=probe, silent_daemon=None)
+                              failed=failed, hosts=lambda: access.endpoints, probe=probe, silent_daemon=None,
+                              key=None, report=self._told)
 
     def _outlived_ranks(self, handle: JobHandle) -> JobStatus | None:
         """The job's end when every rank has ended and mpirun has not, ``linger_seconds`` on."""

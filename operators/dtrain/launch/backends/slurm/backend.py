@@ -27,6 +27,7 @@ before that cancel, so a stopped job ends CANCELLED.
 from __future__ import annotations
 
 import os
+import secrets
 import shutil
 import subprocess
 import time
@@ -34,20 +35,21 @@ from dataclasses import replace
 from typing import Mapping
 
 from dtrain.errors import DTrainError, LaunchError, SpecError
-from dtrain.launch.backends.base import Backend, DryRunRequest, JobHandle, JobStatus, run_async
+from dtrain.launch.backends.base import SECRET_KEY, Backend, DryRunRequest, JobHandle, JobStatus, run_async
 from dtrain.launch.backends.slurm import lost
 from dtrain.launch.backends.slurm import render as R
 from dtrain.launch.backends.slurm.render import SlurmOptions
 from dtrain.launch.engine.elastic import Membership, Rounds
 from dtrain.launch.engine.exits import exit_records, ranks_exited_since
 from dtrain.launch.engine.job import Job
-from dtrain.launch.engine.lost import LostNode, shows_a_lost_node
+from dtrain.launch.engine.lost import LostNode, TellOnce, fenced, shows_a_lost_node
 from dtrain.launch.engine.net import free_port
 from dtrain.launch.engine.rdzv_store import RendezvousStore, store_address
 from dtrain.launch.engine.torchrun import Elastic
 from dtrain.launch.engine.placement import Placement
 from dtrain.launch.engine.spec import LaunchSpec
 from dtrain.launch.engine.tailfile import TAIL_LINES, LogFollower, read_tail
+from dtrain.launch.node.lease import lease_key
 from dtrain.rundir import RunDir
 
 
@@ -176,16 +178,20 @@ def wait_until_done(job_id: str, run_dir: str, timeout: float = 60.0, interval: 
     return status
 
 
-def lost_node_of(handle: JobHandle, status: JobStatus) -> LostNode | None:
+def lost_node_of(handle: JobHandle, status: JobStatus, report=lambda line: None) -> LostNode | None:
     """The node a running or failed job lost (:mod:`.lost`); None for a job submitted without
-    leases (an earlier release's handle), a pending, completed or unanswered one."""
+    leases or their key (an earlier release's handle), a pending, completed or unanswered one.
+    ``report``: where refused lease records and suspect nodes are named."""
     lost_after, nodes = handle.data.get("lost_after"), handle.data.get("nodes")
     if not (isinstance(lost_after, (int, float)) and isinstance(nodes, int)) or not status.reachable or status.ok:
         return None
     if not status.done and status.state != "RUNNING":
         return None
+    key = lost.job_key(handle.job_id, handle.data)
+    if key is None:  # its leases' records cannot be told from a rank's
+        return None
     return lost.lost_node(handle.job_id, handle.backend_job_id, handle.run_dir, nodes, float(lost_after),
-                          failed=status.done)
+                          failed=status.done, key=key, report=report)
 
 
 class SlurmBackend(Backend):
@@ -212,6 +218,7 @@ class SlurmBackend(Backend):
         self.store: RendezvousStore | None = None  # an elastic job's (and its bookkeeping)
         self.membership: Membership | None = None
         self._ended: set[int] = set()
+        self._told = TellOnce(self.sink)  # refused lease records, suspect nodes: once each
 
     @classmethod
     def resolve_placement(cls, placement: Placement) -> SlurmOptions:
@@ -260,7 +267,9 @@ class SlurmBackend(Backend):
             self.store = RendezvousStore()
             self.store.start(rdzv.port)
         script = R.write_script(job, options, self.node_env(job), rdzv)
-        job_id = sbatch(script, cwd=job.spec.workdir, secret_env=job.spec.secret_env)
+        secret = secrets.token_hex(32)  # keys the nodes' lease records (lost.job_key), and the follower record
+        job_id = sbatch(script, cwd=job.spec.workdir,
+                        secret_env={**job.spec.secret_env, R.NODE_SECRETS_ENV: R.node_secrets(lease_key(secret))})
         self.poll_interval = options.poll_interval
         self.sink(f"[dtrain] submitted slurm job {job_id} ({job.spec.nodes} node(s)); "
                   f"output: {R.log_path(job.run_dir, job_id)}")
@@ -268,7 +277,7 @@ class SlurmBackend(Backend):
                          world_size=job.spec.world_size, submitted_at=time.time(),
                          data={"poll_interval": options.poll_interval,
                                "stop_grace": self.stop_grace(job.spec),
-                               "lost_after": options.lost_after, "nodes": job.spec.nodes})
+                               "lost_after": options.lost_after, "nodes": job.spec.nodes, SECRET_KEY: secret})
 
     def _with_tail(self, handle: JobHandle, status: JobStatus) -> JobStatus:
         """A finished job's status carries the end of its output file (why it failed, or its summary)."""
@@ -280,22 +289,20 @@ class SlurmBackend(Backend):
         status = self._with_tail(handle, query(handle.backend_job_id, handle.run_dir))
         if self.membership is not None:
             return self._poll_elastic(handle, status)
-        return self._lost(handle, status, lost_node_of(handle, status))
+        return self._lost(handle, status, lost_node_of(handle, status, self._told))
 
     def _poll_elastic(self, handle: JobHandle, status: JobStatus) -> JobStatus:
         """An elastic job's status from its nodes' own records and leases, Slurm's state only when it
         ended by itself (cancelled, out of time): a lost node with MIN left is no end."""
-        from dtrain.launch.node.lease import read_fence
-
-        nodes, members, files = int(handle.data["nodes"]), self.membership, RunDir(handle.run_dir)
+        nodes, members, key = int(handle.data["nodes"]), self.membership, lost.job_key(handle.job_id, handle.data)
         for node, code in R.read_node_exits(handle.run_dir, handle.backend_job_id, nodes).items():
             # a node that fenced itself recorded its agent's end too: its lease tells it lost, below
-            if node not in self._ended and (code == 0 or read_fence(files, handle.job_id, node) is None):
+            if node not in self._ended and (code == 0 or not fenced(handle.run_dir, handle.job_id, node, key)):
                 self._ended.add(node)
                 members.node_ended(node, code, [])
         if status.state == "RUNNING":
             verdict = lost.lost_node(handle.job_id, handle.backend_job_id, handle.run_dir, nodes,
-                                     float(handle.data["lost_after"]), failed=False,
+                                     float(handle.data["lost_after"]), failed=False, key=key, report=self._told,
                                      exclude=self._ended | set(members.lost))
             if verdict is not None:
                 self.store.lost(verdict.node)  # the survivors re-form the round now, not when its keep-alive lapses
@@ -315,7 +322,7 @@ class SlurmBackend(Backend):
         import asyncio
 
         status = self._with_tail(handle, await async_query(handle.backend_job_id, handle.run_dir))
-        return self._lost(handle, status, await asyncio.to_thread(lost_node_of, handle, status))
+        return self._lost(handle, status, await asyncio.to_thread(lost_node_of, handle, status, self._told))
 
     def _lost(self, handle: JobHandle, status: JobStatus, node: LostNode | None) -> JobStatus:
         if node is not None:
@@ -357,7 +364,8 @@ class SlurmBackend(Backend):
         Slurm gives the node up (SlurmdTimeout, minutes): waiting for that would only hold the task; the
         reachable nodes are stopped by then, and the lost one fences itself."""
         nodes = handle.data.get("nodes")
-        if isinstance(nodes, int) and shows_a_lost_node(handle.run_dir, handle.job_id, nodes):
+        if isinstance(nodes, int) and shows_a_lost_node(handle.run_dir, handle.job_id, nodes,
+                                                        lost.job_key(handle.job_id, handle.data)):
             return min(self.cancel_timeout, LOST_CANCEL_WAIT_S)
         return self.cancel_timeout
 

@@ -13,23 +13,39 @@ every node's slurmd port is probed with a TCP handshake, each node's NodeAddr an
   stale: its processes are stopped (slurmd speaks only when spoken to, so no banner tells);
 * ``unreachable``: no answer within the probe's time (a partition), counted only once a node
   fenced itself, the job failed, or the node's heartbeat is older than ``lost_after``.
+
+Only records the nodes' lease holders signed count (:func:`job_key`: the job's lease key, derived from
+the secret in its handle); a handle without one (an earlier release's, or one rebuilt from a trigger
+event) reads no lease, and Slurm's own state decides.
 """
 
 from __future__ import annotations
 
 import subprocess
-from typing import Collection
+from typing import Any, Callable, Collection, Mapping
 
+from dtrain.grammar import SECRET
+from dtrain.launch.backends.base import SECRET_KEY
 from dtrain.launch.backends.slurm import render as R
+from dtrain.launch.backends.ssh.records import JobKey
 from dtrain.launch.engine.lost import PROBE_TIMEOUT_S, LostNode, handshake_fault, lost_by_leases
+from dtrain.launch.node.lease import lease_key
+
+
+def job_key(job_id: str, data: Mapping[str, Any]) -> JobKey | None:
+    """The key job ``job_id``'s lease records are signed with, from its handle's ``data``; None without one."""
+    secret = data.get(SECRET_KEY)
+    return JobKey(job_id, lease_key(secret)) if isinstance(secret, str) and SECRET.fullmatch(secret) else None
 
 
 def lost_node(job_id: str, slurm_job_id: str, run_dir: str, nodes: int, lost_after: float, *, failed: bool,
+              key: JobKey, report: Callable[[str], None] = lambda line: None,
               now: float | None = None, exclude: Collection[int] = ()) -> LostNode | None:
-    """The node job ``job_id`` (Slurm's ``slurm_job_id``) lost, when its leases show a sign of one; None
-    otherwise. ``failed``: the job has ended with a failure; ``exclude``: nodes not to look at."""
+    """The node job ``job_id`` (Slurm's ``slurm_job_id``) lost, when its leases signed with ``key`` show a sign
+    of one; None otherwise. ``failed``: the job has ended with a failure; ``exclude``: nodes not to look
+    at; ``report``: where refused records are named."""
     return lost_by_leases(run_dir, job_id, nodes, lost_after, failed=failed, now=now, exclude=exclude,
-                          hosts=lambda: job_hosts(slurm_job_id), silent_daemon="slurmd",
+                          hosts=lambda: job_hosts(slurm_job_id), silent_daemon="slurmd", key=key, report=report,
                           probe=lambda address, port: handshake_fault(address, port, timeout=PROBE_TIMEOUT_S))
 
 

@@ -16,6 +16,11 @@ its peers may come and go, and a node cut off from the store cannot take part in
 
 A single-node job has no peer (the clock check and its own slurmd only). When Slurm cannot say where
 the nodes are, the lease holds with the clock check only, and says so.
+
+Its records are signed with the job's lease key, which it reads on stdin (:func:`.lease.read_key`):
+the node shell hands on the line srun gave it, which the batch script took out of its environment
+before anything else started (:func:`.render.render_sbatch`). Without it the lease still fences, and
+says that the launcher will refuse its records.
 """
 
 from __future__ import annotations
@@ -23,6 +28,7 @@ from __future__ import annotations
 import os
 import sys
 
+from dtrain.errors import SpecError
 from dtrain.launch.backends.slurm.lost import node_hosts
 from dtrain.launch.node import lease
 
@@ -37,12 +43,21 @@ def targets(node_list: str, node: int) -> tuple[tuple[str, int] | None, tuple[st
 
 def main(argv: list[str] | None = None) -> int:
     args = lease.parse_args(argv, prog="python -m dtrain.launch.backends.slurm.node_lease", targets=("peer",))
+    try:
+        key = lease.read_key(sys.stdin, args.job_id)
+    except SpecError as e:
+        key = None
+        print(f"{lease.ANNOUNCE} node={args.node}: {e}", file=sys.stderr, flush=True)
+    os.dup2(os.open(os.devnull, os.O_RDONLY), 0)  # the key's pipe, closed: nothing started later can read there
+    if key is None:
+        print(f"{lease.ANNOUNCE} node={args.node}: no lease key on stdin: this node's lease records are unsigned, "
+              "and the launcher refuses them", file=sys.stderr, flush=True)
     peer, own = targets(os.environ.get("SLURM_JOB_NODELIST", ""), args.node)
     peer = args.peer or peer
     if own is None:
         print(f"{lease.ANNOUNCE} node={args.node}: Slurm did not say where the job's nodes are: "
               "this node's lease checks the clock only", file=sys.stderr, flush=True)
-    return lease.run(args.run_dir, args.node, args.job_id, args.lease, peer, own=own)
+    return lease.run(args.run_dir, args.node, args.job_id, args.lease, peer, own=own, key=key)
 
 
 if __name__ == "__main__":

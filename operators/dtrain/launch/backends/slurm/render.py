@@ -18,6 +18,7 @@ Stdlib only and no Airflow: the async trigger and the CLI import it cheaply.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shlex
@@ -283,14 +284,18 @@ def node_argv(job: Job, python: str, rdzv: Elastic | None = None) -> list[str]:
 # or its own slurmd stops answering); the reap stops it with the rest.
 _RANK_EXPORTS = ('export NODE_RANK="$SLURM_NODEID" DTRAIN_NODE_INDEX="$SLURM_NODEID" PET_NODE_RANK="$SLURM_NODEID" '
                  'PET_MASTER_ADDR="$MASTER_ADDR" PET_MASTER_PORT="$MASTER_PORT"; ')
-_LEASE = ('"$py" -m dtrain.launch.backends.slurm.node_lease --run-dir "$DTRAIN_RUN_DIR" --node "$SLURM_NODEID" '
+# The node's secrets (:func:`node_secrets`) are the first line on its stdin (srun's, from the batch shell);
+# the lease holder gets them on its own stdin (printf is a builtin: no argv carries them); the variable
+# is never exported, and unset once the holder started.
+_LEASE = ('printf \'%s\\n\' "$node_secrets" | '
+          '"$py" -m dtrain.launch.backends.slurm.node_lease --run-dir "$DTRAIN_RUN_DIR" --node "$SLURM_NODEID" '
           '--job-id "$DTRAIN_JOB_ID" --lease "$DTRAIN_LOST_AFTER"')
 
 
 def _node_shell(exports: str, lease: str, on_end: str = "", functions: str = "") -> str:
-    return (exports + 'py="$1"; '
+    return (exports + 'py="$1"; node_secrets=; IFS= read -r node_secrets; '
             'reap() { "$py" -m dtrain.launch.node.proctree reap "$DTRAIN_JOB_ID" --node "$SLURM_NODEID"; }; '
-            + functions + lease + ' & '
+            + functions + lease + ' & unset node_secrets; '
             'DTRAIN_AGENT_PARENT=$$ "$@" & agent=$!; '
             'trap \'kill -TERM "$agent" 2>/dev/null; wait "$agent"; reap; exit 143\' TERM INT HUP; '
             'wait "$agent"; status=$?; reap; ' + on_end + 'exit "$status"')
@@ -313,6 +318,25 @@ dtrain_node_addr() {
   if [ -z "$addr" ]; then addr=$(getent hosts "$1" | awk '{print $1; exit}'); fi
   printf '%s\\n' "${addr:-$1}"
 }"""
+
+
+#: the variable of sbatch's environment that carries the nodes' secrets (:func:`node_secrets`) to the batch
+#: shell, which takes it out before it starts anything (:data:`_SECRETS_LINES`)
+NODE_SECRETS_ENV = "DTRAIN_NODE_SECRETS"
+# The batch shell re-executes itself without the variable (its first environment is what
+# /proc/<pid>/environ shows for good), the line kept on a pipe; srun hands the line to every node's
+# shell on stdin (--input=all), and no process below the batch shell carries it in its environment.
+_SECRETS_LINES = (
+    f'if [ -n "${{{NODE_SECRETS_ENV}+x}}" ]; then exec 3<<<"${NODE_SECRETS_ENV}"; '
+    f'exec env -u {NODE_SECRETS_ENV} /bin/bash "$0" "$@"; fi',
+    'node_secrets=; { IFS= read -r node_secrets <&3; exec 3<&-; } 2>/dev/null',
+)
+
+
+def node_secrets(lease_key: str) -> str:
+    """The one line of secrets every node of the job reads on stdin: a JSON object (the lease holder's
+    ``lease_key``: :func:`dtrain.launch.node.lease.read_key`)."""
+    return json.dumps({"lease_key": lease_key}, separators=(",", ":"))
 
 
 def export_line(name: str, value: str) -> str:
@@ -364,10 +388,11 @@ def render_sbatch(job: Job, options: SlurmOptions, *, workdir: str | None = None
     exports = [export_line(name, value) for name, value in sorted(env.items())]
     port = str(options.master_port) if options.master_port else "$((20000 + SLURM_JOB_ID % 20000))"
     # a fixed job ends when one node fails; an elastic one goes on without it (and Slurm keeps its allocation)
-    srun = ["srun", f"--nodes={spec.nodes}", f"--ntasks={spec.nodes}", "--ntasks-per-node=1",
+    srun = ["srun", f"--nodes={spec.nodes}", f"--ntasks={spec.nodes}", "--ntasks-per-node=1", "--input=all",
             *(["--no-kill", "bash", "-c", ELASTIC_NODE_SHELL] if spec.elastic
               else ["--kill-on-bad-exit=1", "bash", "-c", NODE_SHELL]), "dtrain-node"]
-    command = " \\\n  ".join([" ".join(q(a) for a in srun), " ".join(q(a) for a in node_argv(job, python, rdzv))])
+    command = " \\\n  ".join([" ".join(q(a) for a in srun), " ".join(q(a) for a in node_argv(job, python, rdzv)),
+                              '<<<"$node_secrets"'])
     if spec.elastic:
         rendezvous = [f'echo "[dtrain] slurm job $SLURM_JOB_ID on $SLURM_JOB_NODELIST: elastic ({spec.placement.nnodes} '
                       f'nodes), rendezvous store {rdzv.host}:{rdzv.port}"']
@@ -386,6 +411,7 @@ def render_sbatch(job: Job, options: SlurmOptions, *, workdir: str | None = None
         *(f"#SBATCH {d}" for d in directives),
         "# Rendered by airflow-dtrain: srun starts one torchrun agent per node.",
         "set -uo pipefail",
+        *_SECRETS_LINES,
         f"cd {q(workdir)} || exit 1",
         *exports,
         _ADDR_FUNCTION,

@@ -112,6 +112,9 @@ FIELDS: dict[str, dict[str, Callable[[Any], bool]]] = {
               "host": lambda v: isinstance(v, str) and len(v) <= 255},
     "exit": {"exit_code": _integer(0, MAX_EXIT_CODE),
              "stopped_by_signal": _optional(_integer(1, MAX_SIGNAL)), "time": _number},
+    # a node lease holder's records (dtrain.launch.node.lease), signed with the same machinery
+    "beat": {"time": _number},
+    "fence": {"time": _number, "reason": lambda v: isinstance(v, str) and len(v) <= FENCE_REASON_LIMIT},
 }
 #: fields a record may lack (a daemon of an earlier version writes none of them)
 OPTIONAL_FIELDS: dict[str, dict[str, Callable[[Any], bool]]] = {

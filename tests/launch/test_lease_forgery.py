@@ -1,0 +1,92 @@
+"""A node's lease records decide nothing a rank can write: the holder signs its beats and fences with the
+job's lease key, which it reads on stdin (never an argv, its environment or the run directory), and a
+beat's age is its file's ctime, which ``os.utime`` cannot back-date. The real holder process
+(``python -m dtrain.launch.backends.slurm.node_lease``), its records read as the launcher reads them;
+tests/faults/test_lease_forgery_slurm.py forges them from a rank of a real job."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+
+from dtrain.errors import SpecError
+from dtrain.launch.backends.slurm import lost
+from dtrain.launch.backends.slurm.render import node_secrets
+from dtrain.launch.backends.ssh.records import RecordError
+from dtrain.launch.node import lease
+from dtrain.rundir import LEASE, RunDir
+from tests.support import poll_until
+
+JOB = "dtrain-lease-forgery"
+SECRET = "c3" * 32
+KEY = lost.job_key(JOB, {"secret": SECRET})
+
+
+@pytest.fixture
+def holder(tmp_path):
+    """A node's lease holder as Slurm's node shell starts it, its key on stdin; (process, run dir)."""
+    run_dir = str(tmp_path / "run")
+    env = {k: v for k, v in os.environ.items() if k != "SLURM_JOB_NODELIST"}
+    proc = subprocess.Popen([sys.executable, "-m", "dtrain.launch.backends.slurm.node_lease", "--run-dir", run_dir,
+                             "--node", "1", "--job-id", JOB, "--lease", "30"],
+                            stdin=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    proc.stdin.write(node_secrets(lease.lease_key(SECRET)) + "\n")
+    proc.stdin.close()
+    yield proc, RunDir(run_dir)
+    proc.kill()
+    proc.wait()
+
+
+def test_the_holder_signs_its_beats_with_the_key_from_its_stdin_and_nowhere_else(holder):
+    proc, files = holder
+    assert poll_until(lambda: lease.beat_age(files, JOB, 1, time.time(), KEY) is not None, 30, 0.1), proc.stderr
+    key = lease.lease_key(SECRET)
+    with open(f"/proc/{proc.pid}/cmdline", "rb") as fh:
+        assert key.encode() not in fh.read()
+    with open(f"/proc/{proc.pid}/environ", "rb") as fh:
+        assert key.encode() not in fh.read()
+    assert os.readlink(f"/proc/{proc.pid}/fd/0") == os.devnull  # read, then closed
+    with pytest.raises(RecordError, match="MAC does not verify"):  # another job's key
+        lease.beat_age(files, JOB, 1, time.time(), lost.job_key(JOB, {"secret": "d4" * 32}))
+
+
+def test_a_rank_cannot_back_date_a_beat_nor_forge_one_or_a_fence(holder):
+    proc, files = holder
+    assert poll_until(lambda: lease.beat_age(files, JOB, 1, time.time(), KEY) is not None, 30, 0.1)
+    beat = files.join(LEASE, JOB, lease.beat_name(1))
+    long_ago = time.time() - 3600
+    os.utime(beat, (long_ago, long_ago))  # what a rank can do to the holder's own beat
+    assert lease.beat_age(files, JOB, 1, time.time(), KEY) < 5.0
+    files.write(LEASE, JOB, lease.beat_name(1), data=json.dumps({"time": long_ago}).encode())
+    with pytest.raises(RecordError, match="not signed"):
+        lease.beat_age(files, JOB, 1, time.time(), KEY)
+    files.write(LEASE, JOB, lease.fenced_name(1), data=json.dumps({"time": 1.0, "reason": "forged"}).encode())
+    with pytest.raises(RecordError, match="not signed"):
+        lease.read_fence(files, JOB, 1, KEY)
+    forged = KEY.sign("fence", 1, {"time": 1.0, "reason": "forged"}) | {"reason": "changed"}
+    files.write(LEASE, JOB, lease.fenced_name(1), data=json.dumps(forged).encode())
+    with pytest.raises(RecordError, match="MAC does not verify"):
+        lease.read_fence(files, JOB, 1, KEY)
+
+
+def test_the_key_line_is_read_once_and_a_bad_one_is_named_never_shown():
+    line = node_secrets(lease.lease_key(SECRET))
+    assert lease.read_key(io.StringIO(line + "\n" + "the rest is not read\n"), JOB).secret == lease.lease_key(SECRET)
+    assert lease.read_key(io.StringIO(""), JOB) is None  # none given: the lease holds unsigned
+    with pytest.raises(SpecError, match='"lease_key"') as raised:
+        lease.read_key(io.StringIO('{"lease_key": "%s"}\n' % ("x" * 64)), JOB)
+    assert "x" * 64 not in str(raised.value)
+
+
+def test_a_holder_that_read_its_key_is_not_dumpable():
+    """Another process of the ranks' user can then neither read its memory nor attach to it (root can)."""
+    code = ("import ctypes, io; from dtrain.launch.node import lease; prctl = ctypes.CDLL(None).prctl; "
+            "before = prctl(3, 0, 0, 0, 0); lease.read_key(io.StringIO(''), 'j'); print(before, prctl(3, 0, 0, 0, 0))")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert proc.stdout.split() == ["1", "0"], proc.stderr  # PR_GET_DUMPABLE
