@@ -27,7 +27,15 @@ from dtrain.launch.engine.placement import Placement
 from dtrain.launch.engine.spec import LaunchSpec
 from dtrain.launch.engine.torchrun import Elastic, agent_argv
 from dtrain.pipeline.params import NODES_PATTERN, NODES_TYPE, _check_one
+from dtrain.launch.node.rdzv_auth import StoreKey
 from tests.support import poll_until
+
+KEY = StoreKey("ab" * 32)  # a job's rendezvous key: its agents sign their round lines with it
+
+
+def signed(body: str) -> str:
+    """An agent's round line: ``body`` with its MAC."""
+    return f"{body} mac={KEY.round_mac(body)}"
 
 PY = "/opt/venv/bin/python"
 CMD = [sys.executable, "-c", "pass"]
@@ -130,39 +138,64 @@ def test_rounds_are_told_by_every_member_on_its_own_stream(tmp_path):
     lines: list[str] = []
     (tmp_path / "checkpoints").mkdir()
     (tmp_path / "checkpoints" / "step-00000020.pt").write_bytes(b"x")
-    rounds = Rounds(str(tmp_path), 2, ["h0", "h1", "h2"], lines.append)
-    line = "[node{}] [dtrain-round] node={} round={} group_rank={} group_world_size={}"
-    assert rounds.feed(line.format(0, 0, 0, 0, 2)) and lines == []
-    assert not rounds.feed(line.format(1, 2, 0, 1, 2))  # node 2's line on node 1's stream: output, not counted
-    assert not rounds.feed(line.format(1, 1, 0, 2, 2))  # a rank outside the round
-    assert not rounds.feed(line.format(1, 1, 0, 1, 9))  # more nodes than hosts
-    assert not rounds.feed(line.format(1, 1, 0, 1, 2) + " extra")
-    assert not rounds.feed("[node1 rank1] " + line.format(1, 1, 0, 1, 2)[8:])  # a rank's own output
-    assert rounds.feed(line.format(1, 1, 0, 1, 2))
+    rounds = Rounds(str(tmp_path), 2, ["h0", "h1", "h2"], lines.append, KEY)
+    body = "[dtrain-round] node={} round={} group_rank={} group_world_size={}"
+
+    def line(stream, *fields):
+        return f"[node{stream}] " + signed(body.format(*fields))
+
+    assert rounds.feed(line(0, 0, 0, 0, 2)) and lines == []
+    assert not rounds.feed(line(1, 2, 0, 1, 2))  # node 2's line on node 1's stream: output, not counted
+    assert not rounds.feed(line(1, 1, 0, 2, 2))  # a rank outside the round
+    assert not rounds.feed(line(1, 1, 0, 1, 9))  # more nodes than hosts
+    assert not rounds.feed(line(1, 1, 0, 1, 2) + " extra")
+    assert not rounds.feed("[node1 rank1] " + line(1, 1, 0, 1, 2)[8:])  # a rank's own output
+    assert rounds.feed(line(1, 1, 0, 1, 2))
     assert rounds.to_list() == [{"round": 0, "nodes": [0, 1], "world_size": 4, "resume_step": 20}]
     assert lines == ["[dtrain] round 0: 2 node(s) [0 (h0), 1 (h1)], world size 4, from step 20"]
-    assert rounds.feed(line.format(2, 2, 0, 0, 2))  # a late line for a round already told: consumed, no change
+    assert rounds.feed(line(2, 2, 0, 0, 2))  # a late line for a round already told: consumed, no change
     assert len(rounds.to_list()) == 1
 
 
 def test_round_lines_told_by_one_member_only_cannot_grow_the_launchers_memory(tmp_path):
     from dtrain.launch.engine.elastic import MAX_OPEN_ROUNDS
 
-    rounds = Rounds(str(tmp_path), 1, ["h0", "h1"], lambda line: None)
-    for number in range(10_000):  # a node's forged lines, each a round no other member tells
-        assert rounds.feed(f"[node0] [dtrain-round] node=0 round={number} group_rank=0 group_world_size=2")
+    rounds = Rounds(str(tmp_path), 1, ["h0", "h1"], lambda line: None, KEY)
+    for number in range(10_000):  # a node's lines (signed: its agent's), each a round no other member tells
+        assert rounds.feed("[node0] " + signed(f"[dtrain-round] node=0 round={number} group_rank=0 group_world_size=2"))
     assert len(rounds._open) == MAX_OPEN_ROUNDS and rounds.to_list() == []
-    assert rounds.feed("[node1] [dtrain-round] node=1 round=9999 group_rank=1 group_world_size=2")
+    assert rounds.feed("[node1] " + signed("[dtrain-round] node=1 round=9999 group_rank=1 group_world_size=2"))
     assert [r["round"] for r in rounds.to_list()] == [9999]  # the latest round is still told
 
 
 def test_untagged_round_lines_name_their_node_as_slurms_one_output_file_has_them(tmp_path):
     lines: list[str] = []
-    rounds = Rounds(str(tmp_path), 1, ["n0", "n1"], lines.append, tagged=False)
-    assert not rounds.feed("[node0] [dtrain-round] node=0 round=3 group_rank=0 group_world_size=2")  # tagged: not here
-    assert rounds.feed("[dtrain-round] node=0 round=3 group_rank=1 group_world_size=2")
-    assert rounds.feed("[dtrain-round] node=1 round=3 group_rank=0 group_world_size=2")
+    rounds = Rounds(str(tmp_path), 1, ["n0", "n1"], lines.append, KEY, tagged=False)
+    assert not rounds.feed("[node0] " + signed("[dtrain-round] node=0 round=3 group_rank=0 group_world_size=2"))
+    assert rounds.feed(signed("[dtrain-round] node=0 round=3 group_rank=1 group_world_size=2"))
+    assert rounds.feed(signed("[dtrain-round] node=1 round=3 group_rank=0 group_world_size=2"))
     assert rounds.to_list() == [{"round": 3, "nodes": [1, 0], "world_size": 2, "resume_step": 0}]
+
+
+def test_a_ranks_forged_round_lines_in_slurms_one_log_never_become_rounds(tmp_path):
+    """Slurm's output file holds every rank's output beside the agents' lines: a rank's round lines
+    (unsigned, signed with another key, or an agent's line altered) are shown as output, never counted."""
+    lines: list[str] = []
+    (tmp_path / "checkpoints").mkdir()
+    rounds = Rounds(str(tmp_path), 4, ["n0", "n1"], lines.append, KEY, tagged=False)
+    other = StoreKey("cd" * 32)
+    forged = ["[dtrain-round] node=1 round=999999999 group_rank=0 group_world_size=1",
+              "[dtrain-round] node=0 round=999999999 group_rank=0 group_world_size=1 mac=" + "0" * 64,
+              "[dtrain-round] node=0 round=7 group_rank=0 group_world_size=1 mac="
+              + other.round_mac("[dtrain-round] node=0 round=7 group_rank=0 group_world_size=1"),
+              signed("[dtrain-round] node=0 round=1 group_rank=0 group_world_size=2").replace("round=1", "round=8")]
+    for line in forged:
+        for _ in range(1000):
+            assert not rounds.feed(line)
+    assert rounds.to_list() == [] and lines == [] and rounds._open == {}
+    for node, rank in ((0, 0), (1, 1)):  # the agents' own lines among them still count
+        assert rounds.feed(signed(f"[dtrain-round] node={node} round=1 group_rank={rank} group_world_size=2"))
+    assert rounds.to_list() == [{"round": 1, "nodes": [0, 1], "world_size": 8, "resume_step": 0}]
 
 
 def test_latest_step_never_follows_a_link(tmp_path):
@@ -227,7 +260,7 @@ def test_membership_success_failure_and_a_waiting_node_ending_after_success():
 def test_the_store_process_dies_with_the_launcher(tmp_path):
     code = ("import sys, time; from dtrain.launch.engine.rdzv_store import RendezvousStore; "
             "from dtrain.launch.engine.net import free_port; s = RendezvousStore(); "
-            "print(s.start(free_port()), flush=True); time.sleep(600)")
+            "print(s.start('127.0.0.1', free_port(), 'ab' * 32), flush=True); time.sleep(600)")
     launcher = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
     try:
         port = int(launcher.stdout.readline())

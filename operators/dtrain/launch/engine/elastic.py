@@ -19,7 +19,10 @@ turns that into the job's status at each poll:
 :class:`Rounds` gathers the line each node's agent prints after each round (``[dtrain-round]``,
 tagged by the launcher with the node its stream belongs to) into the job's rounds: which nodes, the
 world size and the step the round resumed from (the latest checkpoint then). The lines are a node's
-output, so they are parsed with a strict grammar and used only to report, never to decide.
+output, so they are parsed with a strict grammar and used only to report, never to decide; and each
+must end with the agent's MAC, keyed with the job's secret (which the agents hold and their ranks'
+environment does not: :mod:`dtrain.launch.node.rdzv_auth`), so that a rank printing round lines
+into a log the launcher reads (Slurm's one output file) adds no round.
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ from typing import TYPE_CHECKING, Any, Callable, Sequence
 from dtrain.launch.backends.base import JobStatus
 from dtrain.launch.engine.lost import LostNode
 from dtrain.launch.node.elastic_rdzv import ROUND_TAG
+from dtrain.launch.node.rdzv_auth import StoreKey
 from dtrain.rundir import RunDir, UnsafeRunDir
 
 if TYPE_CHECKING:
@@ -39,8 +43,9 @@ if TYPE_CHECKING:
 
 #: a round line as the supervisor passes it on: ``[node<stream>] [dtrain-round] node=N round=R ...``; a
 #: backend whose nodes' output is one stream (Slurm's output file) passes it on untagged
-ROUND_LINE = re.compile(r"(?:\[node(\d{1,5})\] )?" + re.escape(ROUND_TAG)
-                        + r" node=(\d{1,5}) round=(\d{1,9}) group_rank=(\d{1,5}) group_world_size=(\d{1,5})")
+ROUND_LINE = re.compile(r"(?:\[node(\d{1,5})\] )?(" + re.escape(ROUND_TAG)
+                        + r" node=(\d{1,5}) round=(\d{1,9}) group_rank=(\d{1,5}) group_world_size=(\d{1,5}))"
+                        + r" mac=([0-9a-f]{64})")
 MAX_ROUNDS = 1000  # kept in the result (XCom); a job that re-forms more often keeps its last ones
 #: rounds told by some of their members only, kept at once: a forged line cannot grow the launcher's memory
 MAX_OPEN_ROUNDS = 16
@@ -62,11 +67,13 @@ class Round:
 class Rounds:
     """The rounds of one job, from its nodes' round lines (:meth:`feed`); thread-safe. ``tagged``: each
     line comes tagged with the node whose stream it came from (ssh, local), which must be the node it
-    names; untagged (Slurm's one output file), the line's own node is taken."""
+    names; untagged (Slurm's one output file), the line's own node is taken. ``key``: the job's, which
+    every counted line's MAC must verify with."""
 
     def __init__(self, run_dir: str, procs_per_node: int, hosts: Sequence[str], sink: Callable[[str], None],
-                 tagged: bool = True, on_round: Callable[[Round], None] | None = None):
+                 key: StoreKey, tagged: bool = True, on_round: Callable[[Round], None] | None = None):
         self.run_dir, self.procs_per_node, self.hosts, self.sink = run_dir, procs_per_node, list(hosts), sink
+        self.key = key
         self.tagged, self.on_round = tagged, on_round
         self._open: dict[int, Round] = {}
         self.done: list[Round] = []
@@ -78,10 +85,12 @@ class Rounds:
         match = ROUND_LINE.fullmatch(line)
         if match is None or (match.group(1) is None) == self.tagged:
             return False
-        node, number, rank, size = map(int, match.groups()[1:])
+        node, number, rank, size = map(int, match.groups()[2:6])
         stream = int(match.group(1)) if self.tagged else node
         if stream != node or node >= len(self.hosts) or rank >= size or size > len(self.hosts):
             return False  # not this node's own line: shown as output, never counted
+        if not self.key.round_ok(match.group(2), match.group(7)):
+            return False  # not an agent's (a rank's forgery): shown as output, never counted
         with self._lock:
             if any(r.round == number for r in self.done):
                 return True

@@ -84,15 +84,22 @@ class NodeSupervisor:
         self.stop_reason: str | None = None
 
     def start(self, argvs: Sequence[Sequence[str]], envs: Sequence[Mapping[str, str]], cwd: str | None = None,
-              stagger_seconds: float = 0.0) -> None:
+              stagger_seconds: float = 0.0, stdin: bytes | None = None) -> None:
+        """Start one process per argv; ``stdin``: what each reads on its stdin (then EOF), else nothing."""
         for index, (argv, env) in enumerate(zip(argvs, envs)):
             if self._stop.is_set():
                 return
             proc = subprocess.Popen(
-                list(argv), env=dict(env), cwd=cwd, stdin=subprocess.DEVNULL,
+                list(argv), env=dict(env), cwd=cwd, stdin=subprocess.DEVNULL if stdin is None else subprocess.PIPE,
                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True,
                 preexec_fn=_die_with_launcher,
             )
+            if stdin is not None:
+                try:
+                    proc.stdin.write(stdin)
+                    proc.stdin.close()
+                except BrokenPipeError:
+                    pass  # it ended already: its exit status reports it
             node = NodeProcess(index=index, argv=list(argv), proc=proc)
             node.reader = threading.Thread(target=self._pump, args=(node,), daemon=True)
             node.reader.start()

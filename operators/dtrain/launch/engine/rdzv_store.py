@@ -4,15 +4,19 @@ An elastic job (``nodes="MIN:MAX"``) must survive the loss of any node, so its c
 store cannot live on one of them (torchrun's default: node 0's agent hosts it, and the job dies
 with node 0). The launcher starts this small process next to itself::
 
-    python -m dtrain.launch.engine.rdzv_store PORT
+    python -m dtrain.launch.engine.rdzv_store HOST PORT
 
-It hosts a TCPStore on PORT (chosen free by the backend's dry run; every interface: the nodes reach it
-at the launcher's address on their route, :func:`store_address`), prints
-``port=N`` and serves until its stdin closes (the launcher ended it, or died: the pipe closes with
-it) or it is signalled; it also dies with its parent
+It reads the job's secret on stdin first (one line: :func:`~dtrain.launch.node.rdzv_auth.read_secret`),
+then hosts a TCPStore on PORT (chosen free by the backend's dry run), listening on HOST only: the
+launcher's address on the nodes' route (:func:`store_address`; loopback for the local backend), never
+every interface. It prints ``port=N`` and serves until its stdin closes (the launcher ended it, or died:
+the pipe closes with it) or it is signalled; it also dies with its parent
 (:func:`~dtrain.launch.node.proctree.die_with_parent`). Meanwhile it reads the launcher's word on
 stdin, ``lost N`` / ``back N``, and keeps the list of lost nodes in the store for the agents
-(:data:`~dtrain.launch.node.elastic_rdzv.LOST_KEY`). :class:`RendezvousStore` is the launcher's side.
+(:data:`~dtrain.launch.node.elastic_rdzv.LOST_KEY`), signed with the job's secret; every
+:data:`WATCH_S` it looks at that value, and one that is not its own (overwritten by someone who
+reached the port) is named in the log, counted and written back. :class:`RendezvousStore` is the
+launcher's side; it passes the store's tampering reports on to the job's log.
 Stdlib at import: torch is imported only in the store's own process.
 """
 
@@ -21,18 +25,24 @@ from __future__ import annotations
 import collections
 import os
 import select
+import socket
 import subprocess
 import sys
 import threading
 import time
 
 from dtrain.errors import LaunchError
-from dtrain.launch.node.elastic_rdzv import LOST_KEY
+from dtrain.launch.node.elastic_rdzv import LOST_KEY, lost_value
 from dtrain.launch.node.netif import source_address
 from dtrain.launch.node.proctree import PARENT_ENV
+from dtrain.launch.node.rdzv_auth import StoreKey, read_secret, secret_line
 
 PORT_PREFIX = "port="
 START_TIMEOUT_S = 60.0  # torch's import on a loaded host
+#: seconds between two looks of the store process at the lost list it keeps
+WATCH_S = 0.5
+#: the store's stderr lines that go to the job's log (the rest: torch's warnings, kept for a failed start)
+REPORT_PREFIX = "[dtrain] "
 
 
 def store_address(node: str) -> str:
@@ -46,8 +56,8 @@ def store_address(node: str) -> str:
 class RendezvousStore:
     """The store process, started by :meth:`start` and ended by :meth:`stop` (idempotent)."""
 
-    def __init__(self, python: str = sys.executable):
-        self.python = python
+    def __init__(self, python: str = sys.executable, sink=None):
+        self.python, self.sink = python, sink
         self.proc: subprocess.Popen | None = None
         self.port: int | None = None
         self.errors: collections.deque = collections.deque(maxlen=20)  # its last lines on stderr
@@ -57,12 +67,18 @@ class RendezvousStore:
         """Keep reading the store's stderr (torch's warnings), so that it never blocks on a full pipe."""
         with stream:
             for raw in iter(stream.readline, b""):
-                self.errors.append(raw.decode(errors="replace").rstrip())
+                line = raw.decode(errors="replace").rstrip()
+                self.errors.append(line)
+                if line.startswith(REPORT_PREFIX) and self.sink is not None:
+                    self.sink(line[:500])
 
-    def start(self, port: int) -> int:
+    def start(self, host: str, port: int, secret: str) -> int:
+        """Start the store at ``host``:``port`` (the address the agents use), keyed with the job's ``secret``."""
         env = dict(os.environ, **{PARENT_ENV: str(os.getpid())})
-        self.proc = subprocess.Popen([self.python, "-m", __name__, str(int(port))], stdin=subprocess.PIPE,
+        self.proc = subprocess.Popen([self.python, "-m", __name__, host, str(int(port))], stdin=subprocess.PIPE,
                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, start_new_session=True)
+        self.proc.stdin.write(secret_line(secret))
+        self.proc.stdin.flush()
         drain = threading.Thread(target=self._drain, args=(self.proc.stderr,), name="dtrain-rdzv-store", daemon=True)
         drain.start()
         deadline, line = time.monotonic() + START_TIMEOUT_S, b""
@@ -116,24 +132,69 @@ class RendezvousStore:
         proc.stdout.close()  # stderr: its drain thread ends at EOF
 
 
+def listening_socket(host: str, port: int) -> socket.socket:
+    """A socket listening on ``host``:``port`` only (TCPStore's own server listens on every interface)."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((host, port))
+    sock.listen(socket.SOMAXCONN)
+    return sock
+
+
+class LostList:
+    """The lost nodes as the store process keeps them in the store: signed, and watched for tampering."""
+
+    def __init__(self, store, key: StoreKey):
+        self.store, self.key = store, key
+        self.lost: set[int] = set()
+        self.sequence = 0
+        self.lock = threading.Lock()
+        self.signed = b""
+        self._write()
+
+    def _write(self) -> None:
+        self.signed = self.key.seal(LOST_KEY, lost_value(self.sequence, self.lost))
+        self.store.set(LOST_KEY, self.signed)
+
+    def hear(self, word: str, node: int) -> None:
+        with self.lock:
+            (self.lost.add if word == "lost" else self.lost.discard)(node)
+            self.sequence += 1
+            self._write()
+
+    def watch(self, stop: threading.Event) -> None:
+        """Every WATCH_S: a value that is not ours (someone else wrote it) is refused, logged and replaced."""
+        while not stop.wait(WATCH_S):
+            with self.lock:
+                current = self.store.get(LOST_KEY) if self.store.check([LOST_KEY]) else b""
+                if current != self.signed:
+                    self.key.refuse_once(LOST_KEY, current, "overwritten in the store; written back")
+                    self._write()
+
+
 def serve() -> None:
     from dtrain.launch.node.proctree import die_with_parent
 
     die_with_parent(os.environ)
+    key = StoreKey(read_secret(0, close=False))  # stdin stays open: the launcher's word follows
     from datetime import timedelta
 
     from torch.distributed import TCPStore
 
-    store = TCPStore("0.0.0.0", int(sys.argv[1]), None, True, timedelta(seconds=60), wait_for_workers=False,
-                     multi_tenant=True)
-    lost: set[int] = set()
-    store.set(LOST_KEY, "")
+    host, port = sys.argv[1], int(sys.argv[2])
+    sock = listening_socket(host, port)
+    store = TCPStore(host, sock.getsockname()[1], None, True, timedelta(seconds=60), wait_for_workers=False,
+                     multi_tenant=True, master_listen_fd=sock.fileno())
+    lost = LostList(store, key)
+    stop = threading.Event()
+    threading.Thread(target=lost.watch, args=(stop,), name="dtrain-rdzv-watch", daemon=True).start()
     print(f"{PORT_PREFIX}{store.port}", flush=True)
     for line in sys.stdin:  # until the launcher closes the pipe (or dies)
         word, _, node = line.strip().partition(" ")
         if node.isdigit() and word in ("lost", "back"):
-            (lost.add if word == "lost" else lost.discard)(int(node))
-            store.set(LOST_KEY, ",".join(map(str, sorted(lost))))
+            lost.hear(word, int(node))
+    stop.set()
     del store
 
 

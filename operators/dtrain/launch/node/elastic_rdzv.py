@@ -24,6 +24,18 @@ After every round the handler prints one line (:data:`ROUND_TAG`): this node's i
 ``DTRAIN_NODE_INDEX``), the round, its group rank and the group's size. The launcher gathers them
 into the job's rounds (:mod:`dtrain.launch.engine.rounds`): for the log, XCom and the Training tab.
 
+**Only the job's own values are believed.** The store accepts anyone who reaches its port, so
+every value this rendezvous writes there is signed with the job's secret, and every value it reads
+is verified before anything else looks at it (:mod:`dtrain.launch.node.rdzv_auth`): torch's state
+(which it would unpickle) through :func:`signed_backend`, :data:`LOST_KEY` and the :func:`node_key`
+values in :meth:`ElasticRendezvous._take_losses`. A value that fails is refused, counted and named
+in the log; the job goes on: a tampered state is replaced by the agent's last verified one, re-signed,
+at its next write (a keep-alive at the latest), and an older state played back is refused as one (each
+state carries a version that only grows). A declared loss names the launcher's sequence number, and
+a member takes only the losses declared after it joined: a loss played back from earlier cannot
+remove a node that came back. The secret reaches the agent on its stdin (:func:`use_secret`, called
+by :mod:`dtrain.launch.node.torchrun_agent`), never its workers.
+
 Rounds after the first complete :data:`REFORM_LAST_CALL_S` after MIN nodes are back (the first waits
 the rendered ``last_call_timeout`` for slow starters): every node that can take part is already
 running and reacts within a monitor interval.
@@ -42,6 +54,8 @@ import time
 from functools import lru_cache
 from typing import Any
 
+from dtrain.launch.node.rdzv_auth import StoreKey
+
 ELASTIC = "dtrain-c10d"
 ROUND_TAG = "[dtrain-round]"
 #: how often an agent renews its membership (seconds), and how many renewals it may miss before the
@@ -55,10 +69,46 @@ REFORM_LAST_CALL_S = 0.5
 #: while its workers run, an agent reads the state at most every MONITOR_CACHE_S (torch's), as before.
 SYNC_S = 0.25
 MONITOR_CACHE_S = 1.0
-#: the store key listing the node indexes the launcher has declared lost ("0,2"); the store process sets it
+#: the store key listing the node indexes the launcher has declared lost, after the number of its last
+#: change ("3:0,2", signed: :func:`lost_value`); the store process sets it
 LOST_KEY = "dtrain.lost"
 #: seconds between two looks at LOST_KEY by an agent
 LOST_CHECK_S = 1.0
+
+
+#: the job's key, once the agent has read its secret (:func:`use_secret`)
+_job_key: StoreKey | None = None
+
+
+def use_secret(secret: str) -> StoreKey:
+    """Sign and verify this agent's rendezvous values with the job's ``secret`` (read from its stdin)."""
+    global _job_key
+    _job_key = StoreKey(secret)
+    return _job_key
+
+
+def job_key() -> StoreKey:
+    if _job_key is None:
+        raise RuntimeError(f"the {ELASTIC} rendezvous needs the job's secret (read by the agent from its stdin)")
+    return _job_key
+
+
+def lost_value(sequence: int, lost: "set[int] | list[int]") -> bytes:
+    """:data:`LOST_KEY`'s value before it is signed: the number of the change, then the lost nodes."""
+    return f"{int(sequence)}:{','.join(map(str, sorted(lost)))}".encode()
+
+
+def parse_lost(value: bytes) -> tuple[int, list[str]]:
+    """(sequence number, lost node indexes) of a verified :data:`LOST_KEY` value."""
+    sequence, _, nodes = value.decode(errors="replace").partition(":")
+    return (int(sequence) if sequence.isdigit() else 0), [i for i in nodes.split(",") if i.isdigit()]
+
+
+def read_signed(store: Any, key: StoreKey, name: str) -> bytes | None:
+    """Key ``name``'s value if it is there and verifies; else None (a refused value is counted and logged)."""
+    if not store.check([name]):
+        return None
+    return key.open_or_refuse(name, store.get(name))
 
 
 def node_key(index: str | int) -> str:
@@ -77,8 +127,52 @@ def sweep_window(keep_alive_s: float = KEEP_ALIVE_S, attempts: int = KEEP_ALIVE_
     return keep_alive_s * (attempts + 1) + 1.0
 
 
-def round_line(node: str, round_: int, group_rank: int, group_world_size: int) -> str:
-    return f"{ROUND_TAG} node={node} round={round_} group_rank={group_rank} group_world_size={group_world_size}"
+def round_line(node: str, round_: int, group_rank: int, group_world_size: int, key: StoreKey) -> str:
+    """The line an agent prints after a round, signed with the job's key: the launcher counts no other."""
+    body = f"{ROUND_TAG} node={node} round={round_} group_rank={group_rank} group_world_size={group_world_size}"
+    return f"{body} mac={key.round_mac(body)}"
+
+
+def signed_backend(inner: Any, key: StoreKey):
+    """torch's C10d rendezvous backend ``inner``, with the state signed on write and verified on read,
+    before torch unpickles it (see the module's docstring)."""
+    import pickle
+
+    from torch.distributed.elastic.rendezvous.dynamic_rendezvous import RendezvousBackend, _RendezvousState
+
+    class SignedBackend(RendezvousBackend):
+        def __init__(self):
+            self.state_key = inner._key  # torch.rendezvous.<run id>
+            self.version = 0  # of the newest state verified here: an older one is a replay
+            self.last_good: bytes | None = None
+
+        @property
+        def name(self) -> str:
+            return inner.name
+
+        def _open(self, sealed: bytes, token: Any) -> tuple[bytes, Any]:
+            value = key.open_or_refuse(self.state_key, sealed)
+            version, sep, state = (value or b"").partition(b":")
+            if value is not None and not (sep and version.isdigit() and int(version) >= self.version):
+                key.refuse_once(self.state_key, sealed, "an older state played back")
+                value = None
+            if value is None:  # believed: our last verified state, written over the planted one at the next write
+                return (self.last_good or pickle.dumps(_RendezvousState())), token
+            self.version, self.last_good = int(version), state
+            return state, token
+
+        def get_state(self):
+            got = inner.get_state()
+            return None if got is None else self._open(*got)
+
+        def set_state(self, state: bytes, token: Any = None):
+            got = inner.set_state(key.seal(self.state_key, b"%d:" % (self.version + 1) + state), token)
+            if got is None:
+                return None
+            current, new_token, has_set = got
+            return (*self._open(current, new_token), has_set)
+
+    return SignedBackend()
 
 
 @lru_cache(maxsize=None)
@@ -105,8 +199,8 @@ def _classes():
             self.members, self.round_ = frozenset(state.participants), state.round
             # later rounds re-form among running nodes: no wait for slow starters (shared with the op executor)
             self._settings.timeout._last_call = timedelta(seconds=REFORM_LAST_CALL_S)
-            print(round_line(os.environ.get("DTRAIN_NODE_INDEX", "?"), state.round, info.rank, info.world_size),
-                  flush=True)
+            print(round_line(os.environ.get("DTRAIN_NODE_INDEX", "?"), state.round, info.rank, info.world_size,
+                             job_key()), flush=True)
             return info
 
         def num_nodes_waiting(self) -> int:
@@ -130,12 +224,19 @@ def _classes():
             """Mark the keep-alive of every member the launcher declared lost as lapsed (at most once
             every LOST_CHECK_S): the next sync of any agent drops it from the rendezvous. True when a
             member of this node's round is among them."""
-            if time.monotonic() - self._losses_checked < LOST_CHECK_S or not self._store.check([LOST_KEY]):
+            if time.monotonic() - self._losses_checked < LOST_CHECK_S:
                 return False
             self._losses_checked = time.monotonic()
-            lost = [i for i in self._store.get(LOST_KEY).decode(errors="replace").split(",") if i.isdigit()]
-            doomed = {self._store.get(node_key(i)).decode(errors="replace") for i in lost
-                      if self._store.check([node_key(i)])}
+            value = read_signed(self._store, job_key(), LOST_KEY)
+            if value is None:
+                return False
+            sequence, lost = parse_lost(value)
+            doomed = set()
+            for index in lost:  # a member that joined after the loss was declared is not the lost one
+                published = read_signed(self._store, job_key(), node_key(index))
+                member, _, joined = (published or b"").decode(errors="replace").rpartition("@")
+                if member and joined.isdigit() and int(joined) < sequence:
+                    doomed.add(member)
             if not doomed:
                 return False
             with self._heartbeat_lock:
@@ -195,7 +296,9 @@ def elastic_handler(params: Any):
         value = params.get_as_int(key + "_timeout")
         return None if value is None else timedelta(seconds=value)
 
+    key = job_key()
     backend, store = create_backend(params)
+    backend = signed_backend(backend, key)
     handler_cls, _ = _classes()
     timeout = RendezvousTimeout(seconds("join"), seconds("last_call"), seconds("close"), seconds("heartbeat"))
     handler = handler_cls.from_backend(
@@ -204,7 +307,10 @@ def elastic_handler(params: Any):
         keep_alive_max_attempt=params.get_as_int("keep_alive_max_attempt", KEEP_ALIVE_ATTEMPTS))
     handler._backend_name = ELASTIC  # what get_backend() reports: the registry checks it
     _quicker_syncs()
-    store.set(node_key(os.environ.get("DTRAIN_NODE_INDEX", "?")), member_text(handler._this_node))
+    lost = read_signed(store, key, LOST_KEY)
+    joined = parse_lost(lost)[0] if lost is not None else 0  # the losses declared so far are not this member's
+    name = node_key(os.environ.get("DTRAIN_NODE_INDEX", "?"))
+    store.set(name, key.seal(name, f"{member_text(handler._this_node)}@{joined}".encode()))
     return handler
 
 

@@ -3,7 +3,8 @@
 Runs on every node (started by the ssh, slurm and local backends with the argv that
 :mod:`dtrain.launch.engine.torchrun` renders): torchrun itself, with the ``dtrain-static``
 rendezvous registered (torchrun's static one, restartable: see :func:`restartable_static_handler`)
-for fixed membership, and ``dtrain-c10d`` for elastic jobs (:mod:`dtrain.launch.node.elastic_rdzv`),
+for fixed membership, and ``dtrain-c10d`` for elastic jobs (:mod:`dtrain.launch.node.elastic_rdzv`;
+its agent reads the job's secret on stdin first: :func:`dtrain.launch.node.rdzv_auth.read_secret`),
 its per-job log directory removed when it ends (torchrun would leave a ``torchelastic_*`` directory
 in the temp folder per agent), and a stop by signal ending it quietly (torchrun prints a traceback
 per agent; the launcher reports the verdict once).
@@ -15,7 +16,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from dtrain.launch.node.elastic_rdzv import ELASTIC, elastic_agent_class, elastic_handler
+from dtrain.launch.node.elastic_rdzv import ELASTIC, elastic_agent_class, elastic_handler, use_secret
 
 RESTARTABLE_STATIC = "dtrain-static"
 
@@ -130,6 +131,12 @@ def main(argv: list[str] | None = None) -> None:
         from torch.distributed.launcher import api as launcher_api
 
         from dtrain.launch.node.netif import source_address
+        from dtrain.launch.node.rdzv_auth import read_secret
+
+        try:  # the job's secret, on stdin (then /dev/null: the workers inherit nothing)
+            use_secret(read_secret(0))
+        except ValueError as e:
+            sys.exit(f"[dtrain] the elastic agent cannot sign its rendezvous: {e}")
 
         launcher_api.LocalElasticAgent = elastic_agent_class()
         if not args.local_addr:  # the address this node reaches the store from: where its peers reach it

@@ -18,6 +18,7 @@ take a shorter one (a hung job has nothing to save).
 from __future__ import annotations
 
 import os
+import secrets
 import sys
 import time
 from typing import Sequence
@@ -31,6 +32,7 @@ from dtrain.launch.engine.placement import Placement
 from dtrain.launch.engine.processes import AgentLogs, NodeProcess, NodeSupervisor
 from dtrain.launch.engine.rdzv_store import RendezvousStore
 from dtrain.launch.engine.torchrun import C10d, Elastic, agent_argv
+from dtrain.launch.node.rdzv_auth import StoreKey, secret_line
 
 LOOPBACK = "127.0.0.1"
 
@@ -94,19 +96,23 @@ class LocalBackend(Backend):
         self.supervisor.job_id = job.job_id  # teardown also finds what left the tree
         self.supervisor.grace_seconds = self.stop_grace(job.spec)
         self.supervisor.stopping_sink = AgentLogs(job.run_dir)  # a stop's shutdown chatter: see NodeSupervisor
+        secret = None
         if job.spec.elastic:
-            self._start_elastic(job, port)
-        self.supervisor.start(request.argvs, envs, cwd=job.spec.workdir)
+            secret = secrets.token_hex(32)  # the rendezvous' key: to the store and the agents on stdin only
+            self._start_elastic(job, port, secret)
+        self.supervisor.start(request.argvs, envs, cwd=job.spec.workdir,
+                              stdin=None if secret is None else secret_line(secret))
         return JobHandle(backend=self.name, job_id=job.job_id, backend_job_id=job.job_id, run_dir=job.run_dir,
                          world_size=job.spec.world_size, submitted_at=time.time(),
                          data={"nodes": len(request.argvs)})
 
-    def _start_elastic(self, job: Job, port: int) -> None:
+    def _start_elastic(self, job: Job, port: int, secret: str) -> None:
         spec = job.spec
         self.membership = Membership(spec.min_nodes, self.sink)
-        self.rounds = Rounds(job.run_dir, spec.procs_per_node, [LOOPBACK] * spec.nodes, self.sink, on_round=self.on_round)
-        self.store = RendezvousStore(self.python)
-        self.store.start(port)
+        self.rounds = Rounds(job.run_dir, spec.procs_per_node, [LOOPBACK] * spec.nodes, self.sink, StoreKey(secret),
+                             on_round=self.on_round)
+        self.store = RendezvousStore(self.python, sink=self.sink)
+        self.store.start(LOOPBACK, port, secret)
         self.sink(f"[dtrain] elastic: {spec.placement.nnodes} nodes; rendezvous store {LOOPBACK}:{self.store.port} "
                   f"(this host)")
 

@@ -66,6 +66,7 @@ from dtrain.launch.engine.net import free_port
 from dtrain.launch.engine.placement import Placement
 from dtrain.launch.engine.processes import NodeProcess, NodeSupervisor
 from dtrain.launch.engine.rdzv_store import RendezvousStore, store_address
+from dtrain.launch.node.rdzv_auth import StoreKey
 from dtrain.launch.engine.spec import LaunchSpec
 from dtrain.launch.engine.torchrun import Elastic, Static, agent_argv
 
@@ -323,7 +324,10 @@ class SSHBackend(Backend):
                                                pgid_file=os.path.join(job.run_dir, "remote", f"node{i}.pgid"),
                                                workdir=workdir, grace=grace, lease=settings.lost_after, agent=agent)
             argvs.append(tuple(ssh_argv(settings, host, command)))
+            # a detached daemon's records, an elastic agent's rendezvous: signed with the job's secret
             secret = {"secret": self.secret} if detached else {"nonce": self.nonce}
+            if spec.elastic:
+                secret["secret"] = self.secret
             payloads.append(json.dumps({"env": dict(common, DTRAIN_NODE_INDEX=str(i)), **secret}) + "\n")
         return DryRunRequest(backend=self.name, argvs=tuple(argvs), stdin=tuple(payloads),
                              env={"MASTER_ADDR": server, "MASTER_PORT": str(port)})
@@ -359,9 +363,9 @@ class SSHBackend(Backend):
         self._request = request
         self.membership = Membership(spec.min_nodes, self.sink)
         self.rounds = Rounds(job.run_dir, spec.procs_per_node, [h.host for h in self.hosts], self.sink,
-                             on_round=self.on_round)
-        self.store = RendezvousStore()
-        self.store.start(int(request.env["MASTER_PORT"]))
+                             StoreKey(self.secret), on_round=self.on_round)
+        self.store = RendezvousStore(sink=self.sink)
+        self.store.start(request.env["MASTER_ADDR"], int(request.env["MASTER_PORT"]), self.secret)
         spares = len(self.hosts) - spec.nodes
         self.sink(f"[dtrain] elastic: {spec.placement.nnodes} nodes" + (f", {spares} spare host(s)" if spares else "")
                   + f"; rendezvous store on this host ({request.env['MASTER_ADDR']}:{self.store.port})")

@@ -9,7 +9,8 @@ The SSH backend starts this over ssh, once per host. It
   read from stdin with the environment and never passed to the agent's children, so a
   rank printing a look-alike line cannot steer the launcher's teardown;
 * reads one JSON line from stdin with the job's environment, so variables (possibly
-  secrets) never appear in an argv, on this host or the launcher's;
+  secrets) never appear in an argv, on this host or the launcher's; an elastic job's line also
+  holds the job's secret, which goes on to the agent's stdin only (its rendezvous signs with it);
 * runs the torchrun agent (argv, no shell) in its process group and exits with its code;
 * keeps reading stdin as a lifeline: EOF means the launcher or its ssh client is gone
   (even SIGKILLed), and then, as on SIGTERM/SIGINT/SIGHUP, it stops every descendant
@@ -42,6 +43,7 @@ import time
 
 from dtrain.launch.node.lease import FENCE_GRACE_S
 from dtrain.launch.node.proctree import kill_tree
+from dtrain.launch.node.rdzv_auth import secret_line
 from dtrain.rundir import RunDir
 
 ANNOUNCE = "[dtrain-remote]"
@@ -85,9 +87,10 @@ def read_line(fd: int, limit: int = 1 << 20) -> str:
 
 
 class RemoteNode:
-    def __init__(self, args: argparse.Namespace, nonce: str = ""):
+    def __init__(self, args: argparse.Namespace, nonce: str = "", secret: str = ""):
         self.args = args
         self.nonce = nonce
+        self.secret = secret  # an elastic agent's: it reads it on its stdin (never its environment)
         self.child: subprocess.Popen | None = None
         self.stopping = threading.Event()
         self.done = threading.Event()
@@ -104,7 +107,13 @@ class RemoteNode:
         environ = dict(os.environ)
         environ.update(env)
         self.child = subprocess.Popen(self.args.agent, env=environ, cwd=self.args.workdir or None,
-                                      stdin=subprocess.DEVNULL)
+                                      stdin=subprocess.PIPE if self.secret else subprocess.DEVNULL)
+        if self.secret:
+            try:
+                self.child.stdin.write(secret_line(self.secret))
+                self.child.stdin.close()
+            except BrokenPipeError:
+                pass  # it ended already: its exit status reports it
 
     def lifeline(self) -> None:
         # The raw fd, not sys.stdin: a daemon thread blocked in a buffered read aborts
@@ -180,10 +189,11 @@ def main(argv: list[str] | None = None) -> int:
     try:
         payload = json.loads(line) if line.strip() else {}
         env, nonce = dict(payload.get("env", {})), str(payload.get("nonce", ""))
+        secret = str(payload.get("secret", ""))
     except (ValueError, KeyError, TypeError, AttributeError) as e:
         print(f"{ANNOUNCE} node={args.node}: bad environment line on stdin ({e})", file=sys.stderr, flush=True)
         return 2
-    node = RemoteNode(args, nonce)
+    node = RemoteNode(args, nonce, secret)
     for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         signal.signal(signum, lambda s, _f: node.stop(f"signal {s}"))
     node.announce()
