@@ -9,17 +9,24 @@ data, samples/s. Rules:
 
 * CPUBottleneck: a rank waits for data more than 20% of its step time (the input
   pipeline, not the model, sets the pace: preprocess before training, or add loader workers).
-* LoadBalancing (a straggler): the slowest rank's median step time is above 1.2x the median
-  across ranks. With DDP's per-step all-reduce every rank waits for the slowest, so every rank's
-  step time is the same and this cannot see a straggler; when the ranks log ``compute_time_s``
-  (their step without the data and collective waits: :mod:`dtrain.training.collectives`) that is
-  compared instead. The verdict names every rank above the threshold whose excess is at least a
-  tenth of a step (below that, on tiny steps, it is scheduling noise) and which waits in collectives
-  at most half as much as the others (the others wait for a straggler; it hardly waits), and their
-  nodes (the ``node`` the training helper records), and how long their peers wait for them.
-* CommunicationBound: no rank computes slower than the others, yet every rank waits more than
-  half of its step in collectives: the network sets the pace (a slow or congested link). Step
-  timing cannot tell which node's link is slow, so no node is named: a healthy node is never blamed.
+* LoadBalancing (a straggler). With DDP's per-step all-reduce every rank waits for the slowest, so every
+  rank's step time is the same and cannot name a straggler; a rank's own compute time cannot either when
+  its host is throttled (a cgroup CPU quota stops it at arbitrary points, inside its all-reduce too, so its
+  compute time understates how late it comes). What survives is who waits for whom: when the ranks log
+  their collective wait ``comm_wait_s`` (:mod:`dtrain.training.collectives`), each step's all-reduce ends
+  for every rank once the last one arrived, so a rank came as much later than the first as it waited
+  less. That compares waits only, never one host's clock with another's (real hosts' clocks differ). Per
+  rank, over the steps every rank logged: how long the others waited for it (summed, as a share of
+  those steps' time), and in how many steps its node came late. The verdict names the ranks (and their
+  nodes: the ``node`` the training helper records) that the others wait for at least a sixth of a step
+  (what a rank 1.2x slower costs its peers), at least twice as long as for the median rank, and whose
+  node comes late in at least two steps of three (a busy machine delays every rank now and then; a slow
+  host, step after step). When one is waited for above the threshold but not named, the verdict says
+  which condition failed: never ``ok`` beside a figure above its threshold. Without collective timing,
+  step times are compared (1.2x the median, and at least a tenth of a step over it).
+* CommunicationBound: nobody is waited for, yet every rank waits more than half of its step in
+  collectives: the network sets the pace (a slow or congested link shared by all). No node is named:
+  a healthy node is never blamed.
 
 The first ``skip_first`` steps of each rank (DataLoader worker start-up, warm caches) are
 left out, as Debugger's rules skip their first steps.
@@ -49,6 +56,14 @@ STRAGGLER_MIN_STEP_SHARE = 0.1
 #: Computing longer alone is not enough: on the test cluster, whose hosts share two cores, a healthy rank
 #: computed 1.6x its peer's time for whole runs (it was descheduled more) while both waited alike
 STRAGGLER_WAIT_SHARE = 0.5
+#: with collective arrivals, a rank is named only when its peers wait for it at least this many times as long
+#: as they wait for the median rank: on a busy machine every rank is late now and then
+STRAGGLER_LATE_FACTOR = 2.0
+#: ... and when it comes late (at least half as late as the latest rank) in at least this share of the steps:
+#: a slow host's ranks come late step after step, a healthy rank descheduled now and then does not
+STRAGGLER_LATE_STEPS = 2 / 3
+#: a duration beyond this (seconds) is no measurement (a rank's 1e308)
+MAX_SECONDS = 1e6
 #: a node index beyond this is no node (a rank's garbage)
 MAX_NODE = 1 << 20
 
@@ -87,6 +102,108 @@ def _rank_stats(rank: int, records: list[dict[str, Any]], skip_first: int) -> di
     }
 
 
+def late_share_threshold(load_balancing_ratio: float) -> float:
+    """The share of a step a rank's peers must wait for it before it is named: what a rank computing
+    ``load_balancing_ratio`` times as long as its peers costs them (at 1.2x, a sixth of its step)."""
+    return 1.0 - 1.0 / load_balancing_ratio
+
+
+def _finite(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and 0.0 <= value < MAX_SECONDS
+
+
+def _waits_by_step(records: list[dict[str, Any]], skip_first: int) -> dict[int, tuple[float, float]]:
+    """step -> (collective wait, step time) of one rank's records after its warm-up (a step logged twice,
+    as after a resume: the last record)."""
+    used = records[skip_first:] if len(records) > skip_first else records
+    return {r["step"]: (float(r["comm_wait_s"]), float(r["step_time_s"])) for r in used
+            if isinstance(r.get("step"), int) and _finite(r.get("comm_wait_s")) and _finite(r.get("step_time_s"))}
+
+
+def _arrivals(per_rank: dict[int, list[dict[str, Any]]], ranks: list[dict[str, Any]], skip_first: int) -> bool:
+    """Who waits for whom at each step's gradient all-reduce, from the ranks' collective waits alone (no
+    clock is compared across hosts, whose clocks differ): the all-reduce ends for every rank once the
+    last one arrived, so a rank arrived as much later than the first as it waited less. Over the steps
+    every rank logged, adds to each rank of ``ranks`` ``late_share``, how long the others waited for it
+    (the sum, as a share of those steps' time), and ``late_steps``, the share of those steps in which its
+    node came late (one of its ranks at least half as late as the latest: a throttled host's ranks take
+    turns being the latest). False when no step was logged by every rank."""
+    waits = {r["rank"]: _waits_by_step(
+        [x for x in per_rank[r["rank"]] if isinstance(x.get("step_time_s"), (int, float))], skip_first) for r in ranks}
+    steps = set.intersection(*(set(w) for w in waits.values()))
+    if not steps:
+        return False
+    node = {r["rank"]: ("rank", r["rank"]) if r["node"] is None else ("node", r["node"]) for r in ranks}
+    late, late_steps, total = dict.fromkeys(waits, 0.0), dict.fromkeys(node.values(), 0), 0.0
+    for step in steps:
+        at = {rank: w[step][0] for rank, w in waits.items()}
+        first = max(at.values())  # the first to arrive waits longest
+        latest = first - min(at.values())
+        for rank, wait in at.items():
+            late[rank] += first - wait
+        for came_late in {node[rank] for rank, wait in at.items() if latest > 0 and first - wait >= latest / 2}:
+            late_steps[came_late] += 1
+        total += statistics.median(w[step][1] for w in waits.values())
+    for r in ranks:
+        r["late_share"] = round(late[r["rank"]] / total, 4) if total > 0 else 0.0
+        r["late_steps"] = round(late_steps[node[r["rank"]]] / len(steps), 4)
+    return True
+
+
+def _waited_for(ranks: list[dict[str, Any]], load_balancing_ratio: float) -> tuple[list[dict[str, Any]], str | None]:
+    """The ranks the others wait for (see :func:`_arrivals`), and, when none is named though one is waited
+    for above the threshold, the condition that failed."""
+    threshold = late_share_threshold(load_balancing_ratio)
+
+    def failed(r: dict[str, Any]) -> str | None:
+        others = statistics.median(o["late_share"] for o in ranks if o is not r)
+        if r["late_share"] < threshold:
+            return "below the threshold"
+        if r["late_share"] < STRAGGLER_LATE_FACTOR * others:
+            return (f"the others are waited for nearly as long ({others:.0%} of a step, the median; a straggler "
+                    f"is waited for at least {STRAGGLER_LATE_FACTOR:g}x as long): the delays move from rank to rank")
+        if r["late_steps"] < STRAGGLER_LATE_STEPS:
+            return (f"its node comes late in only {r['late_steps']:.0%} of the steps (a straggler's: at least "
+                    f"{STRAGGLER_LATE_STEPS:.0%})")
+        return None
+
+    slow = [r for r in ranks if failed(r) is None]
+    if slow:
+        return slow, None
+    reason = failed(max(ranks, key=lambda r: r["late_share"]))
+    return [], None if reason == "below the threshold" else reason
+
+
+def _slower(ranks: list[dict[str, Any]], key: str, median_all: float, ratio: float,
+            load_balancing_ratio: float) -> tuple[list[dict[str, Any]], str | None]:
+    """Without collective arrivals: the ranks whose median ``key`` is above ``load_balancing_ratio`` times
+    the median by at least a tenth of a step and, with compute times, that wait at most half as much as
+    the others; and the condition that failed when the slowest is above the ratio but not named."""
+    step = statistics.median(r["median_step_time_s"] for r in ranks) if ranks else 0.0
+
+    def failed(r: dict[str, Any]) -> str | None:
+        if r[key] <= load_balancing_ratio * median_all:
+            return "below the threshold"
+        if r[key] - median_all < STRAGGLER_MIN_STEP_SHARE * step:
+            return (f"its excess, {(r[key] - median_all) * 1e3:.2f} ms, is under a tenth of a step "
+                    f"({step * 1e3:.2f} ms): scheduling noise")
+        others = [o["comm_wait_fraction"] for o in ranks if o is not r and o["comm_wait_fraction"] is not None]
+        mine = r["comm_wait_fraction"]
+        if key == "median_compute_time_s" and mine is not None and others and \
+                mine > STRAGGLER_WAIT_SHARE * statistics.median(others):
+            return (f"it waits in collectives {mine:.0%} of a step, more than half of what the others wait "
+                    f"({statistics.median(others):.0%}): nobody waits for it")
+        return None
+
+    if len(ranks) < 2:
+        return [], None
+    slow = [r for r in ranks if failed(r) is None]
+    if slow:
+        return slow, None
+    reason = failed(max(ranks, key=lambda r: r[key]))
+    return [], None if reason == "below the threshold" else reason
+
+
 def summarize(metrics_dir: str, *, skip_first: int = 5, cpu_bottleneck_threshold: float = CPU_BOTTLENECK_THRESHOLD,
               load_balancing_ratio: float = LOAD_BALANCING_RATIO, window_bytes: int | None = None,
               last_steps: int | None = None) -> dict[str, Any]:
@@ -123,25 +240,21 @@ def summarize_records(per_rank: dict[int, list[dict[str, Any]]], metrics_dir: st
     median_all = statistics.median(r[key] for r in ranks) if ranks else 0.0
     slowest = max(ranks, key=lambda r: r[key]) if ranks else None
     ratio = (slowest[key] / median_all) if slowest and median_all > 0 else 1.0
-    step = statistics.median(r["median_step_time_s"] for r in ranks) if ranks else 0.0
-
-    def is_slow(r: dict[str, Any]) -> bool:
-        return (r[key] > load_balancing_ratio * median_all and r[key] - median_all > STRAGGLER_MIN_STEP_SHARE * step
-                and (not use_compute or waits_less(r)))
-
-    def waits_less(r: dict[str, Any]) -> bool:
-        others = [o["comm_wait_fraction"] for o in ranks if o is not r and o["comm_wait_fraction"] is not None]
-        mine = r["comm_wait_fraction"]
-        return mine is None or not others or mine <= STRAGGLER_WAIT_SHARE * statistics.median(others)
-
-    imbalanced = len(ranks) > 1 and ratio > load_balancing_ratio and is_slow(slowest)
-    slow = [r for r in ranks if is_slow(r)] if imbalanced else []
+    arrivals = use_compute and len(ranks) > 1 and _arrivals(per_rank, ranks, skip_first)
+    if arrivals:
+        slow, declined = _waited_for(ranks, load_balancing_ratio)
+        measure = "collective arrival"
+    else:
+        slow, declined = _slower(ranks, key, median_all, ratio, load_balancing_ratio)
+        measure = key
+    imbalanced = bool(slow)
     waits = [r["comm_wait_fraction"] for r in ranks if r not in slow]
     known_waits = all(w is not None for w in waits) and bool(waits)
     peers_wait = statistics.median(waits) if known_waits and slow else None
     comm_bound = (use_compute and not imbalanced and len(ranks) > 1
                   and all(r["comm_wait_fraction"] is not None for r in ranks)
                   and min(r["comm_wait_fraction"] for r in ranks) > COMMUNICATION_BOUND_FRACTION)
+    most_late = max(slow or ranks, key=lambda r: r["late_share"]) if arrivals else None
     rules = {
         "CPUBottleneck": {
             "triggered": bool(bottlenecked), "ranks": bottlenecked, "threshold": cpu_bottleneck_threshold,
@@ -151,8 +264,12 @@ def summarize_records(per_rank: dict[int, list[dict[str, Any]]], metrics_dir: st
             "triggered": imbalanced, "ranks": [r["rank"] for r in slow],
             "nodes": sorted({r["node"] for r in slow if r["node"] is not None}),
             "threshold": load_balancing_ratio, "slowest_rank": slowest["rank"] if slowest else None,
-            "slowest_to_median": round(ratio, 3), "measure": key,
-            "peers_wait_fraction": peers_wait,
+            "slowest_to_median": round(ratio, 3), "measure": measure,
+            "peers_wait_fraction": peers_wait, "declined": declined,
+            "late_share_threshold": round(late_share_threshold(load_balancing_ratio), 4),
+            "most_waited_for": None if most_late is None else {
+                "rank": most_late["rank"], "late_share": most_late["late_share"],
+                "late_steps": most_late["late_steps"]},
         },
         "CommunicationBound": {
             "triggered": comm_bound, "threshold": COMMUNICATION_BOUND_FRACTION,
@@ -180,21 +297,42 @@ def _numbers(values: list[int]) -> str:
     return ", ".join(map(str, values))
 
 
+def _who(ranks: list[int], nodes: list[int]) -> str:
+    who = f"rank {ranks[0]}" if len(ranks) == 1 else f"ranks {_numbers(ranks)}"
+    if nodes:
+        who += f" (node {_numbers(nodes)})" if len(nodes) == 1 else f" (nodes {_numbers(nodes)})"
+    return who
+
+
+def _arrival_message(rule: dict[str, Any]) -> str:
+    most, threshold = rule["most_waited_for"], rule["late_share_threshold"]
+    if rule["triggered"]:
+        one = len(rule["ranks"]) == 1
+        return (f"TRIGGERED on {_who(rule['ranks'], rule['nodes'])}: the other ranks wait for {'it' if one else 'them'} "
+                f"at the gradient all-reduce {most['late_share']:.0%} of each step (threshold {threshold:.0%}, what a "
+                f"rank {rule['threshold']}x slower costs); {'its node comes' if one else 'their node comes'} late in "
+                f"{most['late_steps']:.0%} of the steps")
+    figures = (f"rank {most['rank']} is waited for most, {most['late_share']:.0%} of each step at the gradient "
+               f"all-reduce (threshold {threshold:.0%})")
+    if rule["declined"]:
+        return f"none named: {figures}, but {rule['declined']}"
+    return f"ok ({figures})"
+
+
 def _load_balancing_message(rule: dict[str, Any]) -> str:
+    if rule["measure"] == "collective arrival":
+        return _arrival_message(rule)
     measure = "compute time" if rule["measure"] == "median_compute_time_s" else "step time"
     if rule["triggered"]:
-        ranks, nodes = rule["ranks"], rule["nodes"]
-        who = f"rank {ranks[0]}" if len(ranks) == 1 else f"ranks {_numbers(ranks)}"
-        if nodes:
-            who += f" (node {_numbers(nodes)})" if len(nodes) == 1 else f" (nodes {_numbers(nodes)})"
-        text = (f"TRIGGERED on {who}: the slowest at {rule['slowest_to_median']:.2f}x the median {measure} "
-                f"(threshold {rule['threshold']}x)")
+        one = len(rule["ranks"]) == 1
+        text = (f"TRIGGERED on {_who(rule['ranks'], rule['nodes'])}: the slowest at {rule['slowest_to_median']:.2f}x "
+                f"the median {measure} (threshold {rule['threshold']}x)")
         if rule["peers_wait_fraction"] is not None:
-            text += f"; the other ranks wait for {'it' if len(ranks) == 1 else 'them'} " \
-                    f"{rule['peers_wait_fraction']:.0%} of each step"
+            text += f"; the other ranks wait for {'it' if one else 'them'} {rule['peers_wait_fraction']:.0%} of each step"
         return text
-    text = (f"ok (slowest rank {rule['slowest_rank']} at {rule['slowest_to_median']:.2f}x the median {measure}, "
-            f"threshold {rule['threshold']}x)")
+    figures = (f"slowest rank {rule['slowest_rank']} at {rule['slowest_to_median']:.2f}x the median {measure}, "
+               f"threshold {rule['threshold']}x")
+    text = f"none named: {figures}, but {rule['declined']}" if rule["declined"] else f"ok ({figures})"
     if measure == "step time":
         text += ("; step times only: in synchronous DDP they are equal whatever a rank's speed "
                  "(dtrain.training.collectives times the wait)")
@@ -205,8 +343,8 @@ def _communication_message(rule: dict[str, Any]) -> str:
     least = rule["min_comm_wait_fraction"]
     if rule["triggered"]:
         return (f"TRIGGERED: every rank waits at least {least:.0%} of its step in collectives (threshold "
-                f"{rule['threshold']:.0%}) and none computes slower: the network sets the pace (a slow or "
-                f"congested link; step timing cannot tell whose)")
+                f"{rule['threshold']:.0%}) and nobody is waited for: the network sets the pace (a slow or "
+                f"congested link that every rank's all-reduce crosses)")
     if least is None:
         return "ok (no collective timing)"
     return f"ok (least collective wait {least:.0%} of a step, threshold {rule['threshold']:.0%})"
@@ -226,8 +364,9 @@ def format_report(summary: dict[str, Any]) -> list[str]:
         node = "" if r.get("node") is None else f" (node {r['node']})"
         timed = ("" if r.get("median_compute_time_s") is None or r.get("comm_wait_fraction") is None else
                  f", compute median {r['median_compute_time_s'] * 1e3:.2f} ms, collective wait {r['comm_wait_fraction']:.1%}")
+        waited_for = "" if r.get("late_share") is None else f", waited for {r['late_share']:.1%}"
         lines.append(f"[stall] rank {r['rank']}{node}: {r['steps']} steps, step time mean {r['mean_step_time_s'] * 1e3:.2f} ms "
-                     f"median {r['median_step_time_s'] * 1e3:.2f} ms, data wait {r['data_wait_fraction']:.1%}{timed}, "
-                     f"{r['samples_per_s'] or 0:.1f} samples/s")
+                     f"median {r['median_step_time_s'] * 1e3:.2f} ms, data wait {r['data_wait_fraction']:.1%}{timed}"
+                     f"{waited_for}, {r['samples_per_s'] or 0:.1f} samples/s")
     lines.extend(f"[stall] {name}: {rule['message']}" for name, rule in summary["rules"].items())
     return lines

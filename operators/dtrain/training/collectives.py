@@ -7,14 +7,18 @@
 
 In synchronous DDP every rank's step takes as long as the slowest rank's: each waits in the
 all-reduce, so step times are equal and cannot name a slow rank (the stall report said
-``LoadBalancing: ok`` for a host throttled to a quarter of a CPU). What differs is how a step splits: the
-slow rank computes for the whole step and hardly waits; its peers finish their backward early and
-wait. So this times the wait: a DDP communication hook (DDP's own all-reduce, wrapped) notes when this
-rank's last gradient bucket is ready, which is when its backward is done, and when that bucket's
-all-reduce completes. The difference is the step's collective wait: peers arriving late plus the
-transfer itself. The step time minus its data wait and this wait is the rank's own compute time
-(:class:`dtrain.training.metrics.MetricsWriter` records it as ``compute_time_s``), which the stall
-report compares across ranks (:mod:`dtrain.stall_report`).
+``LoadBalancing: ok`` for a host throttled to a quarter of a CPU). What differs is who waits for whom.
+So this times the wait: a DDP communication hook (DDP's own all-reduce, wrapped) notes when this
+rank's last gradient bucket is ready, which is when its backward is done (it arrives at the all-reduce),
+and when that bucket's all-reduce completes. The difference is the step's collective wait: peers
+arriving late plus the transfer itself. The all-reduce completes for every rank once the last one
+arrived, so across the ranks of one step, a rank arrived as much later than the first as it waited
+less: the stall report (:mod:`dtrain.stall_report`) names the rank the others wait for from these
+waits alone, step by step, without comparing one host's clock with another's (real hosts' clocks
+differ; only the collective is common to them). The step time minus its data wait and this wait is
+the rank's own compute time (:class:`dtrain.training.metrics.MetricsWriter` records it as
+``compute_time_s``); it is shown, but it does not name a straggler: a host under a CPU quota is stopped
+at arbitrary points, inside its all-reduce too, so its compute time understates how late it comes.
 
 Why a comm hook: it measures every step while the job runs, at the cost of two clock reads per
 bucket, in the all-reduce DDP does anyway. The flight recorder is read after the fact (and not per
