@@ -46,6 +46,7 @@ from dtrain.launch.engine.lost import LostNode, TellOnce, fenced, shows_a_lost_n
 from dtrain.launch.engine.net import free_port
 from dtrain.launch.engine.rdzv_store import RendezvousStore, store_address
 from dtrain.launch.engine.torchrun import Elastic
+from dtrain.launch.node.rdzv_auth import StoreKey
 from dtrain.launch.engine.placement import Placement
 from dtrain.launch.engine.spec import LaunchSpec
 from dtrain.launch.engine.tailfile import TAIL_LINES, LogFollower, read_tail
@@ -259,17 +260,20 @@ class SlurmBackend(Backend):
     def submit(self, job: Job, *, detached: bool = False) -> JobHandle:
         options = self._options(job.spec)
         rdzv = self._elastic_rdzv(job.spec, detached)
+        rdzv_secret = None  # an elastic job's rendezvous key: the nodes' secrets line, then the agents' stdin only
         if rdzv is not None:
+            rdzv_secret = secrets.token_hex(32)
             self.membership = Membership(job.spec.min_nodes, self.sink)
             self.rounds = Rounds(job.run_dir, job.spec.procs_per_node,
-                                 [f"SLURM_NODEID={i}" for i in range(job.spec.nodes)], self.sink, tagged=False,
-                                 on_round=self.on_round)
-            self.store = RendezvousStore()
-            self.store.start(rdzv.port)
+                                 [f"SLURM_NODEID={i}" for i in range(job.spec.nodes)], self.sink,
+                                 StoreKey(rdzv_secret), tagged=False, on_round=self.on_round)
+            self.store = RendezvousStore(sink=self.sink)
+            self.store.start(rdzv.host, rdzv.port, rdzv_secret)
         script = R.write_script(job, options, self.node_env(job), rdzv)
         secret = secrets.token_hex(32)  # keys the nodes' lease records (lost.job_key), and the follower record
         job_id = sbatch(script, cwd=job.spec.workdir,
-                        secret_env={**job.spec.secret_env, R.NODE_SECRETS_ENV: R.node_secrets(lease_key(secret))})
+                        secret_env={**job.spec.secret_env,
+                                    R.NODE_SECRETS_ENV: R.node_secrets(lease_key(secret), rdzv_secret)})
         self.poll_interval = options.poll_interval
         self.sink(f"[dtrain] submitted slurm job {job_id} ({job.spec.nodes} node(s)); "
                   f"output: {R.log_path(job.run_dir, job_id)}")

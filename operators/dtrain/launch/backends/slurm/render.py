@@ -292,11 +292,11 @@ _LEASE = ('printf \'%s\\n\' "$node_secrets" | '
           '--job-id "$DTRAIN_JOB_ID" --lease "$DTRAIN_LOST_AFTER"')
 
 
-def _node_shell(exports: str, lease: str, on_end: str = "", functions: str = "") -> str:
+def _node_shell(exports: str, lease: str, on_end: str = "", functions: str = "", agent_stdin: str = "") -> str:
     return (exports + 'py="$1"; node_secrets=; IFS= read -r node_secrets; '
             'reap() { "$py" -m dtrain.launch.node.proctree reap "$DTRAIN_JOB_ID" --node "$SLURM_NODEID"; }; '
-            + functions + lease + ' & unset node_secrets; '
-            'DTRAIN_AGENT_PARENT=$$ "$@" & agent=$!; '
+            + functions + lease + ' & '
+            'DTRAIN_AGENT_PARENT=$$ "$@" ' + agent_stdin + '& agent=$!; unset node_secrets; '
             'trap \'kill -TERM "$agent" 2>/dev/null; wait "$agent"; reap; exit 143\' TERM INT HUP; '
             'wait "$agent"; status=$?; reap; ' + on_end + 'exit "$status"')
 
@@ -304,11 +304,14 @@ def _node_shell(exports: str, lease: str, on_end: str = "", functions: str = "")
 NODE_SHELL = _node_shell(_RANK_EXPORTS, _LEASE)
 # An elastic job's node: its rank comes from each round; its lease holds against the launcher's rendezvous
 # store (its peers may come and go); and its agent's exit status is recorded per node (:func:`node_exit_path`),
-# since srun waits for a lost node until Slurm declares it down (SlurmdTimeout, minutes).
+# since srun waits for a lost node until Slurm declares it down (SlurmdTimeout, minutes). Its agent
+# reads the node's secrets line on its stdin too (a pipe from the builtin printf: no argv, no file), for
+# the rendezvous key (``secret``: :func:`dtrain.launch.node.rdzv_auth.read_secret`).
 ELASTIC_NODE_SHELL = _node_shell(
     'export DTRAIN_NODE_INDEX="$SLURM_NODEID"; ', _LEASE + ' --peer "$DTRAIN_LEASE_PEER"', 'record "$status"; ',
     'record() { tmp=$(mktemp "$DTRAIN_RUN_DIR/.slurm-$SLURM_JOB_ID.node$SLURM_NODEID.XXXXXX") && echo "$1" > "$tmp" '
-    '&& mv -f "$tmp" "$DTRAIN_RUN_DIR/slurm-$SLURM_JOB_ID.node$SLURM_NODEID.exit"; }; ')
+    '&& mv -f "$tmp" "$DTRAIN_RUN_DIR/slurm-$SLURM_JOB_ID.node$SLURM_NODEID.exit"; }; ',
+    agent_stdin='< <(printf \'%s\\n\' "$node_secrets") ')
 
 _ADDR_FUNCTION = """\
 # A node's address: its NodeAddr in slurm.conf, else DNS; node names need not resolve.
@@ -333,10 +336,12 @@ _SECRETS_LINES = (
 )
 
 
-def node_secrets(lease_key: str) -> str:
+def node_secrets(lease_key: str, rdzv_secret: str | None = None) -> str:
     """The one line of secrets every node of the job reads on stdin: a JSON object (the lease holder's
-    ``lease_key``: :func:`dtrain.launch.node.lease.read_key`)."""
-    return json.dumps({"lease_key": lease_key}, separators=(",", ":"))
+    ``lease_key``: :func:`dtrain.launch.node.lease.read_key`; an elastic job's agent's ``secret``, its
+    rendezvous key: :func:`dtrain.launch.node.rdzv_auth.read_secret`)."""
+    return json.dumps({"lease_key": lease_key, **({"secret": rdzv_secret} if rdzv_secret else {})},
+                      separators=(",", ":"))
 
 
 def export_line(name: str, value: str) -> str:
