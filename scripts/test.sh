@@ -4,6 +4,8 @@
 #
 #   bash scripts/test.sh                 # the whole suite on 2 pytest-xdist workers (what CI runs)
 #   bash scripts/test.sh --quick         # the quick tier, serially: no daemon, no Airflow, no training job (-m "not slow")
+#   bash scripts/test.sh --compat        # the quick tier against the oldest torch setup.cfg allows and the newest
+#                                        # on the registry, each in its own venv (.dtrain/venv-torch-X.Y.Z)
 #   bash scripts/test.sh tests/launch -x # further arguments go to pytest
 #   DTRAIN_TEST_WORKERS=0 bash scripts/test.sh ...   # serially; N: on N workers (--dist loadgroup, tests/conftest.py)
 #
@@ -14,6 +16,10 @@ ROOT=$(cd "$(dirname "$0")/.." && pwd)
 args=()
 default_workers=2
 [ "$(nproc)" -ge 2 ] || default_workers=0
+if [ "${1:-}" = "--compat" ]; then
+  shift
+  exec bash "$ROOT/scripts/compat.sh" "$@"
+fi
 if [ "${1:-}" = "--quick" ]; then
   shift
   args+=(-m "not slow")
