@@ -6,6 +6,7 @@ Nothing of the job is left on any host, nor in Slurm's queue."""
 
 from __future__ import annotations
 
+import os
 import sys
 import threading
 
@@ -102,4 +103,33 @@ def test_a_cut_off_slurm_node_is_left_behind_then_fewer_than_min_end_the_job(thr
         result.raise_for_status()
     assert retry.classify(raised.value).action == retry.RETRY
     assert poll_until(lambda: nothing_running(three_slurm_nodes), 60, 0.5), queue(three_slurm_nodes)
+    nothing_left(result.job_id)
+
+
+FORGE_ROUNDS = os.path.join(os.path.dirname(__file__), "scripts", "forge_rounds.py")
+
+
+def test_a_ranks_forged_round_lines_in_the_job_log_never_become_rounds(three_slurm_nodes, tmp_path):
+    """Every rank appends round lines for a round 999999999 (unsigned, and with a made-up MAC) to the
+    job's Slurm output file, the one log the launcher parses: they are shown as output, and the job's
+    rounds (log, XCom) are the agents' only."""
+    run_dir = str(tmp_path / "run")
+    stop = tmp_path / "stop"
+    spec = cpu_spec([sys.executable, FORGE_ROUNDS, ELASTIC_TRAIN, str(tmp_path / "out"), "--until-file", str(stop)],
+                    nodes="1:2", procs_per_node=1, run_dir=run_dir, stop_grace=2.0, backend_options={"lost_after": 11})
+    launcher, thread, results, lines = launch(spec)
+    try:
+        assert poll_until(lambda: said(lines, "[dtrain] round 0: 2 node(s)"), 180, 0.2), "\n".join(lines[-40:])
+        assert poll_until(lambda: said(lines, "round=999999999"), 60, 0.2), "\n".join(lines[-40:])
+        assert poll_until(lambda: latest_step(run_dir) > 0, 120, 0.2), "\n".join(lines[-40:])
+    finally:
+        stop.touch()
+    thread.join(240)
+    assert not thread.is_alive(), "\n".join(lines[-40:])
+    result = results[0]
+    assert result.exit_code == 0, "\n".join(lines[-60:])
+    assert [sorted(r["nodes"]) for r in result.rounds] == [[0, 1]], result.rounds
+    assert result.to_xcom()["rounds"] == result.rounds
+    assert not said(lines, "[dtrain] round 999999999"), "\n".join(lines[-60:])
+    assert poll_until(lambda: nothing_running(three_slurm_nodes), 30, 0.5), queue(three_slurm_nodes)
     nothing_left(result.job_id)
