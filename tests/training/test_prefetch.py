@@ -180,3 +180,13 @@ def test_read_ahead_on_the_thread_is_bounded_by_depth(mixed_shards):
     iterator.close()
     assert prefetch_threads() == 0
     assert np.all(np.diff(taken) == 1)
+
+
+def test_a_device_it_cannot_feed_is_refused_when_made():
+    with pytest.raises(ValueError, match="depth=0"):
+        DevicePrefetcher([], "cpu", depth=0)
+    with pytest.raises(ValueError, match="copies to 'cuda' devices"):
+        DevicePrefetcher([], "meta")
+    if not torch.cuda.is_available():
+        with pytest.raises(ValueError, match="no CUDA device"):
+            DevicePrefetcher([], "cuda")

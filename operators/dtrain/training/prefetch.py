@@ -15,8 +15,7 @@ largest block seen. A pinned buffer's only reader is its host-to-device copy, so
 that copy's event has completed; the device copy belongs to the batches (the caching allocator is told
 with ``record_stream`` that the training stream uses it), so batches stay valid as long as they are held.
 
-On a CPU device (or without CUDA) the batches are the wrapped loader's own, read one block ahead by
-the thread. Breaking out of the loop, dropping the iterator or an exception in the loop stops the
+On the CPU device the batches are the wrapped loader's own, read ahead by the thread. Breaking out of the loop, dropping the iterator or an exception in the loop stops the
 thread; a resumed epoch skips batches with ``next()`` as with any iterator.
 """
 
@@ -163,6 +162,10 @@ class DevicePrefetcher:
         if depth < 1:
             raise ValueError(f"depth={depth} must be at least 1")
         self.loader, self.device, self.depth = loader, torch.device(device), depth
+        if self.device.type not in ("cpu", "cuda"):
+            raise ValueError(f"device={device!r}: DevicePrefetcher copies to 'cuda' devices (or reads ahead on 'cpu')")
+        if self.device.type == "cuda" and not torch.cuda.is_available():
+            raise ValueError(f"device={device!r}, but torch sees no CUDA device (torch.cuda.is_available() is False)")
 
     def __len__(self) -> int:
         return len(self.loader)  # type: ignore[arg-type]
@@ -172,9 +175,7 @@ class DevicePrefetcher:
         return blocks() if callable(blocks) else ([batch] for batch in self.loader)
 
     def _copier(self) -> Callable[[list], list] | None:
-        import torch
-
-        if self.device.type == "cuda" and torch.cuda.is_available():
+        if self.device.type == "cuda":
             return CudaCopier(self.device, self.depth + 1)  # one slot more than blocks queued: one is being filled
         return None
 
@@ -216,7 +217,7 @@ class Prefetching:
     def close(self) -> None:
         """Stop the thread and wait for it (it finishes at most the block it is reading)."""
         self.stop.set()
-        while self.thread.is_alive():
+        while getattr(self, "thread", None) is not None and self.thread.is_alive():
             try:
                 self.ready.get(timeout=0.05)  # unblock a put
             except queue.Empty:
