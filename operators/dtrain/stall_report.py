@@ -20,8 +20,8 @@ data, samples/s. Rules:
   those steps' time), and in how many steps its node came late. The verdict names the ranks (and their
   nodes: the ``node`` the training helper records) that the others wait for at least a sixth of a step
   (what a rank 1.2x slower costs its peers), at least twice as long as for the median rank, and whose
-  node comes late in at least two steps of three (a busy machine delays every rank now and then; a slow
-  host, step after step). When one is waited for above the threshold but not named, the verdict says
+  node comes late in steps that make up at least two thirds of the time (a busy machine delays every rank
+  now and then; a slow host, step after step). When one is waited for above the threshold but not named, the verdict says
   which condition failed: never ``ok`` beside a figure above its threshold. Without collective timing,
   step times are compared (1.2x the median, and at least a tenth of a step over it).
 * CommunicationBound: nobody is waited for, yet every rank waits more than half of its step in
@@ -59,8 +59,8 @@ STRAGGLER_WAIT_SHARE = 0.5
 #: with collective arrivals, a rank is named only when its peers wait for it at least this many times as long
 #: as they wait for the median rank: on a busy machine every rank is late now and then
 STRAGGLER_LATE_FACTOR = 2.0
-#: ... and when it comes late (at least half as late as the latest rank) in at least this share of the steps:
-#: a slow host's ranks come late step after step, a healthy rank descheduled now and then does not
+#: ... and when its node comes late (one of its ranks at least half as late as the latest) in steps that make
+#: up at least this share of the time: a slow host comes late step after step, a healthy one now and then
 STRAGGLER_LATE_STEPS = 2 / 3
 #: a duration beyond this (seconds) is no measurement (a rank's 1e308)
 MAX_SECONDS = 1e6
@@ -117,7 +117,7 @@ def _waits_by_step(records: list[dict[str, Any]], skip_first: int) -> dict[int, 
     as after a resume: the last record)."""
     used = records[skip_first:] if len(records) > skip_first else records
     return {r["step"]: (float(r["comm_wait_s"]), float(r["step_time_s"])) for r in used
-            if isinstance(r.get("step"), int) and _finite(r.get("comm_wait_s")) and _finite(r.get("step_time_s"))}
+            if type(r.get("step")) is int and _finite(r.get("comm_wait_s")) and _finite(r.get("step_time_s"))}
 
 
 def _arrivals(per_rank: dict[int, list[dict[str, Any]]], ranks: list[dict[str, Any]], skip_first: int) -> bool:
@@ -127,7 +127,9 @@ def _arrivals(per_rank: dict[int, list[dict[str, Any]]], ranks: list[dict[str, A
     every rank logged, adds to each rank of ``ranks`` ``late_share``, how long the others waited for it
     (the sum, as a share of those steps' time), and ``late_steps``, the share of those steps in which its
     node came late (one of its ranks at least half as late as the latest: a throttled host's ranks take
-    turns being the latest). False when no step was logged by every rank."""
+    turns being the latest), each step weighing its time (a slowdown's long steps count at once: the
+    live watch names a host slowed mid-run before it has made most of the steps it judges). False when
+    no step was logged by every rank."""
     waits = {r["rank"]: _waits_by_step(
         [x for x in per_rank[r["rank"]] if isinstance(x.get("step_time_s"), (int, float))], skip_first) for r in ranks}
     steps = set.intersection(*(set(w) for w in waits.values()))
@@ -141,12 +143,13 @@ def _arrivals(per_rank: dict[int, list[dict[str, Any]]], ranks: list[dict[str, A
         latest = first - min(at.values())
         for rank, wait in at.items():
             late[rank] += first - wait
+        step_time = statistics.median(w[step][1] for w in waits.values())
         for came_late in {node[rank] for rank, wait in at.items() if latest > 0 and first - wait >= latest / 2}:
-            late_steps[came_late] += 1
-        total += statistics.median(w[step][1] for w in waits.values())
+            late_steps[came_late] += step_time
+        total += step_time
     for r in ranks:
         r["late_share"] = round(late[r["rank"]] / total, 4) if total > 0 else 0.0
-        r["late_steps"] = round(late_steps[node[r["rank"]]] / len(steps), 4)
+        r["late_steps"] = round(late_steps[node[r["rank"]]] / total, 4) if total > 0 else 0.0
     return True
 
 
@@ -163,7 +166,7 @@ def _waited_for(ranks: list[dict[str, Any]], load_balancing_ratio: float) -> tup
             return (f"the others are waited for nearly as long ({others:.0%} of a step, the median; a straggler "
                     f"is waited for at least {STRAGGLER_LATE_FACTOR:g}x as long): the delays move from rank to rank")
         if r["late_steps"] < STRAGGLER_LATE_STEPS:
-            return (f"its node comes late in only {r['late_steps']:.0%} of the steps (a straggler's: at least "
+            return (f"its node comes late in steps that make up only {r['late_steps']:.0%} of the time (a straggler's: at least "
                     f"{STRAGGLER_LATE_STEPS:.0%})")
         return None
 
@@ -311,7 +314,7 @@ def _arrival_message(rule: dict[str, Any]) -> str:
         return (f"TRIGGERED on {_who(rule['ranks'], rule['nodes'])}: the other ranks wait for {'it' if one else 'them'} "
                 f"at the gradient all-reduce {most['late_share']:.0%} of each step (threshold {threshold:.0%}, what a "
                 f"rank {rule['threshold']}x slower costs); {'its node comes' if one else 'their node comes'} late in "
-                f"{most['late_steps']:.0%} of the steps")
+                f"steps that make up {most['late_steps']:.0%} of the time")
     figures = (f"rank {most['rank']} is waited for most, {most['late_share']:.0%} of each step at the gradient "
                f"all-reduce (threshold {threshold:.0%})")
     if rule["declined"]:

@@ -36,7 +36,7 @@ def test_a_slow_node_is_named_with_its_ranks_and_what_its_peers_wait():
     line = next(line for line in format_report(summary) if line.startswith("[stall] LoadBalancing"))
     assert line == ("[stall] LoadBalancing: TRIGGERED on ranks 2, 3 (node 1): the other ranks wait for them at the "
                     "gradient all-reduce 63% of each step (threshold 17%, what a rank 1.2x slower costs); their node comes "
-                    "late in 100% of the steps")
+                    "late in steps that make up 100% of the time")
     assert "[stall] rank 2 (node 1): 15 steps, step time mean 300.00 ms median 300.00 ms, data wait 0.0%, compute " \
            "median 290.00 ms, collective wait 3.3%, waited for 63.3%, 106.7 samples/s" in format_report(summary)
     assert summarize_records(two_by_two(slow_node=0))["rules"]["LoadBalancing"]["nodes"] == [0]
@@ -143,3 +143,17 @@ def test_ok_is_never_printed_beside_a_figure_above_its_threshold():
     for case in cases:
         for line in format_report(summarize_records(case)):
             assert all(figure < threshold for figure, threshold in figures_beside_ok(line)), line
+
+
+def test_a_rank_cannot_steer_the_verdict_with_impossible_waits():
+    """``comm_wait_s`` is a rank's own claim: a negative, infinite or huge wait is no measurement, and a step
+    it claims that way is left out of who waits for whom."""
+    forged = two_by_two(slow_node=1)
+    for record in forged[0]:  # rank 0 claims to wait for ever: rank 0 would make everyone else look late
+        record["comm_wait_s"] = float("inf")
+    for record in forged[1][::2]:
+        record["comm_wait_s"] = -1.0
+    for record in forged[1][1::2]:
+        record["comm_wait_s"] = 1e308
+    rule = summarize_records(forged)["rules"]["LoadBalancing"]
+    assert rule["measure"] != "collective arrival" and 0 not in rule["ranks"] and 1 not in rule["ranks"], rule
