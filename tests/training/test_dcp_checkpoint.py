@@ -84,8 +84,8 @@ class SlowWrites:
         self.lock = threading.Lock()
         open_writer = ckpt._dcp.storage.writer
 
-        def writer(name):
-            w = open_writer(name)
+        def writer(name, host_buffers=None):
+            w = open_writer(name, host_buffers)
             write_data = w.write_data
 
             def slow(*args, **kwargs):

@@ -35,8 +35,9 @@ def test_fsdp2_checkpoint_saved_at_4_resumes_at_2_and_back_at_4(jobs, tmp_path):
     common = ["--dir", ckpt, "--model", "fsdp", "--every", "5", "--batch", "2"]
     first = jobs("dcp_job.py", [*common, "--out", outs[0], "--steps", 5], 4)
     assert first.wait() == [0] * 4, first.logs()
-    # 2 ranks: 4 per step; steps 6..11 consume 24 more (64).
-    second = jobs("dcp_job.py", [*common, "--out", outs[1], "--steps", 11], 2)
+    # 2 ranks: 4 per step; steps 6..11 consume 24 more (64). Its load goes through the host buffers (as
+    # CUDA tensors do) and its saves are asynchronous: FSDP2's DTensors staged and restored both ways.
+    second = jobs("dcp_job.py", [*common, "--out", outs[1], "--steps", 11, "--async-save", "--through-host"], 2)
     assert second.wait() == [0] * 2, second.logs()
     # 4 ranks again: steps 12..15 consume the last 32 of epoch 0, then 2 steps of epoch 1.
     third = jobs("dcp_job.py", [*common, "--out", outs[2], "--steps", 17], 4)

@@ -122,3 +122,17 @@ def test_checksums_are_off_only_while_a_checkpoint_is_written():
             assert getter() is False
         assert getter() is False
     assert getter() is True
+
+
+def test_the_torch_format_writes_one_file_that_torch_load_reads_and_leaves_checksums_on(tmp_path):
+    model, optimizer = model_and_adam(0)
+    train(model, optimizer, 2)
+    ckpt = CheckpointManager(str(tmp_path / "ckpt"), every_n_steps=1)
+    ckpt.save(3, {"model": model.state_dict(), "optimizer": optimizer.state_dict()})
+    assert torch.serialization.get_crc32_options() is True
+    loaded = torch.load(ckpt.latest_path(), weights_only=True)
+    fresh, fresh_opt = model_and_adam(5)
+    fresh.load_state_dict(loaded["model"])
+    fresh_opt.load_state_dict(loaded["optimizer"])
+    assert loaded["step"] == 3
+    assert_same(snapshot(model, optimizer), fresh, fresh_opt)

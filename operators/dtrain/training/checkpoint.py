@@ -68,6 +68,7 @@ class CheckpointManager:
         #: the step of the last save() / save_deepspeed() this process made (None: none yet)
         self.last_saved_step: int | None = None
         self._dcp = None
+        self._host = None
         if format == "dcp":
             from dtrain.training.ckpt_storage import LocalStorage, open_storage
             from dtrain.training.dcp import FOLDER, DcpCheckpointer
@@ -99,11 +100,17 @@ class CheckpointManager:
             return None
         import torch
 
+        from dtrain.training.dcp_io import crc32_off
+        from dtrain.training.host_buffers import cuda_devices
+
         name = f"step-{step:08d}.pt"
         path = os.path.join(self.directory, name)
         tmp = os.path.join(self.directory, f".{name}.{os.getpid()}.tmp")
-        with open(tmp, "wb") as fh:
-            torch.save({"step": step, **state}, fh)
+        record = {"step": step, **state}
+        if cuda_devices(record):  # one pinned copy of everything, not a pageable copy per tensor
+            record = self._host_buffers().stage(record)
+        with open(tmp, "wb") as fh, crc32_off():  # torch.load never checks the checksum: it is pure cost
+            torch.save(record, fh)
             fh.flush()
             os.fsync(fh.fileno())
         os.replace(tmp, path)
@@ -112,10 +119,22 @@ class CheckpointManager:
         self.last_saved_step = step
         return path
 
+    def _host_buffers(self):
+        """(torch) Host copies of the state's CUDA tensors, kept between saves."""
+        if self._host is None:
+            from dtrain.training.host_buffers import HostBuffers
+
+            self._host = HostBuffers()
+        return self._host
+
     def wait(self) -> None:
         """(dcp) Block until an asynchronous save in flight is complete; raise if it failed."""
         if self._dcp is not None:
             self._dcp.wait()
+
+    def save_in_flight(self) -> bool:
+        """(dcp) Whether an asynchronous save is still being written; training may go on meanwhile."""
+        return self._dcp is not None and self._dcp.in_flight()
 
     def steps(self) -> list[int]:
         if self._dcp is not None:

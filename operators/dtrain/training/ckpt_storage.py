@@ -79,10 +79,11 @@ class LocalStorage:
     def remove_tree(self, name: str) -> None:
         shutil.rmtree(self.path(name), ignore_errors=True)
 
-    def writer(self, name: str):
+    def writer(self, name: str, host_buffers=None):
+        """DCP's writer for checkpoint ``name``; an asynchronous save stages through ``host_buffers``."""
         from dtrain.training.dcp_io import DiskWriter
 
-        return DiskWriter(self.path(name))  # each shard file fsynced before it counts
+        return DiskWriter(self.path(name), host_buffers)  # each shard file fsynced before it counts
 
     def reader(self, name: str):
         from dtrain.training.dcp_io import DiskReader
@@ -150,10 +151,10 @@ class FsspecStorage:
         return sum(int(e.get("size") or 0) for e in self.fs.ls(self.path(name), detail=True)
                    if e.get("type") == "file")
 
-    def writer(self, name: str):
-        from torch.distributed.checkpoint._fsspec_filesystem import FsspecWriter
+    def writer(self, name: str, host_buffers=None):
+        from dtrain.training.dcp_io import ObjectStoreWriter
 
-        return FsspecWriter(self.path(name), sync_files=False, **self.options)
+        return ObjectStoreWriter(self.path(name), host_buffers, **self.options)
 
     def reader(self, name: str):
         from torch.distributed.checkpoint._fsspec_filesystem import FsspecReader

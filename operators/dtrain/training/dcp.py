@@ -2,7 +2,7 @@
 
 Layout, under the checkpoint location (a shared-filesystem path or an s3:// prefix)::
 
-    dcp/step-00000100/__0_0.distcp ... __{W-1}_0.distcp   one file per rank (its shards)
+    dcp/step-00000100/__0_0.distcp ... __{W-1}_3.distcp   a few files per rank (its shards: dcp_io.THREADS)
     dcp/step-00000100/.metadata                           DCP's index, written by rank 0 after every rank's files
     dcp/step-00000100/dtrain-commit.json                  the commit marker: written last, by rank 0
 
@@ -15,7 +15,8 @@ the previous latest stands. Old checkpoints are removed only after a newer one i
 first, so a removal cut short is invisible too.
 
 **Asynchronous.** ``async_save=True``: :func:`torch.distributed.checkpoint.async_save` copies the
-state to host memory (into buffers kept between saves) and returns; the upload runs in a background thread, on its own gloo process
+state to host memory (:mod:`dtrain.training.host_buffers`: buffers kept between saves, pinned on CUDA)
+and returns; the upload runs in a background thread, on its own gloo process
 group (the training's collectives never interleave with the checkpoint's). One save in flight at a
 time: the next save, a stop (SIGTERM, :mod:`dtrain.training.preemption`) and the end of training
 (:func:`dtrain.training.dist.shutdown`, hence ``exit_now``) wait for it.
@@ -191,7 +192,7 @@ class DcpCheckpointer:
             self.storage.make_root()
             self._discard(name)  # a save of this step cut short earlier, or one being replaced
         self._barrier()  # nobody writes before the folder is clean
-        writer = self.storage.writer(name)
+        writer = self.storage.writer(name, self._host_buffers() if self.async_save else None)
         if self.async_save:
             self._save_async(state, writer, rank, step, world, metric)
         else:
@@ -211,8 +212,7 @@ class DcpCheckpointer:
 
         self._committed.clear()
         self._error = None
-        future = dcp.async_save(state, storage_writer=writer, process_group=self._process_group(),
-                                async_stager=self._host_buffers())
+        future = dcp.async_save(state, storage_writer=writer, process_group=self._process_group())
         self._pending = future
         _in_flight.add(self)
         future.add_done_callback(lambda f: self._finish(f, rank, step, world, metric))
@@ -253,6 +253,10 @@ class DcpCheckpointer:
                     "size_bytes": self.storage.size(c.name)} for c in self.committed()]
         self.index.make_root()
         self.index.write_small(INDEX, data=json.dumps({"location": self.storage.root, "checkpoints": entries}).encode())
+
+    def in_flight(self) -> bool:
+        """Whether an asynchronous save is still being written (not committed yet)."""
+        return self._pending is not None and not self._committed.is_set()
 
     def wait(self) -> None:
         """Block until the save in flight (if any) is written and committed; raise its error."""

@@ -23,6 +23,7 @@ from typing import Iterator
 
 import torch
 from torch.distributed.checkpoint import FileSystemReader, FileSystemWriter
+from torch.distributed.checkpoint._fsspec_filesystem import FsspecWriter
 from torch.futures import Future
 
 #: files (and writer threads) per rank and checkpoint
@@ -58,15 +59,44 @@ def crc32_off() -> Iterator[None]:
                 setter(_crc_before)
 
 
-class DiskWriter(FileSystemWriter):
-    """FileSystemWriter with :data:`THREADS` files per rank, each fsynced, written without checksums."""
+class HostStaged:
+    """What both writers add to torch's: they are their own ``AsyncStager``, so ``dcp.async_save``
+    stages through the checkpointer's kept host buffers (a writer that is an ``AsyncStager`` is the
+    stager on every torch; ``async_save``'s own ``async_stager`` argument came later), and their files
+    are written without checksums."""
 
-    def __init__(self, path: str):
-        super().__init__(path, single_file_per_rank=True, sync_files=True, thread_count=THREADS)
+    should_synchronize_after_execute = False  # stage() returns when the copy has landed
+
+    def __init__(self, *args, host_buffers=None, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.host_buffers = host_buffers
+
+    def stage(self, state_dict):
+        if self.host_buffers is None:
+            raise RuntimeError("an asynchronous save needs the checkpointer's host buffers")
+        return self.host_buffers.stage(state_dict)
+
+    def synchronize_staging(self) -> None:
+        pass
 
     def write_data(self, plan, planner) -> Future:
         with crc32_off():
             return super().write_data(plan, planner)
+
+
+class DiskWriter(HostStaged, FileSystemWriter):
+    """FileSystemWriter with :data:`THREADS` files per rank, each fsynced."""
+
+    def __init__(self, path: str, host_buffers=None):
+        super().__init__(path, host_buffers=host_buffers, single_file_per_rank=True, sync_files=True,
+                         thread_count=THREADS)
+
+
+class ObjectStoreWriter(HostStaged, FsspecWriter):
+    """FsspecWriter (s3://): an object appears whole when its upload completes, so no sync."""
+
+    def __init__(self, path: str, host_buffers=None, **options):
+        super().__init__(path, host_buffers=host_buffers, sync_files=False, **options)
 
 
 class DiskReader(FileSystemReader):

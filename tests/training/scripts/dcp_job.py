@@ -69,8 +69,8 @@ def install_pause(ckpt, phase: str, rank: int, ready: str) -> None:
     elif phase == "write" and rank == 1 or phase == "async":
         open_writer = checkpointer.storage.writer
 
-        def writer(name):
-            w = open_writer(name)
+        def writer(name, host_buffers=None):
+            w = open_writer(name, host_buffers)
             pause_at(w, "write_data", ready)
             return w
 
@@ -86,11 +86,17 @@ def main() -> int:
     p.add_argument("--every", type=int, default=2)
     p.add_argument("--batch", type=int, default=2)
     p.add_argument("--async-save", action="store_true")
+    p.add_argument("--through-host", action="store_true",
+                   help="load (and save synchronously) through the host buffers, as CUDA tensors do")
     p.add_argument("--keep", type=int, default=2)
     p.add_argument("--hang", choices=("write", "commit", "async"))
     p.add_argument("--hang-step", type=int, default=0)
     args = p.parse_args()
 
+    if args.through_host:
+        import dtrain.training.dcp as dcp_module
+
+        dcp_module._through_host = lambda state: True
     ctx = init_distributed()
     model, wrapped = build_model(args.model)
     optimizer = torch.optim.Adam(wrapped.parameters(), lr=0.01)
