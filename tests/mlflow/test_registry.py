@@ -206,3 +206,96 @@ def test_a_reprocessed_old_date_starts_from_and_is_gated_against_the_model_publi
     assert (out["version"], out["alias"]) == ("3", "challenger") and aliases(client, registry)["champion"] == "2"
     assert registry.baseline("v1", "2026-03-02").model == f"models:/{registry.model_name}/3"
     assert open(registry.warm_start("v1", "2026-03-02"), "rb").read() == model.read_bytes()
+
+
+#: a team's own package, outside the repository: a GRU language model of its own class
+OWN_MODEL = '''
+import torch
+
+
+class TinyLM(torch.nn.Module):
+    def __init__(self, vocab=16, width=8):
+        super().__init__()
+        self.embed = torch.nn.Embedding(vocab, width)
+        self.rnn = torch.nn.GRU(width, width, batch_first=True)
+        self.head = torch.nn.Linear(width, vocab)
+
+    def forward(self, ids):
+        return self.head(self.rnn(self.embed(ids))[0])
+
+
+def load(path):
+    model = TinyLM()
+    model.load_state_dict(torch.load(path, weights_only=True))
+    return model
+'''
+
+CONSUMER = '''
+import importlib.util, json, os, sys
+import mlflow.artifacts, mlflow.pytorch, torch
+assert importlib.util.find_spec("acme_lm") is None and importlib.util.find_spec("dtrain") is None
+uri = sys.argv[1]
+model = mlflow.pytorch.load_model(uri)
+with torch.no_grad():
+    logits = model(torch.tensor(json.loads(sys.argv[2])))
+folder = mlflow.artifacts.download_artifacts(uri, dst_path=sys.argv[3])
+with open(os.path.join(folder, "artifacts", "tokenizer"), encoding="utf-8") as fh:
+    print(json.dumps({"class": type(model).__module__ + "." + type(model).__name__,
+                      "logits": logits.flatten().tolist(), "tokenizer": json.load(fh)}))
+'''
+
+
+@pytest.fixture
+def venv_dir(tmp_path):
+    """Where the consumer's venv goes; removed after the test (it holds torch and MLflow)."""
+    import shutil
+
+    path = tmp_path / "consumer-venv"
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+def test_an_own_model_class_loads_in_a_fresh_venv_with_only_the_versions_requirements_and_its_tokenizer(
+        mlflow_server, client, tmp_path, monkeypatch, venv_dir):
+    import torch
+
+    from tests.mlflow.fresh_venv import fresh_venv
+
+    package = tmp_path / "team" / "acme_lm"
+    package.mkdir(parents=True)
+    (package / "__init__.py").write_text("")
+    (package / "model.py").write_text(OWN_MODEL)
+    monkeypatch.syspath_prepend(str(tmp_path / "team"))
+    from acme_lm.model import TinyLM, load
+
+    registry = registry_for(mlflow_server, tmp_path, load_model="acme_lm.model:load",
+                            artifacts={"tokenizer": "tokenizer.json"})
+    run = RunRef(run_id="scheduled__2026-03-01", clear_number=0, version="v1", partition="2026-03-01")
+    start_or_resume(client, registry.experiment_name, run_key(registry.pipeline.dag_id, run.run_id, 0), {})
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    torch.manual_seed(3)
+    torch.save(TinyLM().state_dict(), run_dir / "model.pt")
+    tokenizer = {"model": {"type": "BPE", "vocab": {"<eos>": 1, "a": 2}}}
+    (run_dir / "tokenizer.json").write_text(json.dumps(tokenizer))  # written by the training command
+    registry.record_evaluation(run, {"metrics": {"perplexity": 3.9}, "model_path": str(run_dir / "model.pt")})
+    registry.publish(run, "", {})
+
+    ids = [[1, 2, 3, 4], [5, 6, 7, 8]]
+    with torch.no_grad():
+        expected = load(str(run_dir / "model.pt"))(torch.tensor(ids)).flatten().tolist()
+    import mlflow.pyfunc
+
+    uri = f"models:/{registry.model_name}@champion"
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", mlflow_server.uri)
+    requirements = mlflow.pyfunc.get_model_dependencies(uri)
+    python = fresh_venv(str(venv_dir), requirements)
+    consumer = tmp_path / "consumer"
+    consumer.mkdir()
+    env = {"PATH": os.environ["PATH"], "HOME": str(consumer), "MLFLOW_TRACKING_URI": mlflow_server.uri}
+    proc = subprocess.run([python, "-c", CONSUMER, uri, json.dumps(ids), str(consumer / "download")], env=env,
+                          capture_output=True, text=True, timeout=300, cwd=str(consumer))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    loaded = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert loaded["class"] == "acme_lm.model.TinyLM" and loaded["tokenizer"] == tokenizer
+    assert loaded["logits"] == pytest.approx(expected, abs=1e-6)

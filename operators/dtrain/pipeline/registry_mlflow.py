@@ -25,9 +25,10 @@ The rules (docs/mlflow.md):
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import uuid
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 from dtrain.errors import SpecError
 from dtrain.grammar import MLFLOW_ALIAS, MLFLOW_VERSION, check
@@ -46,6 +47,12 @@ PARTITION_TAG = "dtrain.partition"
 DATASET_VERSION_TAG = "dtrain.dataset_version"
 #: versions read per request while looking for the one published before a date
 PAGE_SIZE = 1000
+#: inside the logged MLflow Model: the pipeline's named artifacts (``artifacts/<name>``)
+ARTIFACTS_DIR = "artifacts"
+ARTIFACT_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
+PACKAGE_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+#: the model's classes from these packages load wherever the requirements are installed: never bundled
+PROVIDED = frozenset({"torch", "builtins"})
 
 
 def _alias(field_name: str, value: Any) -> str:
@@ -74,6 +81,92 @@ def _no_links(model_path: str) -> bool:
     return True
 
 
+def _packages(value: Any) -> list[str]:
+    if isinstance(value, str) or not isinstance(value, (list, tuple)):
+        raise SpecError("registry code", value, "a list of top-level package names")
+    for name in value:
+        if not isinstance(name, str) or not PACKAGE_NAME.fullmatch(name):
+            raise SpecError("registry code", name, "a top-level package name (an identifier)")
+    return list(value)
+
+
+def _requirements(value: Any) -> list[str]:
+    from packaging.requirements import InvalidRequirement, Requirement
+
+    if isinstance(value, str) or not isinstance(value, (list, tuple)):
+        raise SpecError("registry requirements", value, "a list of pip requirements such as 'tokenizers==0.22.1'")
+    for item in value:
+        try:
+            if not isinstance(item, str) or "\n" in item:
+                raise InvalidRequirement(repr(item))
+            Requirement(item)
+        except InvalidRequirement:
+            raise SpecError("registry requirements", item, "a pip requirement such as 'tokenizers==0.22.1'") from None
+    return list(value)
+
+
+def _artifacts(value: Any) -> dict[str, str]:
+    if not isinstance(value, Mapping):
+        raise SpecError("registry artifacts", value, "a mapping {name: path}")
+    for name, path in value.items():
+        if not isinstance(name, str) or not ARTIFACT_NAME.fullmatch(name):
+            raise SpecError("registry artifacts", name, "a name of letters, digits, _ . - (at most 64)")
+        if (not isinstance(path, str) or not path or "\x00" in path
+                or (not os.path.isabs(path) and ".." in path.split(os.sep))):
+            raise SpecError(f"registry artifacts[{name!r}]", path,
+                            "a path: absolute, or relative to the run directory without '..'")
+    return dict(value)
+
+
+def own_packages(module) -> list[str]:
+    """The top-level packages of the model's classes that a consumer would not have: all but torch's."""
+    found = {type(sub).__module__.split(".")[0] for sub in module.modules()}
+    return sorted(found - PROVIDED)
+
+
+def _source_of(package: str) -> str:
+    """Where a top-level package's code is on the worker (its folder, or a one-file module)."""
+    import importlib.util
+
+    from dtrain.pipeline.publish import PublishError
+
+    spec = importlib.util.find_spec(package)
+    locations = list(spec.submodule_search_locations or []) if spec is not None else []
+    if len(locations) == 1:
+        return locations[0]
+    if spec is not None and not locations and spec.origin and os.path.isfile(spec.origin):
+        return spec.origin
+    raise PublishError(f"registry code {package!r}: not one importable package folder or module on the worker "
+                       "(name the packages to bundle with code=[...], or list them in requirements)")
+
+
+def _artifact_source(model_path: str, path: str) -> str:
+    """An artifact's path: a relative one is in the run directory, which the ranks write, so no part of
+    it may be a link (we never follow a link we did not make)."""
+    from dtrain.pipeline.publish import PublishError
+
+    if os.path.isabs(path):
+        return path
+    here = os.path.dirname(model_path)
+    for part in path.split(os.sep):
+        here = os.path.join(here, part)
+        if os.path.islink(here):
+            raise PublishError(f"{here!r} is a symbolic link: an artifact must be regular files only")
+    return here
+
+
+def _copy_artifact(name: str, source: str, destination: str) -> None:
+    from dtrain.pipeline.publish import PublishError
+
+    os.makedirs(os.path.dirname(destination), exist_ok=True)
+    if _no_links(source):
+        shutil.copytree(source, destination)
+    elif os.path.isfile(source):
+        shutil.copyfile(source, destination)
+    else:
+        raise PublishError(f"registry artifacts[{name!r}]: {source!r} is not a file or folder")
+
+
 class MlflowRegistry(ModelRegistry):
     """An MLflow registered model as the registry; each train task an MLflow run.
 
@@ -89,11 +182,21 @@ class MlflowRegistry(ModelRegistry):
             the model is also logged as an MLflow Model (PyTorch flavour), so consumers load it with
             ``mlflow.pytorch.load_model("models:/<name>@champion")`` and the version's source is it.
             Without it, the version's source is the trained file as the command wrote it.
+        code: top-level packages whose source goes into the MLflow Model (``code/``), so that it
+            loads where they are not installed (default: the packages of the model's own classes,
+            torch's excepted). ``[]`` bundles nothing: then list your package in ``requirements``.
+        requirements: pip requirements a consumer needs besides torch and MLflow (what your
+            model's modules import, or your package's wheel), written into the model's
+            ``requirements.txt``.
+        artifacts: ``{name: path}`` of files or folders that travel with the model, such as a
+            tokenizer: ``artifacts/<name>`` in the MLflow Model. A relative path is in the run
+            directory (beside the trained model), an absolute one anywhere on the worker.
     """
 
     def __init__(self, model_name: str, *, conn_id: str | None = "mlflow_default", tracking_uri: str | None = None,
                  experiment: str | None = None, champion: str = "champion", challenger: str = "challenger",
-                 load_model: str | None = None):
+                 load_model: str | None = None, code: Sequence[str] | None = None,
+                 requirements: Sequence[str] = (), artifacts: Mapping[str, str] | None = None):
         self.model_name = ensure_named(model_name, "registry model_name")
         self.experiment = None if experiment is None else ensure_named(experiment, "registry experiment")
         self.champion = _alias("registry champion", champion)
@@ -107,6 +210,12 @@ class MlflowRegistry(ModelRegistry):
         if load_model is not None and (not isinstance(load_model, str) or not REF.match(load_model)):
             raise SpecError("registry load_model", load_model, "an import path MODULE:FUNCTION")
         self.load_model = load_model
+        self.code = None if code is None else _packages(code)
+        self.requirements = _requirements(requirements)
+        self.artifacts = _artifacts(artifacts or {})
+        if not load_model and (code is not None or self.requirements or self.artifacts):
+            raise SpecError("registry load_model", load_model, "an import path MODULE:FUNCTION when code, "
+                            "requirements or artifacts are given: they travel in the MLflow Model it logs")
 
     # -- where the server is ------------------------------------------------------------------------
 
@@ -247,12 +356,19 @@ class MlflowRegistry(ModelRegistry):
         from dtrain.preprocess.transform import resolve
 
         module = resolve(self.load_model, field="registry load_model")(model_path)
+        code = own_packages(module) if self.code is None else self.code
         with tempfile.TemporaryDirectory(prefix="dtrain-mlflow-model-") as tmp:
             local = os.path.join(tmp, MLFLOW_MODEL)
             # pickle, not MLflow's default pt2 (a traced graph that needs an input example and fixes its
             # shapes); requirements given, not inferred (inference loads the model again in a subprocess).
-            mlflow.pytorch.save_model(module, local, serialization_format="pickle",
-                                      pip_requirements=[f"torch=={torch.__version__.split('+')[0]}"])
+            # A pickle names the model's classes: their packages' code travels with it (code/), which
+            # mlflow.pytorch.load_model puts on sys.path before unpickling.
+            mlflow.pytorch.save_model(
+                module, local, serialization_format="pickle", code_paths=[_source_of(name) for name in code] or None,
+                pip_requirements=[f"torch=={torch.__version__.split('+')[0]}", *self.requirements],
+                metadata={"dtrain.artifacts": {name: f"{ARTIFACTS_DIR}/{name}" for name in self.artifacts}})
+            for name, path in self.artifacts.items():
+                _copy_artifact(name, _artifact_source(model_path, path), os.path.join(local, ARTIFACTS_DIR, name))
             client.log_artifacts(run_id, local, MLFLOW_MODEL)
 
     def _source(self, run_id: str) -> str:
