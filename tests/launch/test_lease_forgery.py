@@ -90,3 +90,25 @@ def test_a_holder_that_read_its_key_is_not_dumpable():
             "before = prctl(3, 0, 0, 0, 0); lease.read_key(io.StringIO(''), 'j'); print(before, prctl(3, 0, 0, 0, 0))")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert proc.stdout.split() == ["1", "0"], proc.stderr  # PR_GET_DUMPABLE
+
+
+def test_an_unsigned_fence_the_probe_contradicts_makes_a_suspect_named_once(tmp_path):
+    """mpi's leases (key None): a fence record is a hint; every node answering the probe contradicts it."""
+    from dtrain.launch.engine.lost import TellOnce, lost_by_leases
+
+    files = RunDir(str(tmp_path))
+    files.write(LEASE, JOB, lease.fenced_name(1), data=json.dumps({"time": 1.0, "reason": "cut off"}).encode())
+    told: list[str] = []
+    tell = TellOnce(told.append)
+    answers: dict[tuple[str, int], tuple[str, str] | None] = {("10.0.0.1", 22): None, ("10.0.0.2", 22): None}
+
+    def decide():
+        return lost_by_leases(files.path, JOB, 2, 30.0, failed=False, hosts=lambda: list(answers), silent_daemon=None,
+                              probe=lambda address, port: answers[(address, port)], key=None, report=tell)
+
+    assert decide() is None and decide() is None
+    assert told == ["[dtrain] node 1 (10.0.0.2) suspect: an unsigned fence record says it fenced itself (cut off), "
+                    "but every node answers the probe: not declared lost"]
+    answers[("10.0.0.2", 22)] = ("unreachable", "no answer")  # the probe agrees: a partition
+    found = decide()
+    assert (found.node, found.fault, found.detail) == (1, "unreachable", "no answer; it fenced itself: cut off")

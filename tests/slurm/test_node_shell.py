@@ -41,7 +41,8 @@ def test_the_agent_ends_when_scancel_sigkills_its_node_shell(tmp_path):
                DTRAIN_JOB_ID=job.job_id, DTRAIN_RUN_DIR=str(tmp_path))
     # Node 0 of 2: the agent holds the rendezvous store and waits for node 1, which never comes.
     shell = subprocess.Popen(["bash", "-c", NODE_SHELL, "dtrain-node", *node_argv(job, sys.executable)],
-                             env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                             env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,  # srun's: no secrets line
+                             stderr=subprocess.DEVNULL)
     agent = None
     try:
         agent = wait_for(lambda: agent_of(psutil.Process(shell.pid)), 60, what="the node shell's agent")

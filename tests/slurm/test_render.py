@@ -44,6 +44,8 @@ EXPECTED = r"""#!/bin/bash
 #SBATCH --exclusive
 # Rendered by airflow-dtrain: srun starts one torchrun agent per node.
 set -uo pipefail
+if [ -n "${DTRAIN_NODE_SECRETS+x}" ]; then exec 3<<<"$DTRAIN_NODE_SECRETS"; exec env -u DTRAIN_NODE_SECRETS /bin/bash "$0" "$@"; fi
+node_secrets=; { IFS= read -r node_secrets <&3; exec 3<&-; } 2>/dev/null
 cd '/shared/my code' || exit 1
 export DTRAIN_DEVICE=gpu
 export DTRAIN_JOB_ID=dtrain-abc123
@@ -66,9 +68,10 @@ MASTER_ADDR=$(dtrain_node_addr "$MASTER_NODE")
 MASTER_PORT=$((20000 + SLURM_JOB_ID % 20000))
 export MASTER_ADDR MASTER_PORT
 echo "[dtrain] slurm job $SLURM_JOB_ID on $SLURM_JOB_NODELIST: rendezvous $MASTER_NODE ($MASTER_ADDR:$MASTER_PORT)"
-srun --nodes=2 --ntasks=2 --ntasks-per-node=1 --kill-on-bad-exit=1 bash -c 'export NODE_RANK="$SLURM_NODEID" DTRAIN_NODE_INDEX="$SLURM_NODEID" PET_NODE_RANK="$SLURM_NODEID" PET_MASTER_ADDR="$MASTER_ADDR" PET_MASTER_PORT="$MASTER_PORT"; py="$1"; reap() { "$py" -m dtrain.launch.node.proctree reap "$DTRAIN_JOB_ID" --node "$SLURM_NODEID"; }; "$py" -m dtrain.launch.backends.slurm.node_lease --run-dir "$DTRAIN_RUN_DIR" --node "$SLURM_NODEID" --job-id "$DTRAIN_JOB_ID" --lease "$DTRAIN_LOST_AFTER" & DTRAIN_AGENT_PARENT=$$ "$@" & agent=$!; trap '"'"'kill -TERM "$agent" 2>/dev/null; wait "$agent"; reap; exit 143'"'"' TERM INT HUP; wait "$agent"; status=$?; reap; exit "$status"' dtrain-node \
+srun --nodes=2 --ntasks=2 --ntasks-per-node=1 --input=all --kill-on-bad-exit=1 bash -c 'export NODE_RANK="$SLURM_NODEID" DTRAIN_NODE_INDEX="$SLURM_NODEID" PET_NODE_RANK="$SLURM_NODEID" PET_MASTER_ADDR="$MASTER_ADDR" PET_MASTER_PORT="$MASTER_PORT"; py="$1"; node_secrets=; IFS= read -r node_secrets; reap() { "$py" -m dtrain.launch.node.proctree reap "$DTRAIN_JOB_ID" --node "$SLURM_NODEID"; }; printf '"'"'%s\n'"'"' "$node_secrets" | "$py" -m dtrain.launch.backends.slurm.node_lease --run-dir "$DTRAIN_RUN_DIR" --node "$SLURM_NODEID" --job-id "$DTRAIN_JOB_ID" --lease "$DTRAIN_LOST_AFTER" & DTRAIN_AGENT_PARENT=$$ "$@" & agent=$!; unset node_secrets; trap '"'"'kill -TERM "$agent" 2>/dev/null; wait "$agent"; reap; exit 143'"'"' TERM INT HUP; wait "$agent"; status=$?; reap; exit "$status"' dtrain-node \
   /opt/venv/bin/python -m dtrain.launch.node.torchrun_agent --nnodes=2 --nproc-per-node=4 --rdzv-backend=dtrain-static --rdzv-id=dtrain-abc123 --rdzv-conf=timeout=300 --max-restarts=0 --no-python /opt/venv/bin/python -m dtrain.launch.node.rank_entry train.py --lr 0.1 --tag '$(touch /tmp/pwned); `id` '"'"'quoted'"'"' "dq" 
- next'
+ next' \
+  <<<"$node_secrets"
 status=$?
 tmp=$(mktemp /shared/runs/dtrain-abc123/.slurm-"$SLURM_JOB_ID".exit.XXXXXX) && printf '%s\n' "$status" > "$tmp" && mv -f "$tmp" /shared/runs/dtrain-abc123/slurm-"$SLURM_JOB_ID".exit
 # After a stop the launcher asked for (it SIGTERMed the ranks, which saved and exited), its cancel
@@ -100,13 +103,14 @@ def test_an_elastic_script_keeps_its_allocation_and_meets_at_the_launchers_store
     srun = next(i for i, line in enumerate(lines) if line.startswith("srun "))
     assert lines[srun - 1] == ('echo "[dtrain] slurm job $SLURM_JOB_ID on $SLURM_JOB_NODELIST: elastic (2:3 nodes), '
                                'rendezvous store 10.0.0.1:29411"')
-    assert lines[srun] == ("srun --nodes=3 --ntasks=3 --ntasks-per-node=1 --no-kill bash -c "
+    assert lines[srun] == ("srun --nodes=3 --ntasks=3 --ntasks-per-node=1 --input=all --no-kill bash -c "
                            + shlex.quote(ELASTIC_NODE_SHELL) + " dtrain-node \\")
     assert lines[srun + 1] == (
         "  /py -m dtrain.launch.node.torchrun_agent --nnodes=2:3 --nproc-per-node=4 --rdzv-backend=dtrain-c10d "
         "--rdzv-endpoint=10.0.0.1:29411 --rdzv-id=dtrain-el1 --rdzv-conf=is_host=0,join_timeout=300,"
         "last_call_timeout=5,keep_alive_interval=3,keep_alive_max_attempt=3 --max-restarts=0 --no-python "
-        "/py -m dtrain.launch.node.rank_entry train.py")
+        "/py -m dtrain.launch.node.rank_entry train.py \\")
+    assert lines[srun + 2] == '  <<<"$node_secrets"'  # the nodes' secrets: srun's stdin, every node's (--input=all)
     assert 'export DTRAIN_NODE_INDEX="$SLURM_NODEID"; ' in ELASTIC_NODE_SHELL and "NODE_RANK=" not in ELASTIC_NODE_SHELL
     assert '--peer "$DTRAIN_LEASE_PEER"' in ELASTIC_NODE_SHELL and 'record "$status"' in ELASTIC_NODE_SHELL
     with pytest.raises(Exception):  # an elastic script needs the store

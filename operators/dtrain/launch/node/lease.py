@@ -17,7 +17,7 @@ meanwhile, the watcher has given the node up).
 * Slurm: each node shell starts it beside the node's agent
   (:mod:`dtrain.launch.backends.slurm.node_lease`), its peer the next node's slurmd and its own
   slurmd checked too: Slurm notices a silent node only after its SlurmdTimeout (minutes), and then
-  cannot reach it to stop its ranks either. It also touches ``lease/<job id>/node<N>.beat`` in the
+  cannot reach it to stop its ranks either. It also writes ``lease/<job id>/node<N>.beat`` in the
   run directory every HEARTBEAT_S seconds (a frozen or crashed node stops beating: the launcher then
   asks the node's host, :mod:`dtrain.launch.backends.slurm.lost`) and records a fence in
   ``lease/<job id>/node<N>.fenced`` (read as untrusted: any rank can write there). A folder per
@@ -68,7 +68,7 @@ if TYPE_CHECKING:
 FENCE_GRACE_S = 2.0
 #: how often a node with a lease checks it (a handshake with its peer, and the clock)
 LEASE_CHECK_S = 5.0
-#: how often a node touches its beat file
+#: how often a node writes its beat record
 HEARTBEAT_S = 5.0
 #: a heartbeat older than this many intervals is stale: only then is the node's host asked
 STALE_BEATS = 3
