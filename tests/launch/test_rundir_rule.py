@@ -66,6 +66,7 @@ ALLOWED = {
     "launch/node/ds_shm.py:unlink_ours": "DeepSpeed's /dev/shm buffers",
     "launch/node/torchrun_agent.py:main": "removes the agent's private log directory, made by tempfile.mkdtemp in the temp folder",
     "launch/node/proctree.py:environ_of": "/proc/PID/environ: a process's environment (read bounded)",
+    "launch/backends/slurm/node_lease.py:main": "/dev/null onto the lease holder's stdin, once its key is read",
     "launch/node/ds_shm.py:release_ports": "DeepSpeed's /dev/shm buffers",
     "launch/backends/ssh/hostfile.py:SSHSettings._validated": "the user's ssh key and known_hosts paths exist",
     "launch/backends/ssh/control.py:_private_dir": "ssh control sockets: the job's own 0700 temp directory",
