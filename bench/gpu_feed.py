@@ -173,8 +173,46 @@ def measure(shards: str, size: Size, device: str, quick: bool, load: str) -> Lin
                 text, judged(ours >= 0.98 * ceiling and ours >= peer, quick))
 
 
+def python_rate(seconds: float) -> float:
+    """Loop turns per second of a pure-Python loop: what the training thread gets of the interpreter."""
+    turns, end = 0, time.perf_counter() + seconds
+    while time.perf_counter() < end:
+        turns += 1
+    return turns / seconds
+
+
+def gather_line(shards: str, quick: bool) -> Line:
+    """Whether the gather releases the GIL: the training thread's Python pace while a thread gathers, against alone."""
+    import threading
+
+    from dtrain.training.shards import ShardDataset
+
+    dataset = ShardDataset(shards, fields=("input_ids",), cache_bytes=0)
+    rows = np.random.default_rng(0).permutation(len(dataset))[: 64 if quick else 8192]
+    seconds = 0.2 if quick else 2.0
+    alone = python_rate(seconds)
+    stop, gathers = threading.Event(), [0]
+
+    def gather():
+        while not stop.is_set():
+            dataset.gather(rows)
+            gathers[0] += 1
+
+    thread = threading.Thread(target=gather)
+    thread.start()
+    try:
+        beside = python_rate(seconds)
+    finally:
+        stop.set()
+        thread.join()
+    return Line(f"feed: gather of {len(rows)} blocks on a thread", f"{gathers[0] / seconds:.0f} gathers/s; the "
+                f"training thread's Python {beside / 1e6:.2f}M turns/s beside it vs {alone / 1e6:.2f}M alone "
+                f"({beside / alone:.2f})")
+
+
 def lines(device: str, quick: bool, workdir: str) -> Iterator[Line]:
     shards = write_shards(workdir, 400 if quick else 40000)
+    yield gather_line(shards, quick)
     sizes = (QUICK,) if quick else SIZES
     half = max(1, (os.cpu_count() or 2) // 2)
     for size in sizes:

@@ -19,9 +19,10 @@ def test_the_feed_bench_runs_small_on_the_cpu_and_judges_nothing(tmp_path):
                           env={**os.environ, "PYTHONWARNINGS": "ignore"})
     assert done.returncode == 0, done.stderr[-3000:]
     lines = done.stdout.splitlines()
-    assert [line.split(":")[0] for line in lines] == ["feed"] * 2, done.stdout
-    assert "quiet" in lines[0] and "cores busy" in lines[1]
-    for line in lines:
+    assert [line.split(":")[0] for line in lines] == ["feed"] * 3, done.stdout
+    assert "gathers/s" in lines[0] and "alone" in lines[0]
+    assert "quiet" in lines[1] and "cores busy" in lines[2]
+    for line in lines[1:]:
         assert "ceiling" in line and "ours" in line and "DataLoader 4 workers pinned" in line
         assert line.endswith("[-]")  # quick: no goal judged
     assert os.listdir(tmp_path) == []  # its scratch folder went with it
