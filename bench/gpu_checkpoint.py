@@ -36,7 +36,7 @@ def build(device: str, quick: bool):
 
     width, layers = (256, 4) if quick else (8192, 8)
     torch.manual_seed(0)
-    model = torch.nn.Sequential(*[torch.nn.Linear(width, width, bias=False) for _ in range(layers)]).to(device)
+    model = torch.nn.Sequential(*[torch.nn.Linear(width, width, bias=False, device=device) for _ in range(layers)])
     optimizer = torch.optim.Adam(model.parameters(), lr=1e-5)
     batch = torch.randn(8 if quick else 64, width, device=device)
 
@@ -110,7 +110,7 @@ def disk_limits(workdir: str, nbytes: int) -> tuple[float, float]:
     import numpy as np
 
     chunk = min(nbytes, GIB)
-    block = np.random.default_rng(0).integers(0, 255, chunk, dtype=np.uint8)
+    block = np.resize(np.arange(251, dtype=np.uint8), chunk)  # no run of zeros a filesystem could elide
     path = os.path.join(workdir, "disk-probe")
     count = -(-nbytes // chunk)
 

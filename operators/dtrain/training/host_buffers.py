@@ -3,8 +3,8 @@
 A save copies every tensor of the state into a host buffer of its own (allocated on the first save,
 reused by every later one while the tensor keeps its path, shape and dtype), then writes the host copy;
 training may change the originals as soon as the copy is done. On CUDA the buffers are pinned (page-locked
-with ``cudaHostRegister``: a device-to-host copy into them runs at the bus's speed, and a pageable copy
-at a fraction of it), every copy is issued non-blocking, and one synchronize ends the stage.
+by torch's pinned host allocator: a device-to-host copy into them runs at the bus's speed, a pageable
+copy at a fraction of it), every copy is issued non-blocking, and one synchronize ends the stage.
 
 Why our own and not torch's ``DefaultStager``: from torch 2.11 its ``_stage`` closes the
 ``StateDictStager`` it keeps (which empties its type dispatch table), so a stager kept across saves
@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import copy
 import threading
-import weakref
 from typing import Any
 
 #: values DCP stores as they are (no copy needed: immutable)
@@ -35,28 +34,10 @@ def _dtensor_type():
     return DTensor
 
 
-def _pin(buffer) -> None:
-    """Page-lock ``buffer`` for fast device copies; unlocked when it is freed. Registering the
-    allocation (not copying into the caching host allocator's blocks) pins exactly its bytes: that
-    allocator rounds each block up to a power of two."""
-    import torch
-
-    nbytes = buffer.untyped_storage().nbytes()
-    if nbytes == 0:
-        return
-    cudart = torch.cuda.cudart()
-    pointer = buffer.data_ptr()
-    status = int(cudart.cudaHostRegister(pointer, nbytes, 0))
-    if status != 0:
-        raise RuntimeError(f"cudaHostRegister of {nbytes} bytes for a checkpoint buffer failed: cudaError {status}")
-    finalizer = weakref.finalize(buffer.untyped_storage(), cudart.cudaHostUnregister, pointer)
-    finalizer.atexit = False  # at exit the CUDA context may be gone before the finalizer runs
-
-
 class HostBuffers:
     """Host buffers for the tensors of one state dict, keyed by where each tensor sits in it
-    (``("model", "layer.weight")``), its shape and dtype. Not thread-safe: one stage at a time
-    (a checkpointer waits for its previous save before the next).
+    (``("model", "layer.weight")``), its shape and dtype. One stage at a time (a checkpointer waits
+    for its previous save before the next: the buffers of a save in flight are not overwritten).
 
     It is also a DCP ``AsyncStager`` (``stage``, ``synchronize_staging``, ``close``), so
     ``dcp.async_save(..., async_stager=buffers)`` stages through it.
@@ -159,10 +140,10 @@ class HostBuffers:
     def _allocate(tensor):
         import torch
 
-        buffer = torch.empty(tuple(tensor.shape), dtype=tensor.dtype, device="cpu")
-        if tensor.device.type == "cuda":
-            _pin(buffer)
-        return buffer
+        # torch's pinned host allocator: page-locked blocks, each its own storage (DCP writes a tensor
+        # whose storage is larger than it through one more copy), rounded up to a power of two
+        return torch.empty(tuple(tensor.shape), dtype=tensor.dtype, device="cpu",
+                           pin_memory=tensor.device.type == "cuda")
 
     def _drop_unused(self, used: set) -> None:
         """Free buffers no tensor of this state needs (a shape or dtype changed, a key went away)."""
