@@ -162,8 +162,8 @@ def lost_by_leases(run_dir: str, job_id: str, nodes: int, lost_after: float, *, 
                    key: "JobKey | None", report: Callable[[str], None] = lambda line: None,
                    now: float | None = None, exclude: Collection[int] = ()) -> LostNode | None:
     """The node job ``job_id`` lost, when its nodes' leases (:mod:`dtrain.launch.node.lease`) in the run
-    directory show a sign of one; None otherwise. A stat per node and a small read per fence record:
-    cheap enough for every poll. The launcher's half of the lease, for every backend whose nodes hold one.
+    directory show a sign of one; None otherwise. Two small bounded reads per node (its beat and fence
+    records, each an HMAC to check) and a stat: cheap enough for every poll. The launcher's half of the lease, for every backend whose nodes hold one.
 
     A sign: a node fenced itself, a node's heartbeat is older than :func:`stale_after`, or the job
     ``failed`` (its heartbeats then stopped with it, so a stale one proves nothing). On a sign every
