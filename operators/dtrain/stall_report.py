@@ -21,9 +21,9 @@ data, samples/s. Rules:
   nodes: the ``node`` the training helper records) that the others wait for at least a sixth of a step
   (what a rank 1.2x slower costs its peers), at least twice as long as for the median rank, and whose
   node comes late in steps that make up at least two thirds of the time (a busy machine delays every rank
-  now and then; a slow host, step after step). When one is waited for above the threshold but not named, the verdict says
-  which condition failed: never ``ok`` beside a figure above its threshold. Without collective timing,
-  step times are compared (1.2x the median, and at least a tenth of a step over it).
+  now and then; a slow host, step after step). When one is waited for above the threshold but not named,
+  the verdict says which condition failed: never ``ok`` beside a figure above its threshold. Without
+  collective timing, step times are compared (1.2x the median, and at least a tenth of a step over it).
 * CommunicationBound: nobody is waited for, yet every rank waits more than half of its step in
   collectives: the network sets the pace (a slow or congested link shared by all). No node is named:
   a healthy node is never blamed.
@@ -166,8 +166,8 @@ def _waited_for(ranks: list[dict[str, Any]], load_balancing_ratio: float) -> tup
             return (f"the others are waited for nearly as long ({others:.0%} of a step, the median; a straggler "
                     f"is waited for at least {STRAGGLER_LATE_FACTOR:g}x as long): the delays move from rank to rank")
         if r["late_steps"] < STRAGGLER_LATE_STEPS:
-            return (f"its node comes late in steps that make up only {r['late_steps']:.0%} of the time (a straggler's: at least "
-                    f"{STRAGGLER_LATE_STEPS:.0%})")
+            return (f"its node comes late in steps that make up only {r['late_steps']:.0%} of the time "
+                    f"(a straggler's: at least {STRAGGLER_LATE_STEPS:.0%})")
         return None
 
     slow = [r for r in ranks if failed(r) is None]
@@ -311,7 +311,8 @@ def _arrival_message(rule: dict[str, Any]) -> str:
     most, threshold = rule["most_waited_for"], rule["late_share_threshold"]
     if rule["triggered"]:
         one = len(rule["ranks"]) == 1
-        return (f"TRIGGERED on {_who(rule['ranks'], rule['nodes'])}: the other ranks wait for {'it' if one else 'them'} "
+        return (f"TRIGGERED on {_who(rule['ranks'], rule['nodes'])}: the other ranks wait for "
+                f"{'it' if one else 'them'} "
                 f"at the gradient all-reduce {most['late_share']:.0%} of each step (threshold {threshold:.0%}, what a "
                 f"rank {rule['threshold']}x slower costs); {'its node comes' if one else 'their node comes'} late in "
                 f"steps that make up {most['late_steps']:.0%} of the time")

@@ -3,11 +3,13 @@ job (tests/faults/scripts/straggler_train.py, the training helper's metrics and 
 hosts, one rank each, and one host made slow while it trains.
 
 * slow CPU (host 1 gets a tenth of a CPU: cgroup cfs quota): every step of both ranks takes as long
-  (DDP waits for the slowest), yet the launcher's log names node 1 and its rank while the job runs, and
-  never node 0; the result's stall report (XCom) says the same;
+  (DDP waits for the slowest), yet the launcher's log names node 1 and its rank within about 30 s of the
+  slowdown, and never node 0; the result's stall report (XCom) says the same;
 * slow link (what host 1 receives is limited to 40 mbit: tc tbf): the ranks compute alike and wait in the
-  all-reduce; no node is blamed (step timing cannot tell whose link is slow), the report says the
-  network sets the pace.
+  all-reduce; no node is blamed (the two hosts' one link is crossed both ways by every all-reduce, so
+  neither end is waited for), the report says the network sets the pace.
+
+The sweep of slowdowns (quotas, ranks per host, job lengths): tests/faults/test_straggler_sweep.py.
 
 The stall report's rules themselves: tests/training/test_straggler_report.py; the watch:
 tests/launch/test_straggler_watch.py."""
@@ -98,16 +100,17 @@ def test_a_host_with_a_throttled_cpu_is_named_while_the_job_runs_and_never_its_p
     # quarter, a busy machine brought the two ranks' medians within 1.2x of each other).
     running.net.slow_cpu(1, 0.1)
     verdict = "[straggler] LoadBalancing: TRIGGERED on rank 1 (node 1): "
-    assert poll_until(lambda: running.said(verdict), 90, 0.5), running.log() + running.window()
+    # within about 30 s of the slowdown: the watch looks every 10 s at each rank's last 50 steps
+    assert poll_until(lambda: running.said(verdict), 30, 0.5), running.log() + running.window()
     running.wait_steps(3 * healthy)  # the report at the end is over the whole job: mostly slow steps
     result = running.stop()
     blamed = [line for line in running.lines if line.startswith("[straggler]") and "TRIGGERED" in line]
     assert blamed and all("(node 1)" in line and "node 0" not in line for line in blamed), blamed
     rule = result.stall["rules"]["LoadBalancing"]  # the report at the end (XCom): the same node
-    assert (rule["triggered"], rule["ranks"], rule["nodes"], rule["measure"]) == (True, [1], [1], "median_compute_time_s")
-    # the peer waited for it most of each step; the straggler itself hardly
+    assert (rule["triggered"], rule["ranks"], rule["nodes"], rule["measure"]) == (True, [1], [1], "collective arrival")
+    # its peer waited for it at the all-reduce above the threshold; it hardly waited for its peer
     ranks = {r["rank"]: r for r in result.stall["ranks"]}
-    assert ranks[0]["comm_wait_fraction"] > 0.4 > ranks[1]["comm_wait_fraction"], ranks
+    assert ranks[1]["late_share"] > rule["late_share_threshold"] > ranks[0]["late_share"], ranks
 
 
 def test_a_rate_limited_link_blames_no_node_and_says_the_network_sets_the_pace(job, tmp_path):

@@ -23,7 +23,8 @@ from dtrain.stall_report import summarize
 
 #: seconds between looks at the ranks' newest steps
 POLL_S = 10.0
-#: the steps of each rank a look judges: the median of the last 50 flips once 25 steps were slow
+#: the steps of each rank a look judges (a slow node is named once its late steps make up two thirds of
+#: their time: a few of a slowdown's long steps)
 LAST_STEPS = 50
 #: bytes of each rank's file read in one look: more than LAST_STEPS records (about 250 bytes each)
 RANK_BYTES = 16 * 1024
