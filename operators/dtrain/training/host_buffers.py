@@ -121,7 +121,8 @@ class HostBuffers:
             host = self._buffers.get(key)
             if host is None:
                 # the same spec (mesh, placements, global shape) over a host local tensor of our own
-                host = tensor.to("cpu") if local.device.type != "cpu" else copy.deepcopy(tensor.detach())
+                detached = tensor.detach()
+                host = detached.to("cpu") if local.device.type != "cpu" else copy.deepcopy(detached)
                 host._local_tensor = self._allocate(local)
                 self._buffers[key] = host
             if copy_in:
