@@ -53,3 +53,35 @@ def test_deeply_nested_json_reads_as_no_value(tmp_path):
         assert run.metrics() == {0: [{"step": 1}]}
     finally:
         gc.enable()
+
+
+def test_a_bounded_reader_reads_at_most_max_listed_names_and_counts_the_rest(tmp_path):
+    """A rank can fill a folder with files: a reader that shows the directory (the UI) stops at the
+    bound, counts the rest (up to as many again) and says so in ``unread``."""
+    from dtrain.rundir import MAX_LISTED, METRICS_FILE, Unread
+
+    metrics = tmp_path / METRICS
+    metrics.mkdir()
+    for i in range(MAX_LISTED + 10):
+        (metrics / f"planted{i}").touch()
+    bounded = RunDir(str(tmp_path), max_listed=MAX_LISTED)
+    assert len(bounded.list(METRICS)) == MAX_LISTED
+    assert bounded.unread == {METRICS: Unread(read=MAX_LISTED, more=10, counted_all=True)}
+    assert bounded.ranked(METRICS, METRICS_FILE) == {}
+    whole = RunDir(str(tmp_path))  # the launcher's reader: every exit record of the job it runs
+    assert len(whole.list(METRICS)) == MAX_LISTED + 10 and whole.unread == {}
+
+
+def test_ranked_keeps_max_ranks_and_stats_only_matching_names(tmp_path):
+    from dtrain.rundir import MAX_RANKS, METRICS_FILE
+
+    metrics = tmp_path / METRICS
+    metrics.mkdir()
+    for rank in range(MAX_RANKS + 3):
+        (metrics / f"rank{rank}.jsonl").touch()
+    (metrics / "elsewhere").symlink_to("/nonexistent")  # never stat'd: its name does not match
+    run = RunDir(str(tmp_path))
+    found = run.ranked(METRICS, METRICS_FILE)
+    assert len(found) == MAX_RANKS
+    unread = run.unread[METRICS]  # the link is one name read, wherever the folder lists it
+    assert unread.read + unread.more == MAX_RANKS + 4 and unread.counted_all

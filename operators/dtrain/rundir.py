@@ -77,6 +77,11 @@ MAX_CHECKPOINT_MARKER_BYTES = 64 * 1024
 MAX_REMOTE_CHECKPOINTS = 1000
 #: ranks looked at, whatever the directory holds (a world of 100k ranks is not drawn)
 MAX_RANKS = 4096
+#: names a reader that shows a directory (the UI: ``RunDir(max_listed=...)``) reads from one folder: a
+#: rank's 4096 files and what else the product keeps beside them, with room to spare; past it the
+#: names are only counted, up to as many again (a rank that plants 300,000 files costs a page refresh
+#: this many names, not 300,000 stats)
+MAX_LISTED = 2 * MAX_RANKS
 
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 
@@ -98,6 +103,28 @@ class Entry:
     ino: int = 0
 
 
+@dataclass(frozen=True)
+class Unread:
+    """A folder a listing stopped short of: ``read`` names read, ``more`` names after them not read
+    (all of them when ``counted_all``, else at least that many)."""
+
+    read: int
+    more: int
+    counted_all: bool
+
+
+def _entry(item: os.DirEntry) -> Entry | None:
+    """A scandir item as an :class:`Entry`, never following a link (None: a link, or gone)."""
+    try:
+        info = item.stat(follow_symlinks=False)
+    except OSError:
+        return None
+    if stat.S_ISLNK(info.st_mode):
+        return None
+    return Entry(item.name, info.st_size, info.st_mtime, stat.S_ISDIR(info.st_mode), info.st_mtime_ns,
+                 info.st_ctime, info.st_ino)
+
+
 def _normalized(path: Any) -> bool:
     return isinstance(path, str) and os.path.isabs(path) and os.path.normpath(path) == path and "\0" not in path
 
@@ -116,7 +143,7 @@ class RunDir:
     following a symlink, so the directory read is the one the path names, not one a link leads to.
     """
 
-    def __init__(self, path: str, *, below: str | None = None):
+    def __init__(self, path: str, *, below: str | None = None, max_listed: int | None = None):
         if not _normalized(path):
             raise UnsafeRunDir(f"run_dir={path!r} is not an absolute, normalized path")
         if below is not None and not (_normalized(below) and path != below
@@ -124,6 +151,10 @@ class RunDir:
             raise UnsafeRunDir(f"run_dir={path!r} is not below {below!r}")
         self.path = path
         self.below = below
+        #: names read from one folder at most (None: all; the launcher must see every exit record)
+        self.max_listed = max_listed
+        #: folders a listing stopped short of, by name ("." the run directory): see :class:`Unread`
+        self.unread: dict[str, Unread] = {}
 
     def __repr__(self) -> str:
         return f"RunDir({self.path!r})"
@@ -258,35 +289,45 @@ class RunDir:
         info = self.stat(*parts)
         return info is not None and stat.S_ISREG(info.st_mode)
 
-    def list(self, *parts: str) -> list[Entry]:
-        """The entries of a subdirectory (symlinks left out); [] when it is missing or not ours."""
+    def list(self, *parts: str, match: re.Pattern | None = None, keep: int | None = None) -> list[Entry]:
+        """The entries of a subdirectory (symlinks left out); [] when it is missing or not ours.
+
+        ``match``: only names it matches are looked at (a name is read before anything is stat'd).
+        Reading stops after :attr:`max_listed` names or ``keep`` entries; the rest of the folder is
+        then counted, not read (up to as many names again), and recorded in :attr:`unread`."""
         try:
             fd = self._dir(parts)
         except OSError:
             return []
-        entries = []
+        entries: list[Entry] = []
+        read = 0
         try:
             with os.scandir(fd) as it:
                 for item in it:
-                    try:
-                        info = item.stat(follow_symlinks=False)
-                    except OSError:
-                        continue
-                    if stat.S_ISLNK(info.st_mode):
-                        continue
-                    entries.append(Entry(item.name, info.st_size, info.st_mtime, stat.S_ISDIR(info.st_mode),
-                                         info.st_mtime_ns, info.st_ctime, info.st_ino))
+                    if read == self.max_listed or len(entries) == keep:
+                        self._note_unread(parts, read, it)
+                        break
+                    read += 1
+                    if match is None or match.match(item.name):
+                        entry = _entry(item)
+                        if entry is not None:
+                            entries.append(entry)
         finally:
             os.close(fd)
         return entries
 
+    def _note_unread(self, parts: tuple[str, ...], read: int, rest: Iterator[os.DirEntry]) -> None:
+        """Count the names a listing did not read (the one in hand and the rest), at most ``read``."""
+        more = 1 + sum(1 for _ in zip(range(read - 1), rest))
+        self.unread["/".join(parts) or "."] = Unread(read=read, more=more, counted_all=next(rest, None) is None)
+
     def ranked(self, directory: str, pattern: re.Pattern) -> dict[int, Entry]:
-        """Regular files of ``directory`` whose names match ``pattern`` (group 1: the rank), by rank."""
+        """Regular files of ``directory`` whose names match ``pattern`` (group 1: the rank), by rank;
+        at most :data:`MAX_RANKS` of them."""
         found: dict[int, Entry] = {}
-        for entry in self.list(*([directory] if directory else [])):  # "": the run directory itself
-            match = pattern.match(entry.name)
-            if match and not entry.is_dir and len(found) < MAX_RANKS:
-                found[int(match.group(1))] = entry
+        for entry in self.list(*([directory] if directory else []), match=pattern, keep=MAX_RANKS):  # "": the run dir
+            if not entry.is_dir:
+                found[int(pattern.match(entry.name).group(1))] = entry
         return found
 
     # -- writing -----------------------------------------------------------------------------------
