@@ -14,15 +14,15 @@ def test_minimize_against_the_published_model_by_at_least_min_improvement():
     gate = Gate(metric="rmse", goal="minimize", min_improvement=0.05)
     better = gate.decide({"rmse": 0.40, "mae": 0.3}, {"rmse": 0.50}, published_model="/m/2026-01-01/model.pt")
     assert better.publish
-    assert better.summary == ("gate: publish: rmse 0.4 vs published 0.5: +0.1 (lower is better), "
+    assert better.summary == ("gate: publish: rmse 0.4 vs published 0.5: better by 0.1 (lower is better), "
                               "at least min_improvement 0.05")
     assert (better.value, better.baseline, better.baseline_model) == (0.40, 0.50, "/m/2026-01-01/model.pt")
     slightly = gate.decide({"rmse": 0.48}, {"rmse": 0.50})
     assert not slightly.publish
-    assert slightly.summary == ("gate: do not publish: rmse 0.48 vs published 0.5: +0.02 (lower is better), "
+    assert slightly.summary == ("gate: do not publish: rmse 0.48 vs published 0.5: better by 0.02 (lower is better), "
                                 "less than min_improvement 0.05")
     worse = gate.decide({"rmse": 0.9}, {"rmse": 0.5})
-    assert not worse.publish and "-0.4 (lower is better)" in worse.summary
+    assert not worse.publish and "worse by 0.4 (lower is better)" in worse.summary
 
 
 def test_maximize_with_a_threshold_and_no_published_model():
@@ -95,11 +95,11 @@ def test_a_relative_tolerance_accepts_evaluation_noise_and_refuses_a_regression(
     gate = Gate(metric="f1", goal="maximize", relative_tolerance=0.005)
     noisy = gate.decide({"f1": 0.9849}, {"f1": 0.988}, published_model="/m/2026-01-01/model.pt")
     assert noisy.publish and noisy.baseline == 0.988
-    assert noisy.summary == ("gate: publish: f1 0.9849 vs published 0.988: -0.0031 (higher is better), "
+    assert noisy.summary == ("gate: publish: f1 0.9849 vs published 0.988: worse by 0.0031 (higher is better), "
                              "within tolerance 0.00494 (0.5% of 0.988)")
     regression = gate.decide({"f1": 0.97}, {"f1": 0.988})
     assert not regression.publish
-    assert regression.summary == ("gate: do not publish: f1 0.97 vs published 0.988: -0.018 (higher is better), "
+    assert regression.summary == ("gate: do not publish: f1 0.97 vs published 0.988: worse by 0.018 (higher is better), "
                                   "beyond tolerance 0.00494 (0.5% of 0.988)")
     assert gate.decide({"f1": 0.99}, {"f1": 0.988}).publish  # better always passes
 
@@ -107,13 +107,13 @@ def test_a_relative_tolerance_accepts_evaluation_noise_and_refuses_a_regression(
 def test_an_absolute_tolerance_and_the_larger_of_both():
     absolute = Gate(metric="rmse", goal="minimize", tolerance=0.02)
     assert absolute.decide({"rmse": 0.51}, {"rmse": 0.5}).summary == (
-        "gate: publish: rmse 0.51 vs published 0.5: -0.01 (lower is better), within tolerance 0.02")
+        "gate: publish: rmse 0.51 vs published 0.5: worse by 0.01 (lower is better), within tolerance 0.02")
     assert absolute.decide({"rmse": 0.53}, {"rmse": 0.5}).summary == (
-        "gate: do not publish: rmse 0.53 vs published 0.5: -0.03 (lower is better), beyond tolerance 0.02")
+        "gate: do not publish: rmse 0.53 vs published 0.5: worse by 0.03 (lower is better), beyond tolerance 0.02")
     both = Gate(metric="rmse", goal="minimize", threshold=1.0, tolerance=0.02, relative_tolerance=0.1)
     # 10% of 0.5 = 0.05 is the larger: 0.54 passes although it is 0.04 worse
     assert both.decide({"rmse": 0.54}, {"rmse": 0.5}).summary == (
-        "gate: publish: rmse 0.54 <= threshold 1; rmse 0.54 vs published 0.5: -0.04 (lower is better), "
+        "gate: publish: rmse 0.54 <= threshold 1; rmse 0.54 vs published 0.5: worse by 0.04 (lower is better), "
         "within tolerance 0.05 (the larger of 0.02 and 10% of 0.5)")
     # the relative part follows the baseline's magnitude, also for a negative metric
     assert Gate(metric="score", goal="maximize", relative_tolerance=0.1).decide(
@@ -176,7 +176,7 @@ def test_the_approval_request_shows_the_verdict_and_every_metric_escaped():
     decision = Gate(metric="rmse", goal="minimize", min_improvement=0.0).decide(
         {"rmse": 0.4}, {"rmse": 0.5}, published_model="/m/a/model.pt").as_dict()
     text = approval_markdown({"metrics": {"rmse": 0.4, "a|b": "<script>"}, "model_path": "/r/model.pt"}, decision)
-    assert text.splitlines()[0] == ("**gate: publish: rmse 0.4 vs published 0.5: +0.1 (lower is better), "
+    assert text.splitlines()[0] == ("**gate: publish: rmse 0.4 vs published 0.5: better by 0.1 (lower is better), "
                                     "at least min_improvement 0**")
     assert "| new model | 0.4 |" in text and "| published model | 0.5 |" in text
     assert "| a\\|b | &lt;script> |" in text and "<script>" not in text

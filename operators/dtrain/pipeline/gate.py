@@ -25,7 +25,7 @@ Rules (both must hold when both are configured):
   standard deviations (docs/gate.md, "Choosing a tolerance").
 
     gate = Gate(metric="f1", goal="maximize", relative_tolerance=0.005)
-    gate.decide({"f1": 0.9849}, {"f1": 0.988})  # publish: -0.0031, within tolerance 0.00494 (0.5% of 0.988)
+    gate.decide({"f1": 0.9849}, {"f1": 0.988})  # publish: worse by 0.0031, within tolerance 0.00494 (0.5% of 0.988)
 """
 
 from __future__ import annotations
@@ -150,6 +150,7 @@ class Gate:
         return f"{allowed} ({relative})" if relative else allowed
 
     def _better_by(self, value: float, baseline: float) -> float:
+        """How much better ``value`` is than ``baseline`` (negative: worse), whichever the goal."""
         return value - baseline if self.goal == "maximize" else baseline - value
 
     def decide(self, metrics: Mapping[str, Any], published: Mapping[str, Any] | None = None,
@@ -171,7 +172,7 @@ class Gate:
                 baseline = metric_value(published, self.metric, "the published model's metrics")
                 better = self._better_by(value, baseline)
                 direction = "higher" if self.goal == "maximize" else "lower"
-                compared = f"{self.metric} {value:.6g} vs published {baseline:.6g}: {better:+.6g} ({direction} is better)"
+                compared = f"{self.metric} {value:.6g} vs published {baseline:.6g}: {_by(better)} ({direction} is better)"
                 if self.tolerates:
                     passed = better >= -self.allowed_regression(baseline)
                     rule = f"{'within' if passed else 'beyond'} {self._tolerance_text(baseline)}"
@@ -186,3 +187,10 @@ class Gate:
                         baseline=baseline, baseline_model=published_model if baseline is not None else None,
                         min_improvement=self.min_improvement, tolerance=self.tolerance,
                         relative_tolerance=self.relative_tolerance, reasons=tuple(reasons))
+
+
+def _by(better: float) -> str:
+    """A difference in words, so that an improvement never reads like a regression whatever the goal."""
+    if better == 0:
+        return "the same"
+    return f"{'better' if better > 0 else 'worse'} by {abs(better):.6g}"
