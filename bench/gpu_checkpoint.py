@@ -144,7 +144,8 @@ def lines(device: str, quick: bool, workdir: str) -> Iterator[Line]:
     nbytes = state_bytes(model, optimizer)
     size = f"{nbytes / GIB:.2f} GiB" if nbytes >= GIB // 4 else f"{nbytes / (1 << 20):.1f} MiB"
     copy_s = copy_floor(device, nbytes)
-    yield Line("checkpoint: device-to-host copy (pinned)", f"{size} in {copy_s:.3f} s = {gib_s(nbytes, copy_s)} [{device}]")
+    yield Line("checkpoint: device-to-host copy (pinned)",
+               f"{size} in {copy_s:.3f} s = {gib_s(nbytes, copy_s)} [{device}]")
     write_s, read_s = disk_limits(workdir, nbytes)
     yield Line("checkpoint: disk write+fsync", f"{size} in {write_s:.2f} s = {gib_s(nbytes, write_s)}")
     yield Line("checkpoint: disk read (cold)", f"{size} in {read_s:.2f} s = {gib_s(nbytes, read_s)}")
@@ -165,8 +166,9 @@ def lines(device: str, quick: bool, workdir: str) -> Iterator[Line]:
     first_sync_s = timed(lambda: sync_ckpt.save(1, state))
     sync_s = timed(lambda: sync_ckpt.save(2, state))
     share = write_s / sync_s
-    yield Line("checkpoint: DCP synchronous save", f"{sync_s:.2f} s = {gib_s(nbytes, sync_s)}, {share:.2f} of the disk's "
-               f"write+fsync ({gib_s(nbytes, write_s)}; goal >= {DISK_SHARE}); first save {first_sync_s:.2f} s",
+    yield Line("checkpoint: DCP synchronous save",
+               f"{sync_s:.2f} s = {gib_s(nbytes, sync_s)}, {share:.2f} of the disk's write+fsync "
+               f"({gib_s(nbytes, write_s)}; goal >= {DISK_SHARE}); first save {first_sync_s:.2f} s",
                judged(share >= DISK_SHARE, quick))
     drop_cache(sync_ckpt.latest_path())
     load_s = timed(lambda: sync_ckpt.load_latest(into=state))
