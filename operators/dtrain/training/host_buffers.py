@@ -39,11 +39,9 @@ class HostBuffers:
     (``("model", "layer.weight")``), its shape and dtype. One stage at a time (a checkpointer waits
     for its previous save before the next: the buffers of a save in flight are not overwritten).
 
-    It is also a DCP ``AsyncStager`` (``stage``, ``synchronize_staging``, ``close``), so
-    ``dcp.async_save(..., async_stager=buffers)`` stages through it.
+    An asynchronous save reaches it through the storage writer's ``stage``
+    (:class:`dtrain.training.dcp_io.HostStaged`).
     """
-
-    should_synchronize_after_execute = False
 
     def __init__(self):
         self._buffers: dict[tuple, Any] = {}
@@ -52,7 +50,7 @@ class HostBuffers:
     @property
     def nbytes(self) -> int:
         """Bytes held in host buffers."""
-        return sum(b.untyped_storage().nbytes() for b in self._buffers.values())
+        return sum(getattr(b, "_local_tensor", b).untyped_storage().nbytes() for b in self._buffers.values())
 
     # -- save: device -> host ----------------------------------------------------------------------
 
@@ -66,9 +64,6 @@ class HostBuffers:
             self._drop_unused(used)
             _synchronize_devices(state)
             return staged
-
-    def synchronize_staging(self) -> None:
-        pass  # stage() returns only when every copy has landed
 
     def close(self) -> None:
         with self._lock:
