@@ -50,8 +50,8 @@ def run_job(cluster, tmp_path, procs: int, shape: dict[int, tuple[str, str]]):
 
 @pytest.fixture
 def hosts(net_cluster):
-    """Hosts 0 and 1 of the cluster as dedicated machines: their processes first on this machine's cores
-    (cgroup v1 ``cpu.shares``). They share two cores with whatever else runs here; under load, a healthy
+    """Hosts 0 and 1 of the cluster as dedicated machines: their processes first on the cores the cluster's
+    hosts share with the rest of the suite (cgroup v1 ``cpu.shares``). Without it, under load, a healthy
     host's rank got less than 60 % of a CPU, as little as the slowed host's quota, and was no faster
     than it (the report then rightly named nobody). Restored at the end, with host 1's CPU and link."""
     net = net_cluster.net
@@ -94,6 +94,9 @@ def test_a_rate_limited_link_names_no_healthy_node_and_says_the_network_sets_the
 
 @pytest.mark.parametrize("procs, shape", [(1, LONG), (2, SHORT)], ids=["2x1-long", "2x2-short"])
 def test_a_clean_run_names_nobody(hosts, tmp_path, procs, shape):
+    """Two ranks over 200 steps: in a 2x1 job of 30 steps on the test cluster's two shared cores, healthy host 0
+    once computed 1.8x host 1's time for the whole job and was named (it was slower: the report said what
+    happened, but no host had been slowed)."""
     result, lines = run_job(hosts, tmp_path, procs, shape)
     report = "\n".join(line for line in lines if line.startswith("[stall]"))
     assert result.stall["rules"]["LoadBalancing"]["triggered"] is False, report

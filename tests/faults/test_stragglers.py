@@ -95,7 +95,7 @@ def test_a_host_with_a_throttled_cpu_is_named_while_the_job_runs_and_never_its_p
     running = job(tmp_path)
     running.wait_steps(30)
     healthy = min(running.steps())
-    # A tenth, not the bench's quarter: host 0 shares this machine's 2 cores with the other tests, and its
+    # A tenth, not the bench's quarter: host 0 shares the test machine's 2 cores with the other tests, and its
     # rank must still compute clearly faster than the throttled one while they load the cores (at a
     # quarter, a busy machine brought the two ranks' medians within 1.2x of each other).
     running.net.slow_cpu(1, 0.1)

@@ -73,7 +73,7 @@ def test_a_rank_cannot_pass_itself_off_as_another_node():
 
 
 def test_noise_on_tiny_steps_is_no_straggler():
-    """A healthy local run measured here: 1 ms of compute beside 3 ms of all-reduce, one rank at 1.3x the
+    """A healthy local run on the test machine: 1 ms of compute beside 3 ms of all-reduce, one rank at 1.3x the
     median compute: that is 0.3 ms, under a tenth of the step, so nobody is blamed; 1 ms more is."""
     ranks = {0: records(0, 0.004, 0.003), 1: records(0, 0.004, 0.0027)}  # compute 1.0 ms and 1.3 ms
     assert summarize_records(ranks)["rules"]["LoadBalancing"]["triggered"] is False
@@ -131,7 +131,7 @@ def figures_beside_ok(line: str) -> list[tuple[float, float]]:
 
 
 def test_ok_is_never_printed_beside_a_figure_above_its_threshold():
-    """The issue's report said "ok (slowest rank 2 at 1.47x the median compute time, threshold 1.2x)". A
+    """A report said "ok (slowest rank 2 at 1.47x the median compute time, threshold 1.2x)". A
     verdict names the rank, or says which condition failed, or says ok with a figure under its threshold."""
     late_by_turns = {0: records(0, 0.034, 0.010, steps=35), 1: records(1, 0.034, 0.024, steps=35)}
     for step in range(0, 35, 3):

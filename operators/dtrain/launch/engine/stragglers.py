@@ -30,7 +30,7 @@ LAST_STEPS = 50
 RANK_BYTES = 16 * 1024
 #: steps each rank must have in a look (after the report's warm-up steps) before anything is said: the
 #: first looks of a job hold a handful of steps, and a rank whose host was busy for one of them would
-#: be named (seen here under load: a verdict before any host was slowed)
+#: be named (on the test cluster under load: a verdict before any host was slowed)
 MIN_STEPS = 20
 #: the rules a verdict can come from
 RULES = ("LoadBalancing", "CommunicationBound", "CPUBottleneck")
