@@ -2,9 +2,9 @@
 reference digits script (dtrain.training.reference.train_digits, its collective timer) over the ssh backend
 on hosts with their own addresses (tests/netcluster.py), host 1 made slow before the job starts.
 
-The sweep: a CPU quota of 30 % and 60 % of one CPU on host 1 (cgroup cfs quota, which stops the host's
-ranks at arbitrary points, inside their all-reduce too), 1 and 2 ranks per host, jobs of 30 steps and of
-200; a rate-limited link into host 1 (nobody named: the network sets the pace); clean runs, which name
+The sweep: a CPU quota on host 1 (cgroup cfs quota, which stops the host's ranks at arbitrary points,
+inside their all-reduce too) of 30 % of one CPU for its 2 ranks in a job of 30 steps, and of 60 % for its
+1 rank in a job of 200; a rate-limited link into host 1 (nobody named: the network sets the pace); clean runs, which name
 nobody. A quota of 10 % and the live line: tests/faults/test_stragglers.py (host 1 slowed mid-run).
 
 One cluster for every case (the suite's session ``net_cluster``); each job lasts seconds."""
@@ -64,11 +64,13 @@ def hosts(net_cluster):
     net.fast_link(1)
 
 
+#: Not here: two ranks sharing 60 % of a CPU. In one run of four, host 1's two ranks computed no slower than
+#: host 0's (medians 23.6 and 31.3 ms against 28.9 and 28.2 ms): the quota had not slowed that host, and no
+#: report could have named it. A test of it would fail by chance.
 @pytest.mark.parametrize("amount, procs, shape", [
     (0.3, 2, SHORT),  # the 2x2 job of about 30 steps whose report said "ok" at 1.47x and blamed the network
     (0.6, 1, LONG),   # 200 steps, host 1's one rank at 60 % of a CPU
-    (0.6, 2, SHORT),  # host 1's two ranks sharing 60 % of a CPU
-], ids=["cpu30-2x2-short", "cpu60-2x1-long", "cpu60-2x2-short"])
+], ids=["cpu30-2x2-short", "cpu60-2x1-long"])
 def test_a_host_with_a_cpu_quota_is_named_and_never_a_healthy_one(hosts, tmp_path, amount, procs, shape):
     hosts.net.slow_cpu(1, amount)
     result, lines = run_job(hosts, tmp_path, procs, shape)
