@@ -10,9 +10,19 @@ with this tree's operator (so its run directory carries the launcher's marker). 
 measured in its own process (its RSS is its own), the compared one's taken from `git archive
 <--base>` (default main).
 Prints one line: RSS at the start, the end and the peak, and seconds per refresh, for both, with
-their ratios. Goal (issue #22): flat RSS, under 1 s a refresh.
+their ratios. Goal: flat RSS, under 1 s a refresh.
 
     .venv/bin/python bench/ui_refresh.py [--ranks 8] [--seconds 120] [--rss-limit-mb 6000] [--base main]
+
+With ``--plot-ranks N`` it prints another line instead: one plot of N ranks drawn a line per rank
+against the ranks' envelope (min/median/max per step), the tab's drawing beyond 16 ranks:
+
+    .venv/bin/python bench/ui_refresh.py --plot-ranks 512
+
+With ``--planted N`` it prints the summary's cost when a rank filled ``metrics/`` with N files,
+``--base``'s code against this tree's:
+
+    .venv/bin/python bench/ui_refresh.py --planted 300000 --base <the commit to compare with>
 
 ``--rss-limit-mb``: a process past it is stopped and reported as such (the old code keeps a
 parsed copy of every rank file per refresh: on a shared machine it would take all the memory).
@@ -218,6 +228,86 @@ def describe(name: str, r: dict) -> str:
             f"{r['refreshes']} refreshes){stopped}")
 
 
+def plot_lines_vs_envelope(ranks: int, repeat: int = 3) -> None:
+    """One Training-tab plot (loss) of ``ranks`` ranks, each with as many steps as the tab keeps of it
+    (dtrain.ui.metrics_cache.MAX_RUN_RECORDS shared by the ranks): drawn a line per rank (as up to
+    dtrain.ui.plots.MAX_RANK_LINES ranks are) and as the ranks' envelope (as more are). Prints the
+    median of ``repeat`` draws of each, and the ratio."""
+    sys.path.insert(0, os.path.join(REPO, "operators"))
+    from dtrain.ui import plots, training
+    from dtrain.ui.metrics_cache import MAX_RUN_RECORDS, parse
+
+    steps = MAX_RUN_RECORDS // ranks
+    metrics = {rank: [parse(record(rank, step)) for step in range(1, steps + 1)] for rank in range(ranks)}
+    points = training.plot_points(training.curves(metrics)["loss"])
+    plots.rank_curves("loss", "Loss", "loss", {"0": [[1, 1.0]]})  # matplotlib's import and fonts: not measured
+
+    def seconds(max_lines: int) -> float:
+        times = []
+        for _ in range(repeat):
+            start = time.perf_counter()
+            plots.rank_curves("loss", "Loss", "loss", points, max_lines=max_lines)
+            times.append(time.perf_counter() - start)
+        return statistics.median(times)
+
+    lines, band = seconds(ranks), seconds(plots.MAX_RANK_LINES)
+    print(f"Training-tab plot, {ranks} ranks x {len(points['0'])} points: a line per rank {lines:.3f} s, "
+          f"envelope (min/median/max) {band:.3f} s, ratio {lines / band:.1f}x (median of {repeat}; goal: < 1 s)")
+
+
+def planted_summary(planted: int, base: str, ranks: int = 8) -> None:
+    """The Training tab's summary (provenance check, metrics, verdicts, exits, checkpoints) of a run
+    directory whose ``metrics/`` holds ``ranks`` rank files and ``planted`` files a rank made, computed
+    by ``base``'s code and by this tree's, each in its own process (its peak RSS its own)."""
+    home = tempfile.mkdtemp(prefix="bench-ui-planted-")
+    try:
+        run_dir = os.path.join(home, "runs", DAG_ID, "r1", "train")
+        metrics = os.path.join(run_dir, "metrics")
+        os.makedirs(metrics)
+        for rank in range(ranks):
+            with open(os.path.join(metrics, f"rank{rank}.jsonl"), "wb") as fh:
+                fh.write(b"".join(record(rank, step) for step in range(1, 101)))
+        for i in range(planted):
+            open(os.path.join(metrics, f"planted{i}"), "wb").close()
+        results = {}
+        for name, package in ((base, old_tree(home, base)), ("this tree", os.path.join(REPO, "operators"))):
+            out = subprocess.run([sys.executable, __file__, "--summarize", run_dir], capture_output=True, text=True,
+                                 env=os.environ | {"PYTHONPATH": package}, timeout=1800)
+            lines = [line for line in out.stdout.splitlines() if line.startswith("{")]
+            if not lines:
+                raise SystemExit(f"{name} failed ({out.returncode}):\n{out.stderr[-4000:]}")
+            results[name] = json.loads(lines[-1])
+    finally:
+        shutil.rmtree(home, ignore_errors=True)
+    old, new = results[base], results["this tree"]
+    print(f"Training-tab summary, {ranks} ranks + {planted} planted files in metrics/: {base} {old['s']:.3f} s "
+          f"(peak RSS growth {old['rss_growth_mb']} MB), this tree {new['s']:.3f} s (peak RSS growth "
+          f"{new['rss_growth_mb']} MB; unread: {new['unread']}), ratio {old['s'] / new['s']:.1f}x (median of 3)")
+
+
+def summarize_planted(run_dir: str, repeat: int = 3) -> None:
+    """In a process running one code base: the summary of ``run_dir`` ``repeat`` times; one JSON line."""
+    import resource
+
+    from dtrain.provenance import trusted_run_dir, write_marker
+    from dtrain.ui import metrics_cache, training
+
+    ti = {"dag_id": DAG_ID, "run_id": "r1", "task_id": "train", "map_index": -1, "try_number": 1}
+    write_marker(run_dir, type("TI", (), ti))
+    root = os.path.dirname(os.path.dirname(os.path.dirname(run_dir)))
+    start_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    times, view = [], {}
+    for _ in range(repeat):
+        started = time.perf_counter()
+        run = trusted_run_dir(run_dir, ti, [root])
+        view = training.job_view(ti=ti, record={"run_dir": run_dir}, result=None, hang=None, run=run,
+                                 metrics=metrics_cache.follow(run).records)
+        times.append(time.perf_counter() - started)
+    growth = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - start_rss) // 1024
+    print(json.dumps({"s": statistics.median(times), "rss_growth_mb": growth,
+                      "unread": [u["message"] for u in view.get("unread", [])]}))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--ranks", type=int, default=8)
@@ -225,10 +315,25 @@ def main() -> None:
     parser.add_argument("--rss-limit-mb", type=float, default=6000)
     parser.add_argument("--base", default="main", help="the commit whose code is compared (default main; "
                                                         "once this change is merged, the commit before it)")
+    parser.add_argument("--plot-ranks", type=int, metavar="N",
+                        help="instead: one plot of N ranks, a line per rank against their envelope (same data)")
+    parser.add_argument("--planted", type=int, metavar="N",
+                        help="instead: the summary of a run whose metrics/ a rank filled with N files, --base's "
+                             "code vs this tree's")
     parser.add_argument("--watch", help=argparse.SUPPRESS)
+    parser.add_argument("--summarize", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.summarize:
+        summarize_planted(args.summarize)
+        return
+    if args.planted:
+        planted_summary(args.planted, args.base)
+        return
     if args.watch:
         watch(args.watch, args.seconds, args.rss_limit_mb)
+        return
+    if args.plot_ranks:
+        plot_lines_vs_envelope(args.plot_ranks)
         return
     home = tempfile.mkdtemp(prefix="bench-ui-")
     try:

@@ -23,6 +23,13 @@ where the product writes, ``$DTRAIN_HOME/runs`` and ``$DTRAIN_SHARED_FS/runs`` (
 factory's runs on the shared filesystem), and ``$DTRAIN_MODELS`` (default
 ``$DTRAIN_SHARED_FS/models``); the API server must see the same values as the workers.
 
+A DAG's own code counts too, where XCom does not: the runs root its training task's ``run_dir``
+names in the DAG file (:func:`declared_root`; the pipeline factory's ``<shared_fs>/runs/<dag_id>/...``),
+read from the serialized DAG in the metadata database (the DAG processor wrote it from the DAG
+file; no REST call changes it), is a runs root for that task's run directories. So a pipeline
+built with ``shared_fs="/fsx"`` is shown whatever the API server's ``DTRAIN_SHARED_FS``; the marker
+is checked all the same.
+
 Stdlib only at import: the operator writes the marker from here, the UI checks it.
 """
 
@@ -30,11 +37,12 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from typing import Any, Mapping, Sequence
 
 from dtrain.errors import SpecError
 from dtrain.pipeline.publish import MAX_METRICS_BYTES, METRICS_FILE
-from dtrain.rundir import MARKER, RunDir, UnsafeRunDir
+from dtrain.rundir import MARKER, MAX_LISTED, RunDir, UnsafeRunDir
 
 RUNS_ROOT = ("dtrain", "runs_root")
 MODELS_ROOT = ("dtrain", "models_root")
@@ -84,13 +92,35 @@ def models_roots() -> list[str]:
     return _roots(MODELS_ROOT, _default_models_root)
 
 
-def _below(path: Any, roots: Sequence[str], what: str, option: tuple[str, str]) -> tuple[str, list[str]]:
-    """The most specific root ``path`` lies strictly under, and the components below it."""
-    inside = [root for root in roots if isinstance(path, str) and os.path.isabs(path)
+#: where a Jinja expression, statement or comment starts in a template
+_JINJA = re.compile(r"\{[{%#]")
+
+
+def declared_root(run_dir: Any, dag_id: str) -> str | None:
+    """The runs root a DAG's code names for its training task: the start of the task's ``run_dir`` as
+    the DAG file gives it (unrendered), up to the DAG's own folder. The factory's
+    ``/fsx/runs/<dag_id>/{{ ... }}/...`` declares ``/fsx/runs``. None: it declares none (no
+    ``run_dir``, or the DAG's folder is not written out before the first Jinja expression)."""
+    if not isinstance(run_dir, str):
+        return None
+    found = _JINJA.search(run_dir)
+    static = run_dir[:found.start()] if found else run_dir + "/"
+    cut = static.rfind(f"/{dag_id}/")
+    root = static[:cut] if cut > 0 else ""
+    return root if os.path.isabs(root) and os.path.normpath(root) == root and "\0" not in root else None
+
+
+def _below(path: Any, roots: Sequence[str], what: str, option: tuple[str, str],
+           declared: str | None = None) -> tuple[str, list[str]]:
+    """The most specific root ``path`` lies strictly under (the configured ``roots``, and the one its
+    DAG's code declares), and the components below it."""
+    candidates = [*roots, *([declared] if declared else [])]
+    inside = [root for root in candidates if isinstance(path, str) and os.path.isabs(path)
               and os.path.normpath(path) == path and path != root and os.path.commonpath([root, path]) == root]
     if not inside:
         raise Untrusted(f"{what}={_short(path)} is not under the configured root "
-                        f"({os.pathsep.join(roots)}; [{option[0]}] {option[1]})")
+                        f"({os.pathsep.join(roots)}; [{option[0]}] {option[1]})"
+                        + (f" nor under the root its DAG's code declares ({declared})" if declared else ""))
     root = max(inside, key=len)
     return root, os.path.relpath(path, root).split(os.sep)
 
@@ -136,14 +166,15 @@ def marker_problem(marker: Any, ti: Mapping[str, Any], run_dir: str) -> str | No
     return None
 
 
-def trusted_run_dir(run_dir: Any, ti: Mapping[str, Any], roots: Sequence[str]) -> RunDir:
-    """``run_dir`` to read, if it is ``ti``'s (see the module docstring); else :class:`Untrusted`."""
-    root, parts = _below(run_dir, roots, "run_dir", RUNS_ROOT)
+def trusted_run_dir(run_dir: Any, ti: Mapping[str, Any], roots: Sequence[str], declared: str | None = None) -> RunDir:
+    """``run_dir`` to read, if it is ``ti``'s (see the module docstring); else :class:`Untrusted`.
+    ``declared``: the runs root ``ti``'s DAG code declares (:func:`declared_root`), if any."""
+    root, parts = _below(run_dir, roots, "run_dir", RUNS_ROOT, declared)
     if parts[0] != ti["dag_id"]:
         raise Untrusted(f"run_dir={_short(run_dir)} is not in DAG {ti['dag_id']!r}'s folder of the runs root "
                         f"({os.path.join(root, ti['dag_id'])})")
     try:
-        run = RunDir(run_dir, below=root)
+        run = RunDir(run_dir, below=root, max_listed=MAX_LISTED)  # shown every 2 s: bounded listings
         problem = marker_problem(run.read_json(MARKER), ti, run_dir)
     except UnsafeRunDir as exc:  # a NUL in the path, a link on the way
         problem = str(exc)

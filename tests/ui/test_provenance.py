@@ -114,8 +114,8 @@ def test_a_run_directory_made_a_link_after_its_check_is_refused_not_an_error(
     write_job(str(own_run_dir))
     check = ui_app.trusted_run_dir
 
-    def checked_then_swapped(run_dir, ti, roots):
-        run = check(run_dir, ti, roots)
+    def checked_then_swapped(run_dir, ti, roots, declared=None):
+        run = check(run_dir, ti, roots, declared)
         if not os.path.islink(run_dir):  # a rank renames its directory and leaves a link in its place
             os.rename(run_dir, tmp_path / "moved")
             os.symlink(tmp_path / "moved", run_dir)

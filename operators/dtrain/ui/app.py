@@ -10,19 +10,22 @@ JSON API (what the pages use; other tools may call it with an Airflow token):
 * ``GET /dtrain/api/ti/summary``: the job (backend, shape, state, duration, result), the failing
   rank and its tail, the hang verdict and which stack dumps exist, the stall report, checkpoints,
   an elastic job's rounds (from its result, or the rounds XCom of one that failed; validated:
-  dtrain.ui.training.task_rounds);
+  dtrain.ui.training.task_rounds), and the folders of the run directory holding more entries than
+  are read (``unread``: how many were read, how many more were not);
 * ``GET /dtrain/api/ti/curves?since_step=N``: per-rank points of loss, samples/s, data-wait fraction;
-* ``GET /dtrain/api/ti/logs?lines=N``: the last lines of each rank's log;
+* ``GET /dtrain/api/ti/logs?lines=N``: the last lines of each rank's log (and ``unread``, as above);
 * ``GET /dtrain/api/ti/stack?rank=R``: a rank's stack dump (text);
-* ``GET /dtrain/api/ti/plot/{curve}.svg``: one curve, a line per rank, a marker at each round's resume step;
+* ``GET /dtrain/api/ti/plot/{curve}.svg``: one curve, a line per rank (beyond 16 ranks their envelope:
+  lowest, median and highest rank per step), a marker at each round's resume step;
 * ``GET /dtrain/api/retraining`` and ``/dtrain/api/retraining/plot.svg?dag_id``.
 
 Every ``ti`` endpoint takes the task instance as query parameters and is guarded by Airflow's own
 ``requires_access_dag`` (reading that DAG's task instances; logs and stacks need its task logs), so
 the deployment's auth manager decides; the retraining endpoints list only the DAGs the auth manager
 says the user may read. Files are located from the task instance's recorded XCom, never from the
-request, and shown only when their provenance holds (dtrain.provenance: under the configured
-root, marked by the launcher for this task instance; otherwise 404 with the reason), read by
+request, and shown only when their provenance holds (dtrain.provenance: under a configured root or
+the runs root the task's own DAG code declares in its serialized DAG, marked by the launcher for
+this task instance; otherwise 404 with the reason), read by
 dtrain.rundir without following symlinks, bounded. A run's metrics are followed once per run
 directory, within bounds (dtrain.ui.metrics_cache). Rank-written numbers that JSON or a plot cannot
 carry are dropped there; any non-finite number left in a view is sent as null.
@@ -46,7 +49,8 @@ from airflow.api_fastapi.core_api.security import GetUserDep, requires_access_da
 from dtrain.errors import SpecError
 from dtrain.launch.engine.job import ROUNDS_KEY, RUN_RECORD_KEY
 from dtrain.tracking import RUN_XCOM_KEY as MLFLOW_RUN_KEY
-from dtrain.provenance import Untrusted, models_roots, runs_roots, trusted_published, trusted_run_dir
+from dtrain.provenance import (Untrusted, declared_root, models_roots, runs_roots, trusted_published,
+                               trusted_run_dir)
 from dtrain.rundir import RunDir, UnsafeRunDir
 from dtrain.ui import metrics_cache, mlflow_links, plots, retraining, store, training, ui_base
 
@@ -124,21 +128,24 @@ def _roots(which) -> list[str]:
         raise HTTPException(500, str(exc)) from exc
 
 
-def _run_dir(ti: dict[str, Any], records: dict[str, Any]) -> RunDir | None:
+def _run_dir(session, ti: dict[str, Any], records: dict[str, Any]) -> RunDir | None:
     """The run directory the task recorded before it launched (None: it launched no job), if its
-    provenance holds (dtrain.provenance); else 404 saying why."""
+    provenance holds (dtrain.provenance: under a configured root or the one the task's DAG code
+    declares, and marked); else 404 saying why."""
     record = records.get(RUN_RECORD_KEY)
     if not isinstance(record, dict):
         return None
+    declared = declared_root(store.declared_run_dir(session, ti["dag_id"], ti["run_id"], ti["task_id"],
+                                                    ti["map_index"]), ti["dag_id"])
     try:
-        return trusted_run_dir(record.get("run_dir"), ti, _roots(runs_roots))
+        return trusted_run_dir(record.get("run_dir"), ti, _roots(runs_roots), declared)
     except Untrusted as exc:
         raise HTTPException(404, f"not showing the job of task {ti['task_id']} of {ti['dag_id']}/{ti['run_id']}: "
                                  f"{exc}") from None
 
 
 def _require_run(session, ref: TaskInstanceRef) -> RunDir:
-    return _require(_run_dir(*_records(session, ref)), ref)
+    return _require(_run_dir(session, *_records(session, ref)), ref)
 
 
 def _require(run: RunDir | None, ref: TaskInstanceRef) -> RunDir:
@@ -203,7 +210,7 @@ def create_app() -> FastAPI:
         ti, records = _records(session, ref)
         result = records.get("return_value") if isinstance(records.get("return_value"), dict) else None
         hang = records.get("hang") if isinstance(records.get("hang"), dict) else None
-        run = _run_dir(ti, records)
+        run = _run_dir(session, ti, records)
         metrics = metrics_cache.follow(run).records if run else None
         view = training.job_view(ti=ti, record=records.get(RUN_RECORD_KEY) if run else None,
                                  result=result, hang=hang, run=run, metrics=metrics, rounds=records.get(ROUNDS_KEY))
@@ -222,7 +229,7 @@ def create_app() -> FastAPI:
         if curve not in training.CURVES:
             raise HTTPException(404, f"curve={curve!r}: one of {', '.join(training.CURVES)}")
         ti, records = _records(session, ref)
-        live = metrics_cache.follow(_require(_run_dir(ti, records), ref))
+        live = metrics_cache.follow(_require(_run_dir(session, ti, records), ref))
         title, ylabel = training.CURVES[curve]
         # An elastic job's rounds come with its result (none while it runs): the plot is drawn again when
         # they change, and one plot a curve is kept (an XCom edited again and again keeps no more).
@@ -238,7 +245,8 @@ def create_app() -> FastAPI:
     @app.get("/api/ti/logs", dependencies=[read_logs])
     def ti_logs(session: SessionDep, ref: TIRef, lines: Annotated[int, Query(ge=1, le=200)] = training.TAIL_LINES) -> Response:
         run = _require_run(session, ref)
-        return _json({"tails": {str(rank): tail for rank, tail in run.log_tails(lines).items()}})
+        tails = {str(rank): tail for rank, tail in run.log_tails(lines).items()}
+        return _json({"tails": tails, "unread": training.unread_view(run.unread)})
 
     @app.get("/api/ti/stack", dependencies=[read_logs])
     def ti_stack(session: SessionDep, ref: TIRef, rank: Annotated[int, Query(ge=0, le=1_000_000)]) -> Response:

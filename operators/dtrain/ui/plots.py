@@ -10,12 +10,19 @@ from __future__ import annotations
 
 import io
 import re
+import statistics
 import threading
 from typing import Mapping, Sequence
 
 _LOCK = threading.Lock()
 _ID_SAFE = re.compile(r"[^A-Za-z0-9_.-]+")
 WIDTH_IN, HEIGHT_IN = 5.6, 2.8
+#: ranks drawn one line each; more are drawn as their envelope (min, median, max per step): 512 lines
+#: and a legend of 512 entries cost seconds to draw and show nothing a reader can tell apart
+#: (bench/ui_refresh.py --plot-ranks compares the two)
+MAX_RANK_LINES = 16
+#: points of an envelope: the SVG is about 540 px wide
+MAX_ENVELOPE_POINTS = 500
 
 
 def series_id(*parts: str) -> str:
@@ -43,9 +50,35 @@ def _svg(figure) -> str:
     return text[text.index("<svg"):]  # inline in a page: no XML declaration or doctype
 
 
+def envelope(by_rank: Mapping[str, Sequence[Sequence[float]]],
+             max_points: int = MAX_ENVELOPE_POINTS) -> list[tuple[float, float, float, float]]:
+    """``(step, min, median, max)`` of the ranks' values, step by step; when the ranks logged more
+    distinct steps than ``max_points`` (thinned differently), the steps are pooled into that many
+    equal spans, each at its last step."""
+    by_step: dict[float, list[float]] = {}
+    for points in by_rank.values():
+        for step, value in points:
+            by_step.setdefault(step, []).append(value)
+    steps = sorted(by_step)
+    if len(steps) > max_points:
+        first, width = steps[0], (steps[-1] - steps[0]) / max_points
+        pooled: dict[int, list[float]] = {}
+        last: dict[int, float] = {}
+        for step in steps:
+            span = min(int((step - first) / width), max_points - 1)
+            pooled.setdefault(span, []).extend(by_step[step])
+            last[span] = step
+        by_step = {last[span]: values for span, values in pooled.items()}
+        steps = sorted(by_step)
+    return [(step, min(v), statistics.median(v), max(v)) for step in steps for v in (by_step[step],)]
+
+
 def rank_curves(curve: str, title: str, ylabel: str, by_rank: Mapping[str, Sequence[Sequence[float]]],
-                rounds: Sequence[tuple[int, int, int]] = ()) -> str:
+                rounds: Sequence[tuple[int, int, int]] = (), max_lines: int = MAX_RANK_LINES) -> str:
     """One line per rank: x = step, y = the curve's value; the line's group id is ``<curve>-rank<R>``.
+    Beyond ``max_lines`` ranks, their envelope instead (:func:`envelope`): the band from the lowest
+    to the highest rank's value (group id ``<curve>-ranks-range``) and the median line
+    (``<curve>-ranks-median``).
 
     ``rounds``: an elastic job's rounds as (round, world size, resume step), each a dashed vertical
     marker at its resume step labelled ``round N: W ranks`` (group id ``<curve>-round<N>``), so a
@@ -61,20 +94,30 @@ def rank_curves(curve: str, title: str, ylabel: str, by_rank: Mapping[str, Seque
         for step, texts in labels.items():
             ax.text(step, 0.98, ", ".join(texts), transform=ax.get_xaxis_transform(), rotation=90, ha="right",
                     va="top", fontsize=6, color="#4a5568", parse_math=False, gid=series_id(curve, f"round-label{step}"))
-        for rank in sorted(by_rank, key=int):
-            points = by_rank[rank]
-            ax.plot([p[0] for p in points], [p[1] for p in points], label=f"rank {rank}", linewidth=1.2,
-                    marker="o" if len(points) < 30 else None, markersize=2.5, gid=series_id(curve, f"rank{rank}"))
+        if len(by_rank) > max_lines:
+            _draw_envelope(ax, curve, by_rank)
+        else:
+            for rank in sorted(by_rank, key=int):
+                points = by_rank[rank]
+                ax.plot([p[0] for p in points], [p[1] for p in points], label=f"rank {rank}", linewidth=1.2,
+                        marker="o" if len(points) < 30 else None, markersize=2.5, gid=series_id(curve, f"rank{rank}"))
         ax.set_title(title, fontsize=10)
         ax.set_xlabel("step", fontsize=8)
         ax.set_ylabel(ylabel, fontsize=8)
         ax.tick_params(labelsize=7)
         ax.grid(alpha=0.3)
         if by_rank:
-            ax.legend(fontsize=7, ncols=min(4, len(by_rank)), loc="best")
+            ax.legend(fontsize=7, ncols=min(4, len(ax.get_legend_handles_labels()[1])), loc="best")
         else:
             ax.text(0.5, 0.5, "no metrics yet", ha="center", va="center", transform=ax.transAxes, fontsize=9)
         return _svg(figure)
+
+
+def _draw_envelope(ax, curve: str, by_rank: Mapping[str, Sequence[Sequence[float]]]) -> None:
+    steps, low, median, high = zip(*envelope(by_rank))
+    ax.fill_between(steps, low, high, color="#90cdf4", alpha=0.5, linewidth=0,
+                    label=f"lowest to highest of {len(by_rank)} ranks", gid=series_id(curve, "ranks-range"))
+    ax.plot(steps, median, color="#2b6cb0", linewidth=1.2, label="median rank", gid=series_id(curve, "ranks-median"))
 
 
 def partition_metric(dag_id: str, metric: str, points: Sequence[Mapping]) -> str:

@@ -1,8 +1,8 @@
 """What the Retraining page shows for one pipeline, from its runs' records: pure, no Airflow.
 
 Per run: the partition it trained for, the gate's metric for the new model, what became of
-it (published, gated out and why, not published after the gate, failed before the gate,
-still running) and the tasks whose Training tab shows its job. The published value is read
+it (published, gated out and why, not published after the gate, skipped for lack of data,
+failed before the gate, still running) and the tasks whose Training tab shows its job. The published value is read
 from the published model's own ``metrics.json`` (dtrain.pipeline.publish) when it is there.
 """
 
@@ -29,6 +29,10 @@ def _outcome(run: Mapping[str, Any], decision: Mapping[str, Any], published: Any
         if not decision.get("publish"):
             return "gated out"
         return "awaiting publish" if run.get("state") in ACTIVE_RUN_STATES else "passed the gate, not published"
+    # Its raw-input listing found nothing and skipped the rest (a run marked failed by hand has its
+    # unfinished tasks skipped too: that one failed).
+    if run.get("no_data") and run.get("state") != "failed":
+        return "skipped: no data"
     return "running" if run.get("state") in ACTIVE_RUN_STATES else "failed before the gate"
 
 

@@ -8,6 +8,8 @@ Read-only queries through the API server's own session.
 from __future__ import annotations
 
 import datetime as dt
+import threading
+from collections import OrderedDict
 from typing import Any, Iterable
 
 from sqlalchemy import select
@@ -15,12 +17,18 @@ from sqlalchemy.orm import Session
 
 from dtrain.launch.engine.job import RUN_RECORD_KEY
 from dtrain.pipeline.config import partition_of
-from dtrain.pipeline.task_ids import DECISION_KEY, EVALUATE, GATE, PUBLISH
+from dtrain.pipeline.task_ids import DECISION_KEY, EVALUATE, GATE, LIST_RAW_INPUTS, PUBLISH
 
 #: the tag the pipeline factory gives every retraining DAG (dtrain.pipeline.factory)
 RETRAINING_TAG = "retraining"
 #: runs of one pipeline shown on the Retraining page, newest first
 MAX_RUNS = 200
+#: DAG versions whose tasks' declared run directories are kept (a version's serialized DAG does not
+#: change once a task instance ran with it)
+MAX_DAG_VERSIONS = 64
+
+_RUN_DIRS: OrderedDict[Any, dict[str, Any]] = OrderedDict()
+_RUN_DIRS_LOCK = threading.Lock()
 
 
 def _iso(value: dt.datetime | None) -> str | None:
@@ -44,6 +52,37 @@ def task_instance(session: Session, dag_id: str, run_id: str, task_id: str, map_
             "duration_s": round(duration, 1) if duration is not None else None}
 
 
+def declared_run_dir(session: Session, dag_id: str, run_id: str, task_id: str, map_index: int) -> Any:
+    """The ``run_dir`` the task's DAG code gives it, unrendered (dtrain.provenance.declared_root reads
+    its root), from the serialized DAG of the version this task instance belongs to: what the DAG
+    processor wrote from the DAG file, never an XCom. None: the code gives none."""
+    from airflow.models.serialized_dag import SerializedDagModel
+    from airflow.models.taskinstance import TaskInstance
+
+    version = session.scalar(select(TaskInstance.dag_version_id).where(
+        TaskInstance.dag_id == dag_id, TaskInstance.run_id == run_id, TaskInstance.task_id == task_id,
+        TaskInstance.map_index == map_index))
+    if version is None:
+        return None
+    with _RUN_DIRS_LOCK:
+        run_dirs = _RUN_DIRS.get(version)
+    if run_dirs is None:
+        row = session.scalar(select(SerializedDagModel).where(SerializedDagModel.dag_version_id == version))
+        run_dirs = _task_run_dirs(row.data if row is not None else None)
+        with _RUN_DIRS_LOCK:
+            _RUN_DIRS[version] = run_dirs
+            while len(_RUN_DIRS) > MAX_DAG_VERSIONS:
+                _RUN_DIRS.popitem(last=False)
+    return run_dirs.get(task_id)
+
+
+def _task_run_dirs(data: Any) -> dict[str, Any]:
+    """task id -> its ``run_dir`` field, of every task of a serialized DAG that has one."""
+    tasks = data.get("dag", {}).get("tasks", []) if isinstance(data, dict) else []
+    fields = (task.get("__var") for task in tasks if isinstance(task, dict))
+    return {f["task_id"]: f["run_dir"] for f in fields if isinstance(f, dict) and "run_dir" in f and "task_id" in f}
+
+
 def xcoms(session: Session, dag_id: str, run_id: str, task_id: str, map_index: int,
           keys: Iterable[str]) -> dict[str, Any]:
     """The task instance's XComs under ``keys`` (absent keys left out)."""
@@ -65,10 +104,13 @@ def retraining_dag_ids(session: Session, readable: set[str]) -> list[str]:
 
 
 def pipeline_runs(session: Session, dag_id: str) -> list[dict[str, Any]]:
-    """The pipeline's runs, newest first, each with its gate decision, evaluation, publish result and
-    the tasks that recorded a training job (their Training tabs)."""
+    """The pipeline's runs, newest first, each with its gate decision, evaluation, publish result,
+    the tasks that recorded a training job (their Training tabs), and whether it was skipped for
+    lack of data (``no_data``: its raw-input listing found no file and skipped the run)."""
     from airflow.models.dagrun import DagRun
+    from airflow.models.taskinstance import TaskInstance
     from airflow.models.xcom import XComModel
+    from airflow.utils.state import TaskInstanceState
 
     runs = session.scalars(select(DagRun).where(DagRun.dag_id == dag_id)
                            .order_by(DagRun.run_after.desc()).limit(MAX_RUNS)).all()
@@ -80,7 +122,10 @@ def pipeline_runs(session: Session, dag_id: str) -> list[dict[str, Any]]:
                                   XComModel.value).where(
         XComModel.dag_id == dag_id, XComModel.run_id.in_([r.run_id for r in runs]),
         XComModel.key.in_([DECISION_KEY, "return_value", RUN_RECORD_KEY]))).all()
-    found: dict[str, dict[str, Any]] = {r.run_id: {"training_tasks": []} for r in runs}
+    no_data = set(session.scalars(select(TaskInstance.run_id).where(
+        TaskInstance.dag_id == dag_id, TaskInstance.run_id.in_([r.run_id for r in runs]),
+        TaskInstance.task_id == LIST_RAW_INPUTS, TaskInstance.state == TaskInstanceState.SKIPPED)).all())
+    found: dict[str, dict[str, Any]] = {r.run_id: {"training_tasks": [], "no_data": r.run_id in no_data} for r in runs}
     for row in rows:
         entry = found[row.run_id]
         if row.key == RUN_RECORD_KEY:

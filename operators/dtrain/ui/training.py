@@ -11,7 +11,7 @@ import os
 from typing import Any, Mapping
 
 from dtrain.launch.engine.exits import first_failure_of
-from dtrain.rundir import RunDir
+from dtrain.rundir import RunDir, Unread
 from dtrain.stall_report import summarize_records
 from dtrain.ui.metrics_cache import MAX_STEP, number
 
@@ -38,6 +38,9 @@ MAX_ROUND_NODES = 4096
 MAX_NODE_INDEX = 99_999
 MAX_WORLD_SIZE = 1_000_000
 ROUND_KEYS = frozenset({"round", "nodes", "world_size", "resume_step"})
+#: each rank's first steps (worker start-up, warm caches) that the stall verdicts and their table leave
+#: out (dtrain.stall_report's ``skip_first``): the tab names them beside the steps logged
+WARMUP_STEPS = 5
 
 
 def _value(record: Mapping[str, Any], curve: str) -> float | None:
@@ -168,7 +171,8 @@ def job_view(*, ti: Mapping[str, Any], record: Mapping[str, Any] | None, result:
     ``[]`` while the job runs)."""
     view: dict[str, Any] = {"ti": dict(ti), "job": dict(record) if record else None}
     if run is None:
-        view.update(state="no job", failure=None, hang=None, stall=None, checkpoints=[], stacks=[], rounds=[])
+        view.update(state="no job", failure=None, hang=None, stall=None, checkpoints=[], stacks=[], rounds=[],
+                    unread=[])
         return view
     metrics = run.metrics() if metrics is None else metrics
     failure = first_failure_of(run.exits())
@@ -185,9 +189,27 @@ def job_view(*, ti: Mapping[str, Any], record: Mapping[str, Any] | None, result:
         result={k: result.get(k) for k in ("job_id", "exit_code", "duration_s", "world_size", "failed_rank",
                                            "metrics", "state")} if result else None,
         failure=failure, hang=hang_view, stacks=stacks, rounds=task_rounds(result, rounds),
-        stall=summarize_records(metrics, os.path.join(run.path, "metrics")) if metrics else None,
+        stall=_stall(metrics, run),
         checkpoints=run.checkpoints(),
         ranks_reporting=sorted(metrics),
         steps=max((r[-1]["step"] for r in metrics.values() if r), default=None),
     )
+    view["unread"] = unread_view(run.unread)  # last: every listing above is in it
     return view
+
+
+def _stall(metrics: Mapping[int, Any], run: RunDir) -> dict[str, Any] | None:
+    if not metrics:
+        return None
+    stall = summarize_records(metrics, os.path.join(run.path, "metrics"), skip_first=WARMUP_STEPS)
+    stall["warmup_steps"] = WARMUP_STEPS
+    return stall
+
+
+def unread_view(unread: Mapping[str, Unread]) -> list[dict[str, Any]]:
+    """The folders of the run directory a listing stopped short of (a rank may fill one with files), and
+    what the tab says of each: how many entries were read and how many more were not."""
+    return [{"folder": folder, "read": u.read, "more": u.more, "counted_all": u.counted_all,
+             "message": f"{folder}/ holds more entries than the tab reads: {u.read} read, "
+                        f"{'' if u.counted_all else 'at least '}{u.more} more not read"}
+            for folder, u in sorted(unread.items())]

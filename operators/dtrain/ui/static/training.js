@@ -65,7 +65,9 @@
       ["duration", seconds(result.duration_s !== undefined ? result.duration_s : t.duration_s)],
       ["exit code", result.exit_code !== undefined ? result.exit_code
         : view.failure ? view.failure.exit_code : view.hang ? 124 : "-"],
-      ["steps logged", view.steps === null || view.steps === undefined ? "-" : view.steps],
+      ["steps logged", view.steps === null || view.steps === undefined ? "-"
+        : view.stall && view.stall.warmup_steps ? `${view.steps} (the verdicts leave out each rank's first ` +
+          `${view.stall.warmup_steps}, its warm-up)` : view.steps],
       ["ranks reporting", (view.ranks_reporting || []).length],
       ["run directory", job.run_dir], ["job id", result.job_id || "-"],
     ];
@@ -79,6 +81,11 @@
       list.append(el("dt", "MLflow run"), dd);
     }
     list.dataset.steps = view.steps === null || view.steps === undefined ? "-1" : String(view.steps);
+    // Folders holding more entries than the API reads (a rank may fill one): what was not read is said.
+    const unread = $("unread");
+    unread.replaceChildren();
+    for (const u of view.unread || []) unread.append(el("li", u.message, {"data-folder": u.folder, "data-more": u.more}));
+    unread.hidden = !unread.children.length;
     show("summary", true);
   }
 
@@ -143,6 +150,8 @@
       item.append(el("span", rule + ": ", {class: triggered ? "verdict-triggered" : "verdict-ok"}), el("span", text));
       verdicts.append(item);
     }
+    $("warmup").textContent = stall.warmup_steps ? `Each rank's first ${stall.warmup_steps} steps (its warm-up: ` +
+      "worker start-up, cold caches) are left out of the verdicts and of this table." : "";
     const body = $("rank-table").querySelector("tbody");
     body.replaceChildren();
     for (const r of stall.ranks) {
@@ -193,10 +202,11 @@
   }
 
   async function renderTails() {
-    const tails = (await (await fetchOk(api("logs"))).json()).tails;
+    const logs = await (await fetchOk(api("logs"))).json(), tails = logs.tails;
     const list = $("tail-list");
     list.replaceChildren();
-    show("tails", Object.keys(tails).length > 0);  // laid out first: a hidden box has no scroll height
+    for (const u of logs.unread || []) list.append(el("p", u.message, {class: "error", "data-folder": u.folder}));
+    show("tails", list.children.length + Object.keys(tails).length > 0);  // laid out first: a hidden box has no scroll height
     for (const rank of Object.keys(tails).sort((a, b) => a - b)) {
       const box = el("div", null, {class: "rank-tail", "data-rank": rank});
       const pre = el("pre", tails[rank].join("\n"), {class: "tail"});
