@@ -179,7 +179,7 @@ class StepRecorder:
                comm_wait_s: float | None = None) -> None:
         if not self._open:
             self._opened_at = time.monotonic()
-        loss = float(loss) if isinstance(loss, (int, float)) else loss.detach()
+        loss = loss.detach() if hasattr(loss, "detach") else float(loss)  # a tensor stays on its device
         self._open.append({"step": step, "epoch": epoch, "loss": loss, "samples": samples, "marks": marks,
                            "comm_wait_s": comm_wait_s, "time": time.time()})
         if len(self._open) >= self.every or time.monotonic() - self._opened_at >= self.max_delay_s:
