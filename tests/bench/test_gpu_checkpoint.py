@@ -19,6 +19,7 @@ NAMES = ["checkpoint: device-to-host copy (pinned)", "checkpoint: disk write+fsy
          "checkpoint: training steps during the async write"]
 
 
+@pytest.mark.slow  # a training job and a dozen checkpoints, even small
 def test_the_quick_run_prints_every_line_and_exits_0(tmp_path):
     done = subprocess.run([sys.executable, SCRIPT, "--quick", "--device", "cpu", "--workdir", str(tmp_path)],
                           capture_output=True, text=True, timeout=300)
