@@ -8,7 +8,6 @@ import json
 import re
 
 from dtrain.rundir import MAX_LISTED
-from dtrain.ui.plots import MAX_RANK_LINES, envelope, rank_curves
 from tests.ui.client import get, ti_query
 
 RANK_LINE = re.compile(r'id="loss-rank\d+"')
@@ -64,17 +63,23 @@ def test_a_plot_of_many_ranks_is_their_envelope_not_a_line_each(api, failed_run,
 
 
 def test_up_to_16_ranks_are_a_line_each():
+    from dtrain.ui.plots import MAX_RANK_LINES, rank_curves
+
     by_rank = {str(r): [[s, r + s] for s in range(1, 5)] for r in range(MAX_RANK_LINES)}
     svg = rank_curves("loss", "Loss", "loss", by_rank)
     assert len(RANK_LINE.findall(svg)) == MAX_RANK_LINES and "loss-ranks-range" not in svg
 
 
 def test_the_envelope_is_the_lowest_median_and_highest_rank_at_each_step():
+    from dtrain.ui.plots import envelope
+
     by_rank = {"0": [[1, 5.0], [2, 4.0]], "1": [[1, 1.0], [2, 2.0]], "2": [[1, 3.0], [2, 9.0]], "3": [[2, 0.5]]}
     assert envelope(by_rank) == [(1, 1.0, 3.0, 5.0), (2, 0.5, 3.0, 9.0)]
 
 
 def test_steps_logged_apart_are_pooled_into_at_most_max_points_spans():
+    from dtrain.ui.plots import envelope
+
     by_rank = {str(r): [[s * 7 + r, float(r)] for s in range(300)] for r in range(5)}  # 1500 distinct steps
     rows = envelope(by_rank, max_points=100)
     assert len(rows) == 100
