@@ -6,7 +6,6 @@ tests/faults/test_lease_forgery_slurm.py forges them from a rank of a real job."
 
 from __future__ import annotations
 
-import io
 import json
 import os
 import subprocess
@@ -18,7 +17,7 @@ import pytest
 from dtrain.errors import SpecError
 from dtrain.launch.backends.slurm import lost
 from dtrain.launch.backends.slurm.render import node_secrets
-from dtrain.launch.backends.ssh.records import RecordError
+from dtrain.launch.node.records import RecordError
 from dtrain.launch.node import lease
 from dtrain.rundir import LEASE, RunDir
 from tests.support import poll_until
@@ -75,20 +74,39 @@ def test_a_rank_cannot_back_date_a_beat_nor_forge_one_or_a_fence(holder):
         lease.read_fence(files, JOB, 1, KEY)
 
 
+def read_key_from(text: str):
+    """(what :func:`lease.read_key` made of ``text`` on its fd, what was left in the pipe, what the fd reads
+    after): the key's line only is taken, and the fd then points at /dev/null."""
+    read_end, write_end = os.pipe()
+    os.write(write_end, text.encode())
+    os.close(write_end)
+    pipe = os.dup(read_end)
+    try:
+        try:
+            return lease.read_key(read_end, JOB), os.read(pipe, 4096), os.read(read_end, 4096)
+        except SpecError as e:
+            return e, os.read(pipe, 4096), os.read(read_end, 4096)
+    finally:
+        os.close(read_end)
+        os.close(pipe)
+
+
 def test_the_key_line_is_read_once_and_a_bad_one_is_named_never_shown():
     line = node_secrets(lease.lease_key(SECRET))
-    assert lease.read_key(io.StringIO(line + "\n" + "the rest is not read\n"), JOB).secret == lease.lease_key(SECRET)
-    assert lease.read_key(io.StringIO(""), JOB) is None  # none given: the lease holds unsigned
-    with pytest.raises(SpecError, match='"lease_key"') as raised:
-        lease.read_key(io.StringIO('{"lease_key": "%s"}\n' % ("x" * 64)), JOB)
-    assert "x" * 64 not in str(raised.value)
+    key, left, after = read_key_from(line + "\n" + "the rest is not read\n")
+    assert (key.secret, left, after) == (lease.lease_key(SECRET), b"the rest is not read\n", b"")
+    assert read_key_from("") == (None, b"", b"")  # none given: the lease holds unsigned
+    error, left, after = read_key_from('{"lease_key": "%s"}\nrest\n' % ("x" * 64))
+    assert isinstance(error, SpecError) and '"lease_key"' in str(error) and "x" * 64 not in str(error)
+    assert (left, after) == (b"rest\n", b"")  # stdin is /dev/null even after a bad line
 
 
 def test_a_holder_that_read_its_key_is_not_dumpable():
     """Another process of the ranks' user can then neither read its memory nor attach to it (root can)."""
-    code = ("import ctypes, io; from dtrain.launch.node import lease; prctl = ctypes.CDLL(None).prctl; "
-            "before = prctl(3, 0, 0, 0, 0); lease.read_key(io.StringIO(''), 'j'); print(before, prctl(3, 0, 0, 0, 0))")
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    code = ("import ctypes; from dtrain.launch.node import lease; prctl = ctypes.CDLL(None).prctl; "
+            "before = prctl(3, 0, 0, 0, 0); lease.read_key(0, 'j'); print(before, prctl(3, 0, 0, 0, 0))")
+    proc = subprocess.run([sys.executable, "-c", code], stdin=subprocess.DEVNULL, capture_output=True, text=True,
+                          timeout=60)
     assert proc.stdout.split() == ["1", "0"], proc.stderr  # PR_GET_DUMPABLE
 
 

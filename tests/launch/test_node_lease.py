@@ -16,7 +16,7 @@ import time
 
 import pytest
 
-from dtrain.launch.backends.ssh.records import RecordError
+from dtrain.launch.node.records import RecordError
 from dtrain.launch.node import lease
 from dtrain.rundir import LEASE, RunDir
 from tests.support import poll_until

@@ -23,7 +23,7 @@ import pytest
 from dtrain.launch.backends import JobHandle
 from dtrain.launch.backends.ssh import detached as nodes
 from dtrain.launch.backends.ssh.detached_node import MODULE, paths, status_from_files
-from dtrain.launch.backends.ssh.records import JobKey, RecordError, parse
+from dtrain.launch.node.records import JobKey, RecordError, parse
 from dtrain.launch.engine.launcher import Launcher
 from dtrain.launch.engine.spec import LaunchSpec
 from tests.remote.conftest import job_processes, needs_sshd, still_alive

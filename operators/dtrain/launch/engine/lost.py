@@ -29,7 +29,7 @@ from dtrain.launch.node.lease import BEAT, FENCE, HEARTBEAT_S, STALE_BEATS, beat
 from dtrain.rundir import LEASE, RunDir
 
 if TYPE_CHECKING:
-    from dtrain.launch.backends.ssh.records import JobKey
+    from dtrain.launch.node.records import JobKey
 
 #: the exit status of a launch that lost a node (dtrain.launch.engine.retry: a lost node, retried)
 LOST_EXIT_CODE = 255
@@ -135,7 +135,7 @@ def _lease_records(files: RunDir, key: "JobKey | None", job_id: str, nodes: Coll
                    report: Callable[[str], None]) -> tuple[dict[int, str], dict[int, float]]:
     """({node: fence reason}, {node: beat age}) from the records their holders wrote; each record that
     does not verify is reported, naming its file, and counts as none."""
-    from dtrain.launch.backends.ssh.records import RecordError
+    from dtrain.launch.node.records import RecordError
 
     fenced, ages = {}, {}
     for node in nodes:

@@ -28,7 +28,7 @@ meanwhile, the watcher has given the node up).
 **The records decide nothing unless the holder signed them.** Any rank can write the lease folder,
 so with a key (:func:`read_key`: Slurm's node shell hands it over on the holder's stdin, never in an
 environment, an argv or the run directory) each beat and fence is a record signed like the detached
-SSH daemon's (:class:`dtrain.launch.backends.ssh.records.JobKey`: HMAC-SHA256 over canonical JSON that
+SSH daemon's (:class:`dtrain.launch.node.records.JobKey`: HMAC-SHA256 over canonical JSON that
 names its kind, job and node), and a record that does not verify is refused (:class:`RecordError`),
 never read as the holder's. A beat's age is its file's status-change time (ctime), which the kernel
 sets to now on every change: ``os.utime`` back-dates the mtime a watcher would otherwise read, not the
@@ -43,8 +43,6 @@ from __future__ import annotations
 
 import argparse
 import ctypes
-import hashlib
-import hmac
 import json
 import socket
 import stat
@@ -52,15 +50,14 @@ import sys
 import threading
 import time
 from dataclasses import dataclass
-from typing import IO, TYPE_CHECKING, Any, Callable, MutableMapping, Sequence
+from typing import Any, Callable, MutableMapping, Sequence
 
 from dtrain import grammar
 from dtrain.errors import SpecError
+from dtrain.launch.node.job_secret import mac, read_stdin_line
 from dtrain.launch.node.proctree import kill_job
+from dtrain.launch.node.records import FENCE_REASON_LIMIT, JobKey, RecordError, check, parse
 from dtrain.rundir import LEASE, RunDir, UnsafeRunDir
-
-if TYPE_CHECKING:
-    from dtrain.launch.backends.ssh.records import JobKey
 
 #: seconds a node that fences itself gives its ranks between SIGTERM and SIGKILL (not the stop
 #: grace): cut off from its peers, they cannot reach a checkpoint, and every second they live is a
@@ -72,12 +69,10 @@ LEASE_CHECK_S = 5.0
 HEARTBEAT_S = 5.0
 #: a heartbeat older than this many intervals is stale: only then is the node's host asked
 STALE_BEATS = 3
-#: what a fence's reason may hold (it is read back as untrusted): a lease file's, an ssh exit record's
-FENCE_REASON_LIMIT = 500
 #: the most a beat or fence record can be (read bounded: a larger file is nobody's record)
 RECORD_LIMIT = FENCE_REASON_LIMIT + 512
 ANNOUNCE = "[dtrain-lease]"
-#: the kinds of lease record (:data:`dtrain.launch.backends.ssh.records.FIELDS` says what each holds)
+#: the kinds of lease record (:data:`dtrain.launch.node.records.FIELDS` says what each holds)
 BEAT, FENCE = "beat", "fence"
 PR_SET_DUMPABLE = 4
 
@@ -132,31 +127,24 @@ def fenced_name(node: int) -> str:
 
 #: the node secrets' field that holds the lease key (:func:`read_key`)
 KEY_FIELD = "lease_key"
-#: the most a node-secrets line can be
-SECRETS_LINE_LIMIT = 4096
 
 
 def lease_key(secret: str) -> str:
     """The lease key of a job whose secret is ``secret`` (64 hex digits each): its own, so that whoever
     learns it on a node learns nothing else the job's secret signs."""
-    return hmac.new(bytes.fromhex(secret), b"dtrain node lease", hashlib.sha256).hexdigest()
+    return mac(bytes.fromhex(secret), b"dtrain node lease")
 
 
-def read_key(stream: IO[str], job_id: str) -> "JobKey | None":
-    """The lease key the node shell wrote on the holder's ``stream`` (its stdin: one JSON line,
-    ``{"lease_key": "<64 hex>", ...}``), which is then closed; None when it wrote none (the lease then
-    holds and fences, its records unsigned); SpecError for a line that is not that. This process is
-    made non-dumpable first: another process of the ranks' user cannot read its memory (root can)."""
-    from dtrain.launch.backends.ssh.records import JobKey
-
+def read_key(fd: int, job_id: str) -> JobKey | None:
+    """The lease key the node shell wrote on the holder's ``fd`` (its stdin: one JSON line,
+    ``{"lease_key": "<64 hex>", ...}``), which then points at /dev/null; None when it wrote none (the
+    lease then holds and fences, its records unsigned); SpecError for a line that is not that. This
+    process is made non-dumpable first: another process of the ranks' user cannot read its memory (root can)."""
     try:
         ctypes.CDLL(None, use_errno=True).prctl(PR_SET_DUMPABLE, 0, 0, 0, 0)
     except (OSError, AttributeError):
         pass
-    try:
-        line = stream.readline(SECRETS_LINE_LIMIT).strip()
-    finally:
-        stream.close()
+    line = read_stdin_line(fd).strip()
     if not line:
         return None
     try:
@@ -165,13 +153,13 @@ def read_key(stream: IO[str], job_id: str) -> "JobKey | None":
         raise SpecError("stdin", "<not shown>", '{"lease_key": "<64 lowercase hex digits>"} on one line') from None
 
 
-def record(key: "JobKey | None", kind: str, node: int, fields: dict[str, Any]) -> bytes:
+def record(key: JobKey | None, kind: str, node: int, fields: dict[str, Any]) -> bytes:
     """A lease record's bytes: signed with ``key``, plain without one."""
     return json.dumps(key.sign(kind, node, fields) if key is not None else fields).encode()
 
 
 def beat(run_dir: RunDir, job_id: str, node: int, interval: float, ended: threading.Event,
-         key: "JobKey | None" = None) -> None:
+         key: JobKey | None = None) -> None:
     """Write the node's beat record now and every ``interval`` seconds until ``ended`` is set."""
     while True:
         try:
@@ -195,12 +183,10 @@ def age_of(run_dir: RunDir, now: float, *parts: str) -> float | None:
     return now - found.st_ctime if found is not None and stat.S_ISREG(found.st_mode) else None
 
 
-def read_record(run_dir: RunDir, key: "JobKey | None", job_id: str, node: int, kind: str) -> dict[str, Any] | None:
+def read_record(run_dir: RunDir, key: JobKey | None, job_id: str, node: int, kind: str) -> dict[str, Any] | None:
     """Node ``node``'s ``kind`` record of job ``job_id``, checked field by field: verified with ``key``
     (unsigned records are read as they are only without one); None when there is none; RecordError
     naming why when a record is there that its holder did not write."""
-    from dtrain.launch.backends.ssh.records import RecordError, check, parse
-
     try:
         raw = run_dir.read(LEASE, job_id, (beat_name if kind == BEAT else fenced_name)(node), limit=RECORD_LIMIT)
     except (OSError, UnsafeRunDir):
@@ -215,7 +201,7 @@ def read_record(run_dir: RunDir, key: "JobKey | None", job_id: str, node: int, k
     return check(kind, value)
 
 
-def beat_age(run_dir: RunDir, job_id: str, node: int, now: float, key: "JobKey | None" = None) -> float | None:
+def beat_age(run_dir: RunDir, job_id: str, node: int, now: float, key: JobKey | None = None) -> float | None:
     """Seconds since node ``node`` of job ``job_id`` last beat (None: it never did); RecordError for a beat
     record its holder did not sign (``key``)."""
     if read_record(run_dir, key, job_id, node, BEAT) is None:
@@ -223,7 +209,7 @@ def beat_age(run_dir: RunDir, job_id: str, node: int, now: float, key: "JobKey |
     return age_of(run_dir, now, LEASE, job_id, beat_name(node))
 
 
-def read_fence(run_dir: RunDir, job_id: str, node: int, key: "JobKey | None" = None) -> str | None:
+def read_fence(run_dir: RunDir, job_id: str, node: int, key: JobKey | None = None) -> str | None:
     """The reason node ``node`` of job ``job_id`` recorded for fencing itself, if it did (text for a log
     line, bounded); RecordError for a fence record its holder did not sign (``key``)."""
     found = read_record(run_dir, key, job_id, node, FENCE)
@@ -242,7 +228,7 @@ def parse_peer(text: str, field: str = "--peer") -> tuple[str, int]:
 
 def run(run_dir: str, node: int, job_id: str, lease: float, peer: tuple[str, int] | None,
         check_every: float = LEASE_CHECK_S, heartbeat: float = HEARTBEAT_S, own: tuple[str, int] | None = None,
-        key: "JobKey | None" = None) -> int:
+        key: JobKey | None = None) -> int:
     """Beat and hold the lease until the node is fenced (then 0; the caller ends the holder otherwise);
     ``key`` signs the records."""
     files = RunDir(run_dir)

@@ -6,7 +6,7 @@ believed, or unpickled, unless it carries a MAC that verifies:
 
 * HMAC-SHA256, keyed with the job's secret (64 hex digits, made by the launcher), over the key's
   name and the value: a value cannot be moved to another key, and another job's values do not
-  verify; compared with ``hmac.compare_digest``.
+  verify; compared in constant time (both: :mod:`dtrain.launch.node.job_secret`).
 * The secret reaches the store process and each agent on its stdin (one JSON line,
   ``{"secret": "<64 hex>"}``, :func:`read_secret`), never in an argv, an environment, a file or a
   log; the agent then points its stdin at /dev/null, so its workers (the ranks) inherit nothing.
@@ -23,19 +23,15 @@ line into a shared log (Slurm's) cannot forge one. Stdlib only.
 
 from __future__ import annotations
 
-import hashlib
-import hmac
 import json
-import os
 import sys
 from dataclasses import dataclass, field
 
 from dtrain import grammar
+from dtrain.launch.node.job_secret import mac, mac_matches, read_stdin_line
 
 #: the signed form of a value: ``<64 hex MAC>:<value>``
 MAC_LEN = 64
-#: the stdin line that carries the secret: a JSON object of one short string
-MAX_SECRET_LINE = 4096
 
 
 class Tampered(ValueError):
@@ -45,16 +41,7 @@ class Tampered(ValueError):
 def read_secret(fd: int = 0, close: bool = True) -> str:
     """The job's secret, from one JSON line on ``fd`` (``{"secret": "<64 hex>"}``); then ``fd`` points
     at /dev/null (``close``), so that no child reads anything there. ValueError when the line is not that."""
-    data = b""
-    while not data.endswith(b"\n") and len(data) <= MAX_SECRET_LINE:
-        chunk = os.read(fd, 1)  # byte by byte: nothing past the line is taken from a shared stdin
-        if not chunk:
-            break
-        data += chunk
-    if close:
-        devnull = os.open(os.devnull, os.O_RDONLY)
-        os.dup2(devnull, fd)
-        os.close(devnull)
+    data = read_stdin_line(fd, close=close)
     try:
         secret = json.loads(data).get("secret")
     except (ValueError, AttributeError) as e:
@@ -82,17 +69,18 @@ class StoreKey:
         self._key = bytes.fromhex(self.secret)
         self._refused: dict[str, bytes] = {}  # key -> the value last refused there (logged once)
 
-    def _mac(self, name: str, value: bytes) -> bytes:
-        return hmac.new(self._key, name.encode() + b"\0" + value, hashlib.sha256).hexdigest().encode()
+    @staticmethod
+    def _signed_part(name: str, value: bytes) -> bytes:
+        return name.encode() + b"\0" + value  # what the MAC of key ``name``'s value covers
 
     def seal(self, name: str, value: bytes) -> bytes:
         """``value`` signed for key ``name``."""
-        return self._mac(name, value) + b":" + value
+        return mac(self._key, self._signed_part(name, value)).encode() + b":" + value
 
     def open(self, name: str, signed: bytes) -> bytes:
         """The value of key ``name`` if its MAC verifies, else :class:`Tampered`."""
-        mac, sep, value = bytes(signed).partition(b":")
-        if sep != b":" or len(mac) != MAC_LEN or not hmac.compare_digest(mac, self._mac(name, value)):
+        given, sep, value = bytes(signed).partition(b":")
+        if sep != b":" or len(given) != MAC_LEN or not mac_matches(self._key, self._signed_part(name, value), given):
             raise Tampered(f"the value of {name!r} is not signed by this job's rendezvous")
         return value
 
@@ -116,7 +104,7 @@ class StoreKey:
 
     def round_mac(self, line: str) -> str:
         """The MAC that ends an agent's round line (:func:`dtrain.launch.node.elastic_rdzv.round_line`)."""
-        return self._mac("dtrain.round", line.encode()).decode()
+        return mac(self._key, self._signed_part("dtrain.round", line.encode()))
 
-    def round_ok(self, line: str, mac: str) -> bool:
-        return hmac.compare_digest(mac.encode("ascii", "replace"), self.round_mac(line).encode())
+    def round_ok(self, line: str, given: str) -> bool:
+        return mac_matches(self._key, self._signed_part("dtrain.round", line.encode()), given)

@@ -27,7 +27,7 @@ from typing import Any, Callable, Collection, Mapping
 from dtrain.grammar import SECRET
 from dtrain.launch.backends.base import SECRET_KEY
 from dtrain.launch.backends.slurm import render as R
-from dtrain.launch.backends.ssh.records import JobKey
+from dtrain.launch.node.records import JobKey
 from dtrain.launch.engine.lost import PROBE_TIMEOUT_S, LostNode, handshake_fault, lost_by_leases
 from dtrain.launch.node.lease import lease_key
 

@@ -44,11 +44,10 @@ def targets(node_list: str, node: int) -> tuple[tuple[str, int] | None, tuple[st
 def main(argv: list[str] | None = None) -> int:
     args = lease.parse_args(argv, prog="python -m dtrain.launch.backends.slurm.node_lease", targets=("peer",))
     try:
-        key = lease.read_key(sys.stdin, args.job_id)
+        key = lease.read_key(0, args.job_id)  # then stdin is /dev/null: nothing started later can read the key's pipe
     except SpecError as e:
         key = None
         print(f"{lease.ANNOUNCE} node={args.node}: {e}", file=sys.stderr, flush=True)
-    os.dup2(os.open(os.devnull, os.O_RDONLY), 0)  # the key's pipe, closed: nothing started later can read there
     if key is None:
         print(f"{lease.ANNOUNCE} node={args.node}: no lease key on stdin: this node's lease records are unsigned, "
               "and the launcher refuses them", file=sys.stderr, flush=True)

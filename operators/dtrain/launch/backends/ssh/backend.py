@@ -17,7 +17,7 @@
   ``detached_node`` (see :mod:`.detached`), which outlives the ssh session; a poll reads the
   nodes' heartbeats and exit records in the shared run directory and asks over ssh (reusing
   connections) only the hosts whose heartbeat is stale; cancel asks every host. The daemons
-  sign their records with a per-job secret (:mod:`.records`) that goes to them over stdin and
+  sign their records with a per-job secret (:mod:`dtrain.launch.node.records`) that goes to them over stdin and
   to the watcher in the job handle (``data["secret"]``), never to the ranks.
 * Elastic jobs (``nodes="MIN:MAX"``, blocking mode): every host of the hostfile runs an agent, those
   beyond MAX as spares waiting in the rendezvous; the rendezvous store runs on this host
@@ -227,7 +227,7 @@ class SSHBackend(Backend):
         self.grace_seconds = grace_seconds
         self._grace_now = 5.0 if grace_seconds is None else grace_seconds  # the submitted job's
         self.nonce = secrets.token_hex(16)  # known to this launcher and the agents only
-        self.secret = secrets.token_hex(32)  # a detached job's: keys its daemons' records (records.py)
+        self.secret = secrets.token_hex(32)  # a detached job's: keys its daemons' records (dtrain.launch.node.records)
         self.supervisor = SSHNodeSupervisor(self._watch_sink, grace_seconds=self._grace_now)
         self.pgids: dict[int, int] = {}
         self.announced_at: dict[int, float] = {}  # node index -> when its agent announced itself

@@ -15,7 +15,7 @@ reused connection (:mod:`.control`). Every ssh action runs at most ``fanout`` cl
 
 Host entries and SSH settings travel to the trigger as primitives (hostfile lines and a
 dict: paths of key files, never keys), with the job's id and secret: the secret keys the MAC
-of the daemons' records (:mod:`.records`) and reaches a host only on an ssh session's stdin.
+of the daemons' records (:mod:`dtrain.launch.node.records`) and reaches a host only on an ssh session's stdin.
 A record that is not believed, a PID a host refused to signal, is handed to ``warn``.
 """
 
@@ -35,7 +35,7 @@ from dtrain.launch.backends.ssh.detached_node import (MODULE, STATES, TAIL_LINES
                                                       log_tail, status_from_files)
 from dtrain.launch.backends.ssh.fanout import run_bounded, run_bounded_async
 from dtrain.launch.backends.ssh.hostfile import HostEntry, SSHSettings, coerce_hosts, ssh_argv
-from dtrain.launch.backends.ssh.records import FENCE_REASON_LIMIT, FIELDS, JobKey
+from dtrain.launch.node.records import FENCE_REASON_LIMIT, FIELDS, JobKey
 from dtrain.launch.engine.lost import LOST_EXIT_CODE, PROBE_TIMEOUT_S, LostNode, fault_of
 from dtrain.launch.node.lease import HEARTBEAT_S, STALE_BEATS
 from dtrain.rundir import RunDir

@@ -32,7 +32,7 @@ lifetime (the blocking SSH backend's lifeline would stop the job). Instead:
 
 The run directory is untrusted (the ranks write there): every file is read and written through
 :class:`~dtrain.rundir.RunDir` (no symlink followed, bounded reads, exclusive temp files), and the
-daemon's state and exit records are signed with the job's secret (:mod:`.records`). ``status``
+daemon's state and exit records are signed with the job's secret (:mod:`dtrain.launch.node.records`). ``status``
 and ``stop`` read the secret from stdin (``{"secret": ...}``) when the caller has it; without
 it no exit record is believed. A record that fails is ignored and named in ``ignored`` (and on
 stderr). Before a PID from the state record is signalled or taken for the daemon, its start time
@@ -56,7 +56,7 @@ from typing import Any, Callable
 
 from dtrain import grammar
 from dtrain.errors import SpecError
-from dtrain.launch.backends.ssh.records import FENCE_REASON_LIMIT, JobKey, RecordError, check, parse
+from dtrain.launch.node.records import FENCE_REASON_LIMIT, JobKey, RecordError, check, parse
 from dtrain.launch.engine.lost import LOST_EXIT_CODE  # a fenced node's exit code: the lost-node code (stdlib only)
 from dtrain.launch.node.lease import FENCE_GRACE_S, HEARTBEAT_S, LEASE_CHECK_S, age_of, hold_lease, parse_peer
 from dtrain.launch.node.proctree import environ_of, kill_job, kill_tree, of_job

@@ -1,14 +1,17 @@
-"""The detached node daemon's records, authenticated with the job's secret and checked field by field.
+"""A node's records in the run directory, authenticated with the job's secret and checked field by field.
 
-A detached SSH job is watched through files in its run directory (:mod:`.detached_node`): the
-daemon's ``state`` record (which process it is) and its ``exit`` record (how the node ended). The
-ranks can write anything there, so a record decides nothing unless
+A detached SSH job is watched through files in its run directory
+(:mod:`dtrain.launch.backends.ssh.detached_node`): the daemon's ``state`` record (which process it is)
+and its ``exit`` record (how the node ended); a node's lease holder (:mod:`dtrain.launch.node.lease`)
+writes ``beat`` and ``fence`` records there. The ranks can write anything there, so a record decides
+nothing unless
 
 * its MAC verifies: HMAC-SHA256, keyed with the job's secret (64 hex digits, made by the launcher
   and handed to the daemon over the ssh session's stdin, never through an argv, the ranks'
   environment or the run directory), over the record's canonical JSON (sorted keys, no blanks,
   ASCII, no NaN/Infinity), which names its kind, job and node: a record cannot be replayed as
-  another kind, for another node or from another job; compared with ``hmac.compare_digest``;
+  another kind, for another node or from another job; compared in constant time
+  (:mod:`dtrain.launch.node.job_secret`);
 * and then every field has the type and range the daemon writes (a signed record is still parsed
   strictly: a daemon of another version must not crash a watcher either).
 
@@ -16,13 +19,12 @@ Anything else raises :class:`RecordError` with the reason, which callers report 
 ignored, never read as a success). The daemon runs as the ranks' user: this stops a rank that can
 write files, not one that reads the daemon's memory (see docs/security.md).
 
-Stdlib only (the daemon imports it on every host).
+Here, in ``node/``, because both sides use it: the node-side writers (the daemon, the lease holder)
+and the launcher's readers. Stdlib only (the daemon imports it on every host).
 """
 
 from __future__ import annotations
 
-import hashlib
-import hmac
 import json
 import math
 from dataclasses import dataclass
@@ -30,13 +32,15 @@ from typing import Any, Callable
 
 from dtrain import grammar
 from dtrain.errors import SpecError
-from dtrain.launch.node.lease import FENCE_REASON_LIMIT  # a fenced node's reason, in its exit record
+from dtrain.launch.node.job_secret import mac, mac_matches
 
 #: the job's secret: 32 random bytes as lowercase hex
 SECRET = grammar.SECRET
 #: what the daemon's exit code can be: an exit status, or 128 + a signal number
 MAX_EXIT_CODE = 255
 MAX_SIGNAL = 64
+#: what a fence's reason may hold (it is read back as untrusted): a fence record's, an exit record's
+FENCE_REASON_LIMIT = 500
 
 
 class RecordError(ValueError):
@@ -75,7 +79,7 @@ class JobKey:
         return f"JobKey(job_id={self.job_id!r})"
 
     def _mac(self, body: dict[str, Any]) -> str:
-        return hmac.new(bytes.fromhex(self.secret), canonical(body), hashlib.sha256).hexdigest()
+        return mac(bytes.fromhex(self.secret), canonical(body))
 
     def sign(self, kind: str, node: int, fields: dict[str, Any]) -> dict[str, Any]:
         body = {**fields, "kind": kind, "job_id": self.job_id, "node": node}
@@ -87,7 +91,7 @@ class JobKey:
         if not isinstance(value, dict) or not isinstance(value.get("mac"), str):
             raise RecordError("not signed (no MAC)")
         body = {k: v for k, v in value.items() if k != "mac"}
-        if not hmac.compare_digest(value["mac"].encode("ascii", "replace"), self._mac(body).encode()):
+        if not mac_matches(bytes.fromhex(self.secret), canonical(body), value["mac"]):
             raise RecordError("its MAC does not verify: not written by this job's daemon")
         if (body.get("kind"), body.get("job_id"), body.get("node")) != (kind, self.job_id, node):
             raise RecordError(f"signed for another record ({body.get('kind')!r} of node {body.get('node')!r})")
@@ -112,7 +116,7 @@ FIELDS: dict[str, dict[str, Callable[[Any], bool]]] = {
               "host": lambda v: isinstance(v, str) and len(v) <= 255},
     "exit": {"exit_code": _integer(0, MAX_EXIT_CODE),
              "stopped_by_signal": _optional(_integer(1, MAX_SIGNAL)), "time": _number},
-    # a node lease holder's records (dtrain.launch.node.lease), signed with the same machinery
+    # a node lease holder's records (dtrain.launch.node.lease)
     "beat": {"time": _number},
     "fence": {"time": _number, "reason": lambda v: isinstance(v, str) and len(v) <= FENCE_REASON_LIMIT},
 }
