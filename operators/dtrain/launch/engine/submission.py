@@ -10,13 +10,13 @@ import neither.
 
 from __future__ import annotations
 
-import hmac
 import os
 import re
 
 from dtrain.errors import DTrainError
 from dtrain.launch.backends import JobHandle
 from dtrain.launch.backends.base import SECRET_KEY
+from dtrain.launch.node.job_secret import mac, mac_matches
 from dtrain.rundir import RunDir, UnsafeRunDir
 
 DEFAULT_POLL_INTERVAL = 10.0
@@ -66,15 +66,19 @@ def follower_path(handle: JobHandle) -> str:
     return submission_path(handle)[:-len(".submission.json")] + ".follower.json"
 
 
-def _follower_mac(handle: JobHandle, follower: int) -> str:
-    key = str(handle.data.get(SECRET_KEY, "")).encode()
-    return hmac.new(key, f"{handle.backend}:{handle.backend_job_id}:{follower}".encode(), "sha256").hexdigest()
+def _follower_key(handle: JobHandle) -> bytes:
+    return str(handle.data.get(SECRET_KEY, "")).encode()
+
+
+def _follower_message(handle: JobHandle, follower: int) -> bytes:
+    return f"{handle.backend}:{handle.backend_job_id}:{follower}".encode()
 
 
 def write_follower(handle: JobHandle, follower: int) -> None:
     """Try ``follower`` of the task follows the job from now on."""
     RunDir(handle.run_dir).write_json(os.path.basename(follower_path(handle)),
-                                      value={"follower": follower, "mac": _follower_mac(handle, follower)})
+                                      value={"follower": follower,
+                                             "mac": mac(_follower_key(handle), _follower_message(handle, follower))})
 
 
 def follower_now(handle: JobHandle) -> int | None:
@@ -85,10 +89,10 @@ def follower_now(handle: JobHandle) -> int | None:
         return None
     if not isinstance(record, dict):
         return None
-    follower, mac = record.get("follower"), record.get("mac")
-    if type(follower) is not int or follower < 1 or not isinstance(mac, str):
+    follower, given = record.get("follower"), record.get("mac")
+    if type(follower) is not int or follower < 1 or not isinstance(given, str):
         return None
-    return follower if hmac.compare_digest(mac, _follower_mac(handle, follower)) else None
+    return follower if mac_matches(_follower_key(handle), _follower_message(handle, follower), given) else None
 
 
 def taken_over(handle: JobHandle, follower: int | None) -> int | None:
