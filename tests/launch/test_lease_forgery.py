@@ -17,8 +17,8 @@ import pytest
 from dtrain.errors import SpecError
 from dtrain.launch.backends.slurm import lost
 from dtrain.launch.backends.slurm.render import node_secrets
-from dtrain.launch.node.records import RecordError
 from dtrain.launch.node import lease
+from dtrain.launch.node.records import RecordError
 from dtrain.rundir import LEASE, RunDir
 from tests.support import poll_until
 

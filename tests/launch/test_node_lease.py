@@ -16,8 +16,8 @@ import time
 
 import pytest
 
-from dtrain.launch.node.records import RecordError
 from dtrain.launch.node import lease
+from dtrain.launch.node.records import RecordError
 from dtrain.rundir import LEASE, RunDir
 from tests.support import poll_until
 

@@ -27,9 +27,9 @@ from typing import Any, Callable, Collection, Mapping
 from dtrain.grammar import SECRET
 from dtrain.launch.backends.base import SECRET_KEY
 from dtrain.launch.backends.slurm import render as R
-from dtrain.launch.node.records import JobKey
 from dtrain.launch.engine.lost import PROBE_TIMEOUT_S, LostNode, handshake_fault, lost_by_leases
 from dtrain.launch.node.lease import lease_key
+from dtrain.launch.node.records import JobKey
 
 
 def job_key(job_id: str, data: Mapping[str, Any]) -> JobKey | None:

@@ -35,9 +35,9 @@ from dtrain.launch.backends.ssh.detached_node import (MODULE, STATES, TAIL_LINES
                                                       log_tail, status_from_files)
 from dtrain.launch.backends.ssh.fanout import run_bounded, run_bounded_async
 from dtrain.launch.backends.ssh.hostfile import HostEntry, SSHSettings, coerce_hosts, ssh_argv
-from dtrain.launch.node.records import FENCE_REASON_LIMIT, FIELDS, JobKey
 from dtrain.launch.engine.lost import LOST_EXIT_CODE, PROBE_TIMEOUT_S, LostNode, fault_of
 from dtrain.launch.node.lease import HEARTBEAT_S, STALE_BEATS
+from dtrain.launch.node.records import FENCE_REASON_LIMIT, FIELDS, JobKey
 from dtrain.rundir import RunDir
 
 Warn = Callable[[str], Any]
