@@ -85,6 +85,9 @@ ALLOWED = {
     "pipeline/registry_mlflow.py:_no_links": "the model path the pipeline computed ({output}): refuses links in it",
     "pipeline/registry_mlflow.py:MlflowRegistry.warm_start": "the registry's download folder on the shared filesystem",
     "pipeline/registry_mlflow.py:MlflowRegistry._download": "downloads into its own temp folder there, renamed",
+    "pipeline/registry_mlflow.py:_source_of": "an installed package's source on the worker (importlib's spec), not a run dir",
+    "pipeline/registry_mlflow.py:_artifact_source": "an artifact beside the model the pipeline computed ({output}): no part a link",
+    "pipeline/registry_mlflow.py:_copy_artifact": "that artifact, opened O_NOFOLLOW (a folder: its copy checked for links), into our own folder",
 }
 
 

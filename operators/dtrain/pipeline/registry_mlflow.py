@@ -27,6 +27,7 @@ from __future__ import annotations
 import os
 import re
 import shutil
+import stat
 import uuid
 from typing import Any, Mapping, Sequence
 
@@ -156,15 +157,25 @@ def _artifact_source(model_path: str, path: str) -> str:
 
 
 def _copy_artifact(name: str, source: str, destination: str) -> None:
+    """Copy an artifact into the MLflow Model's folder (ours), following no link: a file is opened
+    O_NOFOLLOW, a folder copied with its links as links and the copy then checked, so a link a rank
+    swaps in after the first check is refused, never followed."""
     from dtrain.pipeline.publish import PublishError
 
     os.makedirs(os.path.dirname(destination), exist_ok=True)
     if _no_links(source):
-        shutil.copytree(source, destination)
-    elif os.path.isfile(source):
-        shutil.copyfile(source, destination)
-    else:
-        raise PublishError(f"registry artifacts[{name!r}]: {source!r} is not a file or folder")
+        shutil.copytree(source, destination, symlinks=True)
+        _no_links(destination)
+        return
+    try:
+        fd = os.open(source, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)  # a FIFO must not block us
+    except OSError as e:
+        raise PublishError(f"registry artifacts[{name!r}]: {source!r} is not a regular file or folder ({e.strerror})") from e
+    with os.fdopen(fd, "rb") as src:
+        if not stat.S_ISREG(os.fstat(src.fileno()).st_mode):
+            raise PublishError(f"registry artifacts[{name!r}]: {source!r} is not a regular file or folder")
+        with open(destination, "xb") as dst:
+            shutil.copyfileobj(src, dst)
 
 
 class MlflowRegistry(ModelRegistry):
