@@ -20,6 +20,7 @@ import torch.distributed as dist
 from dtrain.training import PreemptionGuard, init_distributed, write_result
 from dtrain.training.dist import exit_now, shutdown
 from dtrain.training.loop import TrainLoop, script_args
+from dtrain.training.prefetch import DevicePrefetcher
 from dtrain.training.shards import ShardDataset, ShardLoader, ShardSampler
 
 from text_pipeline import model as lm
@@ -63,7 +64,10 @@ def main(argv: list[str] | None = None) -> int:
         optimizer.step()
         return loss.detach(), len(batch[0])  # a tensor: TrainLoop reads it later, the step never waits
 
-    step = loop.run(loader, sampler, args.epochs, train_step)  # on SIGTERM: checkpoint, then exit 143
+    # A thread reads the next blocks (and on a GPU copies them through pinned memory on a side stream):
+    # the training thread never waits for the loader's work.
+    batches = DevicePrefetcher(loader, device)
+    step = loop.run(batches, sampler, args.epochs, train_step)  # on SIGTERM: checkpoint, then exit 143
 
     if ctx.world_size > 1:
         dist.barrier()  # every rank has finished its last step before rank 0 publishes the model
