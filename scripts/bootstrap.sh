@@ -31,21 +31,7 @@ fi
 [ -x .venv/bin/python ] || "$PY" -m venv .venv
 VPY=$ROOT/.venv/bin/python
 
-# pip's own settings (pip.conf, PIP_* variables): where packages come from and the constraints every
-# install obeys, as uv's options, so that both install exactly the same versions.
-uv_options_from_pip() {
-  "$VPY" -m pip config list 2>/dev/null | while IFS= read -r line; do
-    key=${line%%=*}; value=${line#*=}; value=${value#\'}; value=${value%\'}
-    case "${key##*.}" in
-      index-url) flag=--index-url ;;
-      extra-index-url) flag=--extra-index-url ;;
-      find-links) flag=--find-links ;;
-      constraint) flag=--constraint ;;
-      *) continue ;;
-    esac
-    for item in $value; do printf '%s\n%s\n' "$flag" "$item"; done
-  done
-}
+. "$ROOT/scripts/pip_options.sh"  # uv_options_from_pip
 
 # Install into the venv with uv (pip's resolution, every index's best match; it asks the registry
 # in parallel: 42 s here where pip takes 234 s, one package at a time), with pip when uv cannot be had.

@@ -23,20 +23,7 @@ newest_on_registry() {
   "$VPY" -m pip index versions torch 2>/dev/null | sed -n 's/^torch (\([0-9][0-9.]*\))$/\1/p'
 }
 
-# pip's index settings as uv options, without the machine's constraint files: the torch asked for is pinned
-# exactly, and a cap there must not stop the newest release from being tried.
-uv_index_options() {
-  "$VPY" -m pip config list 2>/dev/null | while IFS= read -r line; do
-    key=${line%%=*}; value=${line#*=}; value=${value#\'}; value=${value%\'}
-    case "${key##*.}" in
-      index-url) flag=--index-url ;;
-      extra-index-url) flag=--extra-index-url ;;
-      find-links) flag=--find-links ;;
-      *) continue ;;
-    esac
-    for item in $value; do printf '%s\n%s\n' "$flag" "$item"; done
-  done
-}
+. "$ROOT/scripts/pip_options.sh"  # uv_options_from_pip
 
 make_venv() {  # $1: torch version -> the venv's python on stdout
   local version=$1 venv=$ROOT/.dtrain/venv-torch-$1
@@ -45,7 +32,7 @@ make_venv() {  # $1: torch version -> the venv's python on stdout
     mkdir -p "$ROOT/.dtrain"
     [ -x "$venv/bin/python" ] || python3 -m venv "$venv"
     local constraints=$venv/constraints.txt options=()
-    mapfile -t options < <(uv_index_options)
+    mapfile -t options < <(uv_options_from_pip no-constraints)  # a pin must not meet the machine's cap
     { grep -v '^torch==' constraints.txt; echo "torch==$version"; } > "$constraints"
     echo "compat: installing torch $version into $venv" >&2
     "$ROOT/.venv/bin/uv" pip install --quiet --python "$venv/bin/python" --index-strategy unsafe-best-match \
