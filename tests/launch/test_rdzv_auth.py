@@ -12,7 +12,8 @@ import pickle
 import socket
 import subprocess
 import sys
-from datetime import timedelta
+import time
+from datetime import datetime, timedelta, timezone
 
 import pytest
 
@@ -89,6 +90,51 @@ def test_a_planted_state_is_never_unpickled_and_is_replaced_at_the_next_write(st
     state.round = 4
     _, _, has_set = backend.set_state(pickle.dumps(state), token)  # written over the planted value
     assert has_set and key.open(f"torch.rendezvous.{JOB}", base64.b64decode(client.get(f"torch.rendezvous.{JOB}")))
+
+
+def test_a_refused_state_is_replaced_in_the_store_at_once_and_torch_gets_its_token(store):
+    """What torch's handler reads is what the store holds: its next compare-and-set lands."""
+    from torch.distributed.elastic.rendezvous.c10d_rendezvous_backend import C10dRendezvousBackend
+    from torch.distributed.elastic.rendezvous.dynamic_rendezvous import _RendezvousState
+
+    _, client, _ = store
+    key = StoreKey(SECRET)
+    backend = signed_backend(C10dRendezvousBackend(client, JOB), key)
+    state = _RendezvousState()
+    state.round = 2
+    backend.set_state(pickle.dumps(state))
+    client.set(f"torch.rendezvous.{JOB}", base64.b64encode(b"planted"))
+    believed, token = backend.get_state()
+    assert token == client.get(f"torch.rendezvous.{JOB}")  # the store's token: no longer the planted value's
+    assert key.open(f"torch.rendezvous.{JOB}", base64.b64decode(token)).endswith(believed)
+    state.round = 3
+    assert backend.set_state(pickle.dumps(state), token)[2]  # torch's next write: no conflict, no re-read
+    client.set(f"torch.rendezvous.{JOB}", C10dRendezvousBackend._NULL_SENTINEL)  # emptied: torch would start anew
+    assert pickle.loads(backend.get_state()[0]).round == 3 and key.refusals == 2
+    client.set(f"torch.rendezvous.{JOB}", b"abc")  # not even base64: torch would raise
+    assert pickle.loads(backend.get_state()[0]).round == 3 and key.refusals == 3
+
+
+def test_the_time_a_planted_state_stays_is_not_counted_against_a_member_keep_alive(store):
+    """A member's renewals written while another value sat in the store were lost with it: its
+    keep-alive does not lapse for that; one that had lapsed (a declared loss) stays lapsed."""
+    from torch.distributed.elastic.rendezvous.c10d_rendezvous_backend import C10dRendezvousBackend
+    from torch.distributed.elastic.rendezvous.dynamic_rendezvous import _NodeDesc, _RendezvousState
+
+    _, client, _ = store
+    key = StoreKey(SECRET)
+    lapse = timedelta(seconds=4)
+    backend = signed_backend(C10dRendezvousBackend(client, JOB), key, lapse.total_seconds())
+    alive, lost = _NodeDesc("10.0.0.1", 1, 0), _NodeDesc("10.0.0.2", 2, 0)
+    state = _RendezvousState()
+    state.last_heartbeats = {alive: datetime.now(timezone.utc) - lapse + timedelta(seconds=2),
+                             lost: datetime(1970, 1, 1, tzinfo=timezone.utc)}
+    backend.set_state(pickle.dumps(state))
+    client.set(f"torch.rendezvous.{JOB}", base64.b64encode(b"planted"))
+    time.sleep(3)  # longer than the member had left: its renewals meanwhile went into the planted-over state
+    beats = pickle.loads(backend.get_state()[0]).last_heartbeats
+    assert beats[alive] > datetime.now(timezone.utc) - lapse, beats
+    assert beats[lost] == datetime(1970, 1, 1, tzinfo=timezone.utc)
 
 
 def test_an_older_state_played_back_is_refused(store):

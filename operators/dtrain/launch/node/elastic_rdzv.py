@@ -29,8 +29,10 @@ every value this rendezvous writes there is signed with the job's secret, and ev
 is verified before anything else looks at it (:mod:`dtrain.launch.node.rdzv_auth`): torch's state
 (which it would unpickle) through :func:`signed_backend`, :data:`LOST_KEY` and the :func:`node_key`
 values in :meth:`ElasticRendezvous._take_losses`. A value that fails is refused, counted and named
-in the log; the job goes on: a tampered state is replaced by the agent's last verified one, re-signed,
-at its next write (a keep-alive at the latest), and an older state played back is refused as one (each
+in the log; the job goes on: the agent that reads a tampered state writes its last verified one back
+over it at once (compare-and-set against the refused value, re-signed), and torch's handler sees only
+that, with its token; the time the store held the planted value is not counted against any member's
+keep-alive (their renewals were lost with it). An older state played back is refused as one (each
 state carries a version that only grows). A declared loss names the launcher's sequence number, and
 a member takes only the losses declared after it joined: a loss played back from earlier cannot
 remove a node that came back. The secret reaches the agent on its stdin (:func:`use_secret`, called
@@ -74,6 +76,9 @@ MONITOR_CACHE_S = 1.0
 LOST_KEY = "dtrain.lost"
 #: seconds between two looks at LOST_KEY by an agent
 LOST_CHECK_S = 1.0
+#: how many times an agent writes its last verified state over a refused one in a row before it
+#: leaves the store as it is until its next read
+RESTORE_TRIES = 5
 
 
 #: the job's key, once the agent has read its secret (:func:`use_secret`)
@@ -133,44 +138,97 @@ def round_line(node: str, round_: int, group_rank: int, group_world_size: int, k
     return f"{body} mac={key.round_mac(body)}"
 
 
-def signed_backend(inner: Any, key: StoreKey):
+def signed_backend(inner: Any, key: StoreKey, lapse_s: float = KEEP_ALIVE_S * KEEP_ALIVE_ATTEMPTS):
     """torch's C10d rendezvous backend ``inner``, with the state signed on write and verified on read,
-    before torch unpickles it (see the module's docstring)."""
+    before torch unpickles it (see the module's docstring). ``lapse_s``: the rendezvous's keep-alive
+    lapse (interval x attempts)."""
     import pickle
+    from datetime import datetime, timedelta, timezone
 
+    from torch.distributed.elastic.rendezvous.api import RendezvousStateError
     from torch.distributed.elastic.rendezvous.dynamic_rendezvous import RendezvousBackend, _RendezvousState
 
+    lapse = timedelta(seconds=lapse_s)
+
     class SignedBackend(RendezvousBackend):
+        """What torch's handler reads is always what the store holds: a refused value is replaced in the
+        store by the agent's last verified state (compare-and-set against the refused bytes) before
+        the read returns, with the store's token of the replacement. Handing torch an old state under
+        the refused value's token would let its next write land on a state no other agent has read,
+        and the state it rebuilds would differ from every other agent's."""
+
         def __init__(self):
             self.state_key = inner._key  # torch.rendezvous.<run id>
             self.version = 0  # of the newest state verified here: an older one is a replay
             self.last_good: bytes | None = None
+            self.seen_at: datetime | None = None  # when the store last held a state verified here
 
         @property
         def name(self) -> str:
             return inner.name
 
-        def _open(self, sealed: bytes, token: Any) -> tuple[bytes, Any]:
+        def _verified(self, sealed: bytes) -> bytes | None:
+            """The state in ``sealed`` if it is the job's and not older than one seen here, else None (refused)."""
             value = key.open_or_refuse(self.state_key, sealed)
             version, sep, state = (value or b"").partition(b":")
-            if value is not None and not (sep and version.isdigit() and int(version) >= self.version):
+            if value is None:
+                return None
+            if not (sep and version.isdigit() and int(version) >= self.version):
                 key.refuse_once(self.state_key, sealed, "an older state played back")
-                value = None
-            if value is None:  # believed: our last verified state, written over the planted one at the next write
-                return (self.last_good or pickle.dumps(_RendezvousState())), token
-            self.version, self.last_good = int(version), state
-            return state, token
+                return None
+            self.version, self.last_good, self.seen_at = int(version), state, datetime.now(timezone.utc)
+            return state
+
+        def _restored(self) -> bytes:
+            """The last verified state, to write over a refused one. The time the store held a value that
+            is not the job's is not counted against any member's keep-alive: the renewals written meanwhile
+            were lost with the state they were in. A keep-alive that had already lapsed stays lapsed (a
+            member the launcher declared lost is still dropped)."""
+            if self.last_good is None:
+                return pickle.dumps(_RendezvousState())
+            state = pickle.loads(self.last_good)  # verified here: the job's own
+            now = datetime.now(timezone.utc)
+            for node, beat in state.last_heartbeats.items():
+                if beat >= self.seen_at - lapse:
+                    state.last_heartbeats[node] = beat + (now - self.seen_at)
+            return pickle.dumps(state)
+
+        def _seal(self, state: bytes) -> bytes:
+            return key.seal(self.state_key, b"%d:" % (self.version + 1) + state)
+
+        def _believed(self, got: "tuple[bytes, Any] | None") -> "tuple[bytes, Any] | None":
+            """(state, token) of what the store holds, once a refused value there is replaced."""
+            for _ in range(RESTORE_TRIES):
+                if got is not None:
+                    state = self._verified(got[0])
+                    if state is not None:
+                        return state, got[1]
+                elif self.last_good is None:
+                    return None  # no state yet: a new rendezvous
+                else:  # torch never empties a state it wrote
+                    key.refuse_once(self.state_key, b"", "the state was removed")
+                restored = self._stored(inner.set_state, self._seal(self._restored()), None if got is None else got[1])
+                got = None if restored is None else restored[:2]
+            # still replaced by someone else after every try: torch's next write compares against that
+            return (self.last_good or pickle.dumps(_RendezvousState())), (None if got is None else got[1])
+
+        def _stored(self, call: Any, *args: Any) -> Any:
+            """``inner``'s ``call``; a value there that is not even base64 (torch would raise) comes back
+            as itself, to be refused and compared against like any other."""
+            try:
+                return call(*args)
+            except RendezvousStateError:
+                raw = inner._call_store("get", self.state_key)
+                return (raw, raw, False)
 
         def get_state(self):
-            got = inner.get_state()
-            return None if got is None else self._open(*got)
+            got = self._stored(inner.get_state)
+            return self._believed(None if got is None else got[:2])
 
         def set_state(self, state: bytes, token: Any = None):
-            got = inner.set_state(key.seal(self.state_key, b"%d:" % (self.version + 1) + state), token)
-            if got is None:
-                return None
-            current, new_token, has_set = got
-            return (*self._open(current, new_token), has_set)
+            got = self._stored(inner.set_state, self._seal(state), token)
+            believed = self._believed(None if got is None else got[:2])
+            return None if believed is None else (*believed, bool(got and got[2]))
 
     return SignedBackend()
 
@@ -297,14 +355,15 @@ def elastic_handler(params: Any):
         return None if value is None else timedelta(seconds=value)
 
     key = job_key()
+    keep_alive_s = params.get_as_int("keep_alive_interval", KEEP_ALIVE_S)
+    attempts = params.get_as_int("keep_alive_max_attempt", KEEP_ALIVE_ATTEMPTS)
     backend, store = create_backend(params)
-    backend = signed_backend(backend, key)
+    backend = signed_backend(backend, key, keep_alive_s * attempts)
     handler_cls, _ = _classes()
     timeout = RendezvousTimeout(seconds("join"), seconds("last_call"), seconds("close"), seconds("heartbeat"))
     handler = handler_cls.from_backend(
         params.run_id, store, backend, params.min_nodes, params.max_nodes, params.local_addr, timeout,
-        keep_alive_interval=params.get_as_int("keep_alive_interval", KEEP_ALIVE_S),
-        keep_alive_max_attempt=params.get_as_int("keep_alive_max_attempt", KEEP_ALIVE_ATTEMPTS))
+        keep_alive_interval=keep_alive_s, keep_alive_max_attempt=attempts)
     handler._backend_name = ELASTIC  # what get_backend() reports: the registry checks it
     _quicker_syncs()
     lost = read_signed(store, key, LOST_KEY)
