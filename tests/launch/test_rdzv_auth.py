@@ -113,6 +113,11 @@ def test_a_refused_state_is_replaced_in_the_store_at_once_and_torch_gets_its_tok
     assert pickle.loads(backend.get_state()[0]).round == 3 and key.refusals == 2
     client.set(f"torch.rendezvous.{JOB}", b"abc")  # not even base64: torch would raise
     assert pickle.loads(backend.get_state()[0]).round == 3 and key.refusals == 3
+    client.set(f"torch.rendezvous.{JOB}", b"\xff\xfe not text")  # not UTF-8: torch's own write would raise on it
+    assert pickle.loads(backend.get_state()[0]).round == 3 and key.refusals == 4
+    client.set(f"torch.rendezvous.{JOB}", b"\xff\xfd other")  # planted between a read and torch's write
+    believed, token, written = backend.set_state(pickle.dumps(state), token)
+    assert pickle.loads(believed).round == 3 and not written and key.refusals == 5
 
 
 def test_the_time_a_planted_state_stays_is_not_counted_against_a_member_keep_alive(store):

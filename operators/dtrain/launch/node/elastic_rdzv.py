@@ -142,10 +142,11 @@ def signed_backend(inner: Any, key: StoreKey, lapse_s: float = KEEP_ALIVE_S * KE
     """torch's C10d rendezvous backend ``inner``, with the state signed on write and verified on read,
     before torch unpickles it (see the module's docstring). ``lapse_s``: the rendezvous's keep-alive
     lapse (interval x attempts)."""
+    import binascii
     import pickle
+    from base64 import b64decode, b64encode
     from datetime import datetime, timedelta, timezone
 
-    from torch.distributed.elastic.rendezvous.api import RendezvousStateError
     from torch.distributed.elastic.rendezvous.dynamic_rendezvous import RendezvousBackend, _RendezvousState
 
     lapse = timedelta(seconds=lapse_s)
@@ -207,26 +208,34 @@ def signed_backend(inner: Any, key: StoreKey, lapse_s: float = KEEP_ALIVE_S * KE
                     return None  # no state yet: a new rendezvous
                 else:  # torch never empties a state it wrote
                     key.refuse_once(self.state_key, b"", "the state was removed")
-                restored = self._stored(inner.set_state, self._seal(self._restored()), None if got is None else got[1])
+                restored = self._compare_set(self._seal(self._restored()), None if got is None else got[1])
                 got = None if restored is None else restored[:2]
             # still replaced by someone else after every try: torch's next write compares against that
             return (self.last_good or pickle.dumps(_RendezvousState())), (None if got is None else got[1])
 
-        def _stored(self, call: Any, *args: Any) -> Any:
-            """``inner``'s ``call``; a value there that is not even base64 (torch would raise) comes back
-            as itself, to be refused and compared against like any other."""
+        def _decoded(self, raw: bytes) -> "tuple[bytes, Any] | None":
+            """(state, token) of the store's ``raw`` value as torch decodes it; a value that is not even
+            base64 (torch would raise) comes back as itself, to be refused and compared against."""
+            if raw == inner._NULL_SENTINEL.encode():
+                return None
             try:
-                return call(*args)
-            except RendezvousStateError:
-                raw = inner._call_store("get", self.state_key)
-                return (raw, raw, False)
+                return b64decode(raw, validate=True), raw
+            except binascii.Error:
+                return raw, raw
+
+        def _compare_set(self, sealed: bytes, token: Any) -> "tuple[bytes, Any, bool] | None":
+            """torch's ``set_state``, with the expected value passed as the bytes it is: a planted value
+            need not be UTF-8 text, which torch's own decodes (and would raise on)."""
+            expected = token if isinstance(token, bytes) and token else inner._NULL_SENTINEL.encode()
+            raw = inner._call_store("compare_set", self.state_key, expected, b64encode(sealed).decode())
+            got = self._decoded(raw)
+            return None if got is None else (*got, got[0] == sealed)
 
         def get_state(self):
-            got = self._stored(inner.get_state)
-            return self._believed(None if got is None else got[:2])
+            return self._believed(self._decoded(inner._call_store("get", self.state_key)))
 
         def set_state(self, state: bytes, token: Any = None):
-            got = self._stored(inner.set_state, self._seal(state), token)
+            got = self._compare_set(self._seal(state), token)
             believed = self._believed(None if got is None else got[:2])
             return None if believed is None else (*believed, bool(got and got[2]))
 
