@@ -75,6 +75,10 @@ def write_result(result: dict[str, Any], directory: str | None = None) -> str:
 class HostClock:
     """Step times as host time: true where the step's work runs on the host (CPU training)."""
 
+    #: steps a chunk of metrics holds by default: a loss on the host costs nothing to read, so every
+    #: step's line is written as the step ends (a rank killed outright loses none)
+    chunk_steps = 1
+
     def mark(self) -> float:
         return time.perf_counter()
 
@@ -100,6 +104,9 @@ class CudaClock:
     the device, except :meth:`wait`, which :class:`StepRecorder` calls only on a mark the device
     has long passed.
     """
+
+    #: steps a chunk of metrics holds by default: one host read of the losses per chunk
+    chunk_steps = 50
 
     def __init__(self, device: Any):
         import torch
@@ -164,9 +171,12 @@ class StepRecorder:
     stacked and copied to pinned host memory without waiting; a chunk is written once the device
     has passed it (checked without waiting at every step), at the latest when the next chunk is cut.
     So on a GPU the host never waits in steady state, and a loss on the host is read once a chunk.
+    ``every`` defaults to the clock's ``chunk_steps``: 50 steps on a GPU, 1 on the host (a host value
+    costs nothing to read, and a rank killed outright then loses no line).
     """
 
-    def __init__(self, writer: MetricsWriter, clock: Any, *, every: int = 50, max_delay_s: float = 1.0):
+    def __init__(self, writer: MetricsWriter, clock: Any, *, every: int | None = None, max_delay_s: float = 1.0):
+        every = clock.chunk_steps if every is None else every  # the clock's: 50 on a GPU, 1 on the host
         if every < 1:
             raise ValueError(f"every must be at least 1 step, got {every}")
         self.writer, self.clock, self.every, self.max_delay_s = writer, clock, every, max_delay_s

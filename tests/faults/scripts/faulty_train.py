@@ -3,7 +3,7 @@
     faulty_train.py [--fault-rank R] [--fault-step S] [--fault-mode sigkill|exit3] -- TRAIN_DIGITS_ARGS...
 
 (or the same through FAULT_RANK / FAULT_STEP / FAULT_MODE in the environment). Rank R,
-right after it logged training step S, dies: ``sigkill`` sends SIGKILL to itself,
+right after it finished training step S, dies: ``sigkill`` sends SIGKILL to itself,
 ``exit3`` exits with status 3. Everything else is
 :func:`dtrain.training.reference.train_digits.main` as shipped.
 
@@ -58,12 +58,14 @@ def claim(record: dict) -> bool:
 
 
 def install(fault_rank: int, fault_step: int, mode: str) -> None:
-    from dtrain.training.metrics import MetricsWriter
+    from dtrain.training.metrics import StepRecorder
 
-    original = MetricsWriter.log
+    original = StepRecorder.record
     rank = int(os.environ.get("RANK", "0"))
 
-    def log(self, *, step: int, **fields):  # the reference script logs after every step
+    # The reference script records every step as it ends (its metrics lines are written later, in
+    # chunks read from the device): the fault fires right after step S, not when S's line is written.
+    def record(self, *, step: int, **fields):
         original(self, step=step, **fields)
         if step != fault_step or rank != fault_rank:
             return
@@ -78,7 +80,7 @@ def install(fault_rank: int, fault_step: int, mode: str) -> None:
         # (std::terminate, exit 134), and the test wants the status the script chose.
         os._exit(3)
 
-    MetricsWriter.log = log
+    StepRecorder.record = record
 
 
 def main(argv: list[str] | None = None) -> int:
