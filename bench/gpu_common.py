@@ -27,6 +27,16 @@ class Line:
         return f"{self.name}: {self.text} [{verdict}]"
 
 
+@dataclass(frozen=True)
+class ModelSize:
+    """The text example's CausalLM at one size, as the feed and loop parts train it."""
+
+    name: str      # "small", "medium" (the sizes the goals name), "tiny" (quick runs)
+    width: int
+    layers: int
+    batch: int
+
+
 def judged(ok: bool, quick: bool) -> bool | None:
     """A goal is judged only on a real run: quick runs' figures are too small to mean anything."""
     return None if quick else ok

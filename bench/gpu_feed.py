@@ -21,7 +21,6 @@ import os
 import subprocess
 import sys
 import time
-from dataclasses import dataclass
 from typing import Callable, Iterator
 
 import numpy as np
@@ -31,7 +30,7 @@ sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.join(os.path.dirname(HERE), "examples", "text"))
 sys.path.insert(0, os.path.join(os.path.dirname(HERE), "operators"))
 
-from gpu_common import Line, judged, part_main  # noqa: E402
+from gpu_common import Line, ModelSize, judged, part_main  # noqa: E402
 
 from dtrain.preprocess.transform import variable_length  # noqa: E402
 
@@ -40,14 +39,7 @@ VOCAB = 512  # the text example's tokenizer
 READ_LOSS_EVERY = 50
 
 
-@dataclass(frozen=True)
-class Size:
-    name: str
-    width: int
-    layers: int
-    batch: int
-
-
+Size = ModelSize
 SIZES = (Size("small", 128, 2, 256), Size("medium", 512, 6, 64))
 QUICK = Size("tiny", 32, 1, 8)
 

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from typing import Callable, Iterator
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from gpu_common import Line, judged, part_main  # noqa: E402
+from gpu_common import Line, ModelSize, judged, part_main  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "examples", "text"))
@@ -36,13 +36,9 @@ BLOCK = 64  # tokens a block, as the text example packs them
 
 
 @dataclass(frozen=True)
-class Size:
-    name: str
-    width: int
-    layers: int
-    batch: int
-    steps: int
-    goal: float | None  # judged on this size, or None
+class Size(ModelSize):
+    steps: int = 0
+    goal: float | None = None  # judged on this size, or None
 
 
 def sizes(quick: bool) -> list[Size]:
