@@ -1,5 +1,6 @@
 """The launcher's live straggler watch (dtrain.launch.engine.stragglers): a verdict is logged when it
-appears, changes or clears, once, from each rank's last 50 steps (what the job does now). The records are
+appears, changes or clears, once, from each rank's last 50 steps (what the job does now), when two looks
+in a row agree on it. The records are
 written by hand here; tests/faults/test_stragglers.py runs real jobs on throttled hosts."""
 
 from __future__ import annotations
@@ -34,12 +35,15 @@ def test_a_verdict_is_logged_when_it_appears_changes_and_clears(tmp_path):
     assert lines == []  # healthy: nothing said
     phase(tmp_path, (2, 3), 301, steps=30)  # after 300 healthy steps: the last 50 steps are what counts
     watch.look()
-    watch.look()  # the same verdict again: said once
+    watch.look()
+    watch.look()  # the same verdict a third time: said once
     assert len(lines) == 1 and lines[0].startswith("[straggler] LoadBalancing: TRIGGERED on ranks 2, 3 (node 1): ")
     phase(tmp_path, (2,), 331, steps=50)  # rank 3 recovered
     watch.look()
+    watch.look()
     assert lines[1].startswith("[straggler] LoadBalancing: TRIGGERED on rank 2 (node 1): "), lines
     phase(tmp_path, (), 381, steps=50)  # and rank 2
+    watch.look()
     watch.look()
     assert len(lines) == 3 and lines[2].startswith("[straggler] no straggler or stall any more: LoadBalancing ok"), lines
 
@@ -62,4 +66,27 @@ def test_nothing_is_said_before_every_rank_has_enough_steps(tmp_path):
     assert lines == []
     phase(tmp_path, (2, 3), 25, steps=1)
     watch.look()
+    watch.look()
     assert len(lines) == 1 and "TRIGGERED on ranks 2, 3 (node 1)" in lines[0]
+
+
+def test_one_look_of_a_busy_stretch_names_nobody(tmp_path):
+    """A healthy host busy for one look's 50 steps (another job's burst on its cores) is not a straggler: a
+    verdict is said when the next look agrees, and a stretch that has passed by then is never said."""
+    lines: list[str] = []
+    watch = StragglerWatch(str(tmp_path), sink=lines.append)
+    phase(tmp_path, (), 1, steps=300)
+    watch.look()
+    phase(tmp_path, (0,), 301, steps=50)  # host 0 busy for 50 steps
+    watch.look()
+    assert lines == []
+    phase(tmp_path, (), 351, steps=50)  # and healthy again by the next look
+    watch.look()
+    watch.look()
+    assert lines == []
+    phase(tmp_path, (1,), 401, steps=50)  # a slowdown that lasts: said at the second look
+    watch.look()
+    assert lines == []
+    phase(tmp_path, (1,), 451, steps=50)
+    watch.look()
+    assert len(lines) == 1 and lines[0].startswith("[straggler] LoadBalancing: TRIGGERED on rank 1 (node 0): "), lines

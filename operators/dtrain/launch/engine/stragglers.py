@@ -4,13 +4,14 @@ The stall report (:mod:`dtrain.stall_report`) comes at the end of a job; a strag
 step until then (in synchronous DDP every rank waits for it). So the launcher looks every
 :data:`POLL_S` seconds at each rank's last :data:`LAST_STEPS` steps (what the job does now, not since
 it started: a host that slows after hours is named within seconds) and says so in its log when a
-verdict appears, changes (other ranks named) or clears:
+verdict appears, changes (other ranks named) or clears, once two looks in a row agree on it (one busy
+stretch of a healthy host, which one look's 50 steps can hold, is not a straggler):
 
     [straggler] LoadBalancing: TRIGGERED on ranks 2, 3 (node 1): the slowest at 2.85x the median compute time ...
 
 The same rules, over the same records, are in the Training tab (live) and in the result's ``stall``
 (XCom, at the end, over the whole job). A look reads the newest :data:`RANK_BYTES` of each rank's file
-(through :mod:`dtrain.rundir`: bounded, no link followed): 16 KB a rank every 10 s, 16 MB for a
+(through :mod:`dtrain.rundir`: bounded, no link followed): 16 KB a rank every 5 s, 16 MB for a
 1000-rank job; the ranks' files are not trusted beyond what the report believes.
 """
 
@@ -21,8 +22,9 @@ from typing import Any, Callable
 
 from dtrain.stall_report import summarize
 
-#: seconds between looks at the ranks' newest steps
-POLL_S = 10.0
+#: seconds between looks at the ranks' newest steps (a verdict is said after two looks agree: within
+#: 2 x POLL_S of the steps that show it)
+POLL_S = 5.0
 #: the steps of each rank a look judges (a slow node is named once its late steps make up two thirds of
 #: their time: a few of a slowdown's long steps)
 LAST_STEPS = 50
@@ -53,7 +55,8 @@ class StragglerWatch:
 
     def __init__(self, metrics_dir: str, sink: Callable[[str], None], interval: float = POLL_S):
         self.metrics_dir, self.sink, self.interval = metrics_dir, sink, interval
-        self.last: tuple = ()
+        self.last: tuple = ()  # the verdict said last
+        self.seen: tuple = ()  # the previous look's verdict
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -75,14 +78,16 @@ class StragglerWatch:
                 self.sink(f"[straggler] no look: {type(e).__name__}: {e}")
 
     def look(self) -> None:
-        """One look; logs the verdicts when they differ from the last look's."""
+        """One look; logs the verdicts when this look and the one before agree on them and they differ from what
+        was said last."""
         summary = window(self.metrics_dir)
         ranks = summary.get("ranks") or ()
         if len(ranks) < 2 or min(r["steps"] for r in ranks) < MIN_STEPS:
             return
-        key = verdict_key(summary)
-        if key == self.last:
-            return
+        key, previous = verdict_key(summary), self.seen
+        self.seen = key
+        if key == self.last or key != previous:
+            return  # nothing new, or new in this look only
         if key:
             for name, _ in key:
                 self.sink(f"[straggler] {name}: {summary['rules'][name]['message']}")
