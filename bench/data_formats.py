@@ -1,7 +1,7 @@
 """Benchmark: our shard format and reader against the formats a team would otherwise pick.
 
 The same preprocessed samples are written with each library's own writer and read back with
-each library's recommended reading path, on this machine's local disk:
+each library's recommended reading path, on the local disk of the machine it runs on:
 
   dtrain shards   the preprocess engine (PreprocessOperator / `dtrain preprocess`) writes them;
                   ShardDataset + ShardSampler + ShardLoader read them
@@ -32,7 +32,7 @@ warm: after each write, os.sync() and one read of every file (nothing is dropped
 Then preprocessing throughput: our engine (2 processes) versus Hugging Face datasets
 (load_dataset("json") + Dataset.map(num_proc=2) + save_to_disk) on the same raw JSON lines
 with the same digits_heavy transform (the outputs are checked equal), alternating, best of
---rounds each: this machine is shared, and the best run is the one least disturbed.
+--rounds each: on a shared machine the best run is the one least disturbed.
 
     pip install '.[bench]'     # or: DTRAIN_EXTRAS=test,bench bash scripts/bootstrap.sh
     .venv/bin/python bench/data_formats.py [--repeat 8] [--images 16384] [--docs 32768] [--only text]

@@ -1,4 +1,4 @@
-"""Benchmark: a node lost mid-training, this release against the previous one, on the namespace cluster.
+"""Benchmark: a node lost mid-training, this checkout against a reference commit, on the namespace cluster.
 
 For each fault (partition: the host's link down; freeze: every process of the host stopped; crash:
 every process of the host killed), a 2-host x 1-rank DDP job over the ssh backend (``dtrain launch``,
@@ -11,10 +11,11 @@ hosts, then the ranks run on) loses host 1, and the bench measures from the faul
 
 for this checkout and for ``--previous`` (a git revision, checked out in a temporary worktree; its
 launcher and its remote side both run, each on a cluster of its own). Default settings on both, and
-``GLOO_SOCKET_IFNAME=eth0`` (every host's link here), which the previous release needs on such hosts.
+``GLOO_SOCKET_IFNAME=eth0`` (every host's link on the namespace cluster), which the reference commits need on such hosts.
 Measurements stop at ``--cap`` seconds ("> cap": still not detected / still running then).
 
-Prints one line per fault and release, then one line per fault with both and their ratio. Needs root
+Prints one line per fault and checkout (``[checkout]``, ``[reference REV]``), then one line per fault with both and
+their ratio. Needs root
 (namespaces, sshd) and a clean clone with history for --previous.
 
     .venv/bin/python bench/faults.py [--faults partition,freeze,crash] [--modes attached,durable,slurm,mpi] [--previous 2a122e2] [--cap 150] [--resume]
@@ -44,7 +45,6 @@ each, slurmctld here; its SlurmdTimeout is 60 s, Slurm's default 300 s), default
 ``--previous 533a83a``, the last commit before the Slurm nodes' leases (2a122e2's Slurm backend ran on
 127.0.0.1 only).
 
-Not measured yet (issue 25): mpi.
 """
 
 from __future__ import annotations
@@ -73,7 +73,7 @@ FAULTS = ("partition", "freeze", "crash")
 #: ``dtrain launch --backend slurm`` on a Slurm cluster of the same hosts; mpi: ``dtrain launch --backend ssh
 #: --distribution mpi`` (mpirun over ssh, an orted per host)
 MODES = ("attached", "durable", "slurm", "mpi")
-#: the durable mode's launcher, as the operator runs it (submit detached, then follow), for either release
+#: the durable mode's launcher, as the operator runs it (submit detached, then follow), for either checkout
 DURABLE = """
 import json, sys
 from dtrain.launch.engine.launcher import Launcher
@@ -83,7 +83,7 @@ result = launcher.attach(launcher.submit_detached())
 print(f"[bench] exit {result.exit_code}: {(getattr(result, 'lost', None) or {}).get('message', '')}", flush=True)
 sys.exit(min(result.exit_code, 255))
 """
-#: the last commit before issue 25's lost-node work: the previous release's behaviour
+#: the default reference: the last commit before the nodes' leases and the lost-node probes
 PREVIOUS = "2a122e2"
 #: --resume: the package's reference script, checkpointing every EVERY steps, 0.2 s a step (long enough
 #: to outlast the measurement; the bench stops it); host 1 is faulted once rank 0 logged FAULT_AFTER
@@ -169,7 +169,7 @@ def start_slurm(code_dir: str, work: str):
     --export=ALL), so they run the code in ``code_dir`` too. Returns that environment, the network and the cluster."""
     from tests.slurm.cluster import SlurmCluster
 
-    net = NetCluster(2, decoy=False).start()  # every host's link is eth0: the previous release's workaround works
+    net = NetCluster(2, decoy=False).start()  # every host's link is eth0: the reference commits' workaround works
     try:
         slurm = SlurmCluster(os.path.join(work, "slurm"), net=net).start()
     except BaseException:
@@ -192,7 +192,7 @@ def start_hosts(code_dir: str, work: str):
     env = dict(os.environ, PYTHONPATH=os.path.join(code_dir, "operators"), DTRAIN_HOME=os.path.join(work, "home"))
     saved = os.environ.get("PYTHONPATH")
     os.environ["PYTHONPATH"] = env["PYTHONPATH"]  # the hosts' sshd hands it to their sessions
-    net = NetCluster(2, decoy=False).start()  # every host's link is eth0: the previous release's workaround works
+    net = NetCluster(2, decoy=False).start()  # every host's link is eth0: the reference commits' workaround works
     try:
         ssh = start_cluster(os.path.join(work, "sshd"), net=net)
     except BaseException:
@@ -212,7 +212,7 @@ def stop_hosts(net: NetCluster, cluster, run_dir: str) -> None:
     net.heal(1)
     cluster.stop()
     net.stop()
-    for pid in job_pids(run_dir):  # the previous release leaves ranks behind: not the next run's problem
+    for pid in job_pids(run_dir):  # a reference commit may leave ranks behind: not the next run's problem
         try:
             os.kill(pid, 9)
         except ProcessLookupError:
@@ -240,7 +240,7 @@ def attached_argv(ssh, run_dir: str, command: list[str], mpi: bool = False) -> l
             *(["--distribution", "mpi"] if mpi else []),
             "--nodes", "2", "--procs-per-node", "1", "--device", "cpu", "--run-dir", run_dir,
             "--ssh-key", ssh.key_file, "--ssh-known-hosts", ssh.known_hosts, "--ssh-strict-host-key-checking", "yes",
-            # the previous release needs it on hosts of their own (this one finds it itself): the same job for both
+            # the reference commits need it on hosts of their own (this checkout finds it itself): the same job for both
             "--env", "GLOO_SOCKET_IFNAME=eth0", "--", *command]
 
 
@@ -363,12 +363,12 @@ def measure_straggler(fault: str, mode: str, code_dir: str, work: str, cap: floa
 
 
 def straggler_row(mode: str, fault: str, release: str, found: dict, cap: float) -> str:
-    return (f"faults {backend_of(mode)} {fault} [{release} release]: named {seconds(found['named'], cap)} after the slowdown; "
+    return (f"faults {backend_of(mode)} {fault} [{release}]: named {seconds(found['named'], cap)} after the slowdown; "
             f"healthy node 0 blamed: {'yes' if found['blamed_node0'] else 'no'}; its report at the end: {found['report']}")
 
 
 def straggler_both(mode: str, fault: str, new: dict, old: dict, cap: float) -> str:
-    return (f"faults {backend_of(mode)} {fault}: named while running {seconds(new['named'], cap)} vs previous "
+    return (f"faults {backend_of(mode)} {fault}: named while running {seconds(new['named'], cap)} vs reference "
             f"{seconds(old['named'], cap)} = {ratio(new['named'], old['named'], cap)}; healthy node blamed: "
             f"{'yes' if new['blamed_node0'] else 'no'} vs {'yes' if old['blamed_node0'] else 'no'}")
 
@@ -393,26 +393,27 @@ def ratio(new: float | None, old: float | None, cap: float) -> str:
 
 
 def resume_row(mode: str, fault: str, release: str, found: dict, cap: float) -> str:
-    return (f"faults {backend_of(mode)} resume {fault} [{release} release]: detected {seconds(found['detected'], cap)}, "
+    return (f"faults {backend_of(mode)} resume {fault} [{release}]: detected {seconds(found['detected'], cap)}, "
             f"training resumed {seconds(found['resumed'], cap)} after the fault (from step "
             f"{found['from_step']}); first launch exit {found['exit']}")
 
 
 def resume_both(mode: str, fault: str, new: dict, old: dict, cap: float) -> str:
-    return (f"faults {backend_of(mode)} resume {fault}: training resumed {seconds(new['resumed'], cap)} vs previous "
+    return (f"faults {backend_of(mode)} resume {fault}: training resumed {seconds(new['resumed'], cap)} vs reference "
             f"{seconds(old['resumed'], cap)} = {ratio(new['resumed'], old['resumed'], cap)} "
             f"[checkpoint every {EVERY} steps, host back at the verdict, retry at once]")
 
 
 def compare(faults: list[str], releases: dict[str, str], work: str, cap: float, measure, row, both) -> None:
-    """``measure(fault, code_dir=, work=, cap=)`` each fault on each release; a ``row`` per run, then ``both`` per fault."""
+    """``measure(fault, code_dir=, work=, cap=)`` each fault on each checkout (``releases``: the checkout first, then
+    the reference); a ``row`` per run, then ``both`` per fault."""
     results = {}
     for fault in faults:
         for release, code in releases.items():
             found = results[fault, release] = measure(fault, code_dir=code, work=tempfile.mkdtemp(dir=work), cap=cap)
             print(row(fault, release, found, cap), flush=True)
     for fault in faults:
-        print(both(fault, results[fault, "this"], results[fault, "previous"], cap))
+        print(both(fault, *(results[fault, release] for release in releases), cap))
 
 
 def main() -> int:
@@ -440,7 +441,7 @@ def main() -> int:
     previous = None
     try:
         previous = worktree(args.previous, os.path.join(work, "previous"))
-        releases = {"this": REPO, "previous": previous}
+        releases = {"checkout": REPO, f"reference {args.previous}": previous}
         if args.resume or args.stragglers:
             measure_one, row, both = ((measure_resume, resume_row, resume_both) if args.resume
                                       else (measure_straggler, straggler_row, straggler_both))
@@ -451,18 +452,18 @@ def main() -> int:
         results: dict[tuple[str, str, str], dict] = {}
         for mode in modes:
             for fault in faults:
-                for release, code in (("this", REPO), ("previous", previous)):
+                for release, code in releases.items():
                     found = measure(fault, mode, code, tempfile.mkdtemp(dir=work), args.cap)
                     results[mode, fault, release] = found
-                    print(f"faults {backend_of(mode)} {fault} [{release} release]: detected {seconds(found['detected'], args.cap)}, "
+                    print(f"faults {backend_of(mode)} {fault} [{release}]: detected {seconds(found['detected'], args.cap)}, "
                           f"every rank gone {seconds(found['gone'], args.cap)}; exit {found['exit']}: {found['verdict']}",
                           flush=True)
         for mode in modes:
             for fault in faults:
-                new, old = results[mode, fault, "this"], results[mode, fault, "previous"]
-                print(f"faults {backend_of(mode)} {fault}: detected {seconds(new['detected'], args.cap)} vs previous "
+                new, old = (results[mode, fault, release] for release in releases)
+                print(f"faults {backend_of(mode)} {fault}: detected {seconds(new['detected'], args.cap)} vs reference "
                       f"{seconds(old['detected'], args.cap)} = {ratio(new['detected'], old['detected'], args.cap)}; "
-                      f"every rank gone {seconds(new['gone'], args.cap)} vs previous {seconds(old['gone'], args.cap)} "
+                      f"every rank gone {seconds(new['gone'], args.cap)} vs reference {seconds(old['gone'], args.cap)} "
                       f"= {ratio(new['gone'], old['gone'], args.cap)}")
     finally:
         if previous is not None:

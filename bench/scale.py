@@ -11,14 +11,14 @@ idle), the job is started detached (what a deferrable or durable task does), and
 * ``teardown_s``: from the cancel until no process of the job is left on any host;
 * the triggerer's cost of following the deferred job, per minute, measured over a window
   (``--window`` seconds, CPU seconds of the process and its children, processes spawned):
-  ``before``: the previous release's poll (``detached_node status`` over ssh to every host,
-  all at once, every 2 s), reproduced here; ``after``: this release's trigger, run for real
-  (heartbeats and exit records read from the shared run directory, ssh only for a stale host,
-  poll interval 2 s growing by half up to 30 s).
+  ``ssh-poll``: a watcher that asks every host over ssh (``detached_node status``, all at once,
+  every 2 s), reproduced in this bench; ``trigger``: the product's ``DistributedJobTrigger``, run
+  for real (heartbeats and exit records read from the shared run directory, ssh only for a stale
+  host, poll interval 2 s growing by half up to 30 s).
 
-One table, then the slopes (least squares over N). All hosts share this machine's 2 cores,
-so the launch includes N torchrun agents and N ranks importing torch on 2 cores: that, not
-ssh, dominates at large N here; on real hosts each imports on its own CPUs.
+One table, then the slopes (least squares over N). All hosts share the cores of the machine the
+bench runs on, so the launch includes N torchrun agents and N ranks importing torch on those cores:
+on a 2-core machine that, not ssh, dominates at large N; on real hosts each imports on its own CPUs.
 
     .venv/bin/python bench/scale.py [--hosts 2,4,8,16,32] [--window 20] [--fanout 32]
 
@@ -112,8 +112,8 @@ def job_processes(job_id: str) -> list[psutil.Process]:
     return found
 
 
-async def previous_release_poll(handle, stop_at: float) -> None:
-    """The trigger loop before this release: every host asked over ssh, all at once, every 2 s."""
+async def ssh_poll(handle, stop_at: float) -> None:
+    """A watcher without the shared run directory: every host asked over ssh, all at once, every 2 s."""
     target = nodes.Target(hosts=tuple(handle.data["hosts"]), ssh=dict(handle.data["ssh"]))
     while time.monotonic() < stop_at:
         results = await asyncio.gather(*(run_async(argv, 40) for argv in nodes.status_argvs(target, handle.run_dir)))
@@ -123,7 +123,7 @@ async def previous_release_poll(handle, stop_at: float) -> None:
         await asyncio.sleep(max(0.0, min(2.0, stop_at - time.monotonic())))
 
 
-async def this_release_trigger(handle, stop_at: float) -> None:
+async def product_trigger(handle, stop_at: float) -> None:
     trigger = DistributedJobTrigger(handle=handle.to_dict(), poll_interval=handle.data["poll_interval"],
                                     max_poll_interval=handle.data["max_poll_interval"])
     trigger.log.disabled = True
@@ -163,8 +163,8 @@ def measure(n: int, work: str, window: float, fanout: int) -> dict:
             raise SystemExit(f"N={n}: only {len(os.listdir(running)) if os.path.isdir(running) else 0} ranks ran")
         launch = max(float(open(os.path.join(running, f)).read()) for f in os.listdir(running)) - started
         time.sleep(1)  # let the ranks settle into their idle loop: the windows below measure the watcher
-        before = watch_cost(previous_release_poll, handle, window)
-        after = watch_cost(this_release_trigger, handle, window)
+        before = watch_cost(ssh_poll, handle, window)
+        after = watch_cost(product_trigger, handle, window)
         stop_started = time.monotonic()
         launcher.backend.cancel(handle, grace=2)
         if not poll_until(lambda: not job_processes(handle.job_id), timeout=120, interval=0.05):
@@ -195,23 +195,23 @@ def main() -> int:
     count_spawns()
     rows = []
     print(f"{'hosts':>5} {'start_s':>7} {'launch_s':>9} {'peak_procs':>10} {'teardown_s':>10} "
-          f"{'before cpu_s/min':>16} {'before procs/min':>16} {'after cpu_s/min':>15} {'after procs/min':>15}", flush=True)
+          f"{'ssh-poll cpu_s/min':>18} {'ssh-poll procs/min':>18} {'trigger cpu_s/min':>17} {'trigger procs/min':>17}", flush=True)
     for n in counts:
         r = measure(n, work, args.window, args.fanout)
         rows.append(r)
-        print(f"{n:>5} {r['start']:>7.2f} {r['launch']:>9.2f} {r['peak']:>10} {r['teardown']:>10.2f} {r['before'][0]:>16.2f} "
-              f"{r['before'][1]:>16.0f} {r['after'][0]:>15.3f} {r['after'][1]:>15.0f}", flush=True)
+        print(f"{n:>5} {r['start']:>7.2f} {r['launch']:>9.2f} {r['peak']:>10} {r['teardown']:>10.2f} {r['before'][0]:>18.2f} "
+              f"{r['before'][1]:>18.0f} {r['after'][0]:>17.3f} {r['after'][1]:>17.0f}", flush=True)
     xs = [float(r["n"]) for r in rows]
     if len(rows) >= 2:
         print(f"slope per host: start {slope(xs, [r['start'] for r in rows]):+.3f} s, launch {slope(xs, [r['launch'] for r in rows]):+.3f} s, "
               f"teardown {slope(xs, [r['teardown'] for r in rows]):+.3f} s, "
-              f"triggerer before {slope(xs, [r['before'][0] for r in rows]):+.3f} cpu_s/min and "
+              f"triggerer ssh-poll {slope(xs, [r['before'][0] for r in rows]):+.3f} cpu_s/min and "
               f"{slope(xs, [r['before'][1] for r in rows]):+.1f} procs/min, "
-              f"after {slope(xs, [r['after'][0] for r in rows]):+.4f} cpu_s/min and "
+              f"trigger {slope(xs, [r['after'][0] for r in rows]):+.4f} cpu_s/min and "
               f"{slope(xs, [r['after'][1] for r in rows]):+.1f} procs/min")
     last = rows[-1]
-    print(f"scale: triggerer cost following one deferred {last['n']}-host job: previous release "
-          f"{last['before'][0]:.2f} cpu_s/min, {last['before'][1]:.0f} procs/min; this release "
+    print(f"scale: triggerer cost following one deferred {last['n']}-host job: ssh poll of every host "
+          f"{last['before'][0]:.2f} cpu_s/min, {last['before'][1]:.0f} procs/min; DistributedJobTrigger "
           f"{last['after'][0]:.3f} cpu_s/min, {last['after'][1]:.0f} procs/min; "
           f"{last['before'][0] / max(last['after'][0], 1e-3):.0f}x less CPU")
     return 0

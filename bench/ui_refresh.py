@@ -314,7 +314,7 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=120)
     parser.add_argument("--rss-limit-mb", type=float, default=6000)
     parser.add_argument("--base", default="main", help="the commit whose code is compared (default main; "
-                                                        "once this change is merged, the commit before it)")
+                                                        "to compare with main itself, the commit before it)")
     parser.add_argument("--plot-ranks", type=int, metavar="N",
                         help="instead: one plot of N ranks, a line per rank against their envelope (same data)")
     parser.add_argument("--planted", type=int, metavar="N",
