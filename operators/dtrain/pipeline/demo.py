@@ -1,4 +1,4 @@
-"""Run retrain_pipeline end to end on this machine with embedded stand-ins for the cloud.
+"""Run retrain_pipeline end to end on the local machine with embedded stand-ins for the cloud.
 
     python -m dtrain.pipeline.demo [--date 2026-01-01 ...] [--nodes 2 --procs-per-node 2 --epochs 20]
 

@@ -532,8 +532,8 @@ def retraining_pipeline(
             looks again (it frees its worker slot in between: Airflow's reschedule). Keep it well above
             the time a worker takes to report a try's end: Airflow 3.3's scheduler fails a rescheduled
             task whose next try it queued before it heard the previous one end ("finished with state
-            success, but the task instance's state attribute is queued"; seen here at 5 s, when a
-            task's supervisor took 5.9 s to exit).
+            success, but the task instance's state attribute is queued"): 5 s is too short where a
+            task's supervisor takes 5.9 s to exit).
         **train_options: further :class:`~dtrain.launch.airflow.operator.DistributedTrainingOperator`
             arguments (hang_timeout, stop_grace, max_restarts, deferrable, retry_policy, ...).
 

@@ -38,7 +38,7 @@ FINITE: dict[str, Any] = {"not": {"maximum": -1e308, "description": "NaN or -Inf
 
 MAX_RANKS_ENV = "DTRAIN_LOCAL_MAX_RANKS"
 #: ranks per CPU core (or GPU) that backend=local may start. The demo's 2 nodes x 2 processes must
-#: run on a 2-core CI worker, and gloo-on-CPU ranks spend much of each step waiting on the
+#: run on a 2-core worker, and gloo-on-CPU ranks spend much of each step waiting on the
 #: all-reduce, so a few per core still progress; far beyond that, time-slicing stretches every
 #: collective towards its timeout and each rank's own interpreter + torch (hundreds of MB)
 #: exhausts the worker's memory. Override per worker with DTRAIN_LOCAL_MAX_RANKS.

@@ -74,7 +74,7 @@ def validate(*, transform: str, workers: int | None, shard_size: int, max_bad_fr
             or not 1 <= max_record_bytes <= MAX_RECORD_BYTES_CAP:
         raise SpecError("max_record_bytes", max_record_bytes, MAX_RECORD_BYTES_ALLOWED)
     if workers is not None and (not isinstance(workers, int) or isinstance(workers, bool) or workers < 1):
-        raise SpecError("workers", workers, "a positive integer (default: every core of this machine)")
+        raise SpecError("workers", workers, "a positive integer (default: every core of the machine it runs on)")
     if not isinstance(shard_size, int) or isinstance(shard_size, bool) or shard_size < 1:
         raise SpecError("shard_size", shard_size, "a positive integer number of input records per shard")
     if not isinstance(max_bad_fraction, (int, float)) or isinstance(max_bad_fraction, bool) \

@@ -181,7 +181,7 @@ class NodeAccess:
         python: the interpreter on the nodes.
         ssh_config: an ssh_config text with one ``Host dtrain-nodeN`` alias per node, for
             mpirun's rsh agent; None when every node is this host.
-        loopback: every node is on this machine (collectives then use the loopback interface).
+        loopback: every node is on this host (collectives then use the loopback interface).
         endpoints: each node's login (address, port), in node order: what its lease reaches (the next
             node's) and what the launcher probes when a node seems lost; empty on this host.
         lost_after: seconds a node may be silent before it is lost and fences itself (its lease); None:
@@ -307,7 +307,7 @@ class Backend(abc.ABC):
 
     @classmethod
     def on_this_host(cls, placement: "Placement") -> bool:
-        """Every node of ``placement`` is this machine (its collectives then talk over loopback)."""
+        """Every node of ``placement`` is this host (its collectives then talk over loopback)."""
         return cls.node_access(placement).loopback
 
     def free_port(self, spec: "LaunchSpec") -> int:

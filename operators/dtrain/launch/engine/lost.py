@@ -34,7 +34,7 @@ if TYPE_CHECKING:
 #: the exit status of a launch that lost a node (dtrain.launch.engine.retry: a lost node, retried)
 LOST_EXIT_CODE = 255
 #: a node silent this long is lost (the ssh and slurm options' ``lost_after``): detection within it plus
-#: the probe, the node's own fence within it plus the fence grace; the issue's goal is 60 s for both
+#: the probe, the node's own fence within it plus the fence grace; both stay within 60 s
 DEFAULT_LOST_AFTER_S = 30.0
 #: below this a busy host (a long GC, a loaded link) would be declared lost
 MIN_LOST_AFTER_S = 10.0

@@ -169,7 +169,8 @@ def signed_backend(inner: Any, key: StoreKey, lapse_s: float = KEEP_ALIVE_S * KE
             return inner.name
 
         def _verified(self, sealed: bytes) -> bytes | None:
-            """The state in ``sealed`` if it is the job's and not older than one seen here, else None (refused)."""
+            """The state in ``sealed`` if it is the job's and not older than one this wrapper verified, else
+            None (refused)."""
             value = key.open_or_refuse(self.state_key, sealed)
             version, sep, state = (value or b"").partition(b":")
             if value is None:

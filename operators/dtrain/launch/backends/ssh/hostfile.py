@@ -217,7 +217,7 @@ class SSHSettings:
 
     def login_port(self, host: HostEntry) -> int:
         """The port ``host``'s sshd listens on, for a probe that does not go through ssh (its line's
-        port, else the settings', else 22: a port set only in ~/.ssh/config is not seen here)."""
+        port, else the settings', else 22: a port set only in ~/.ssh/config is unknown to the probe)."""
         return host.port or self.port or 22
 
     def to_dict(self) -> dict[str, Any]:
