@@ -24,7 +24,7 @@ With ``--planted N`` it prints the summary's cost when a rank filled ``metrics/`
 
     .venv/bin/python bench/ui_refresh.py --planted 300000 --base <the commit to compare with>
 
-``--rss-limit-mb``: a process past it is stopped and reported as such (the old code keeps a
+``--rss-limit-mb``: a process past it is stopped and reported as such (code that keeps a
 parsed copy of every rank file per refresh: on a shared machine it would take all the memory).
 """
 
@@ -46,7 +46,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
 BIN = os.path.dirname(sys.executable)
 DAG_ID = "bench_ui"
-#: the size cap of a rank's metrics file the old code read whole (dtrain.rundir.MAX_METRICS_BYTES)
+#: the size cap of a rank's metrics file read whole (dtrain.rundir.MAX_METRICS_BYTES)
 CAP = 16 * 1024 * 1024
 DAG_FILE = f'''
 from airflow.sdk import DAG

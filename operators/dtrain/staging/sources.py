@@ -13,8 +13,8 @@ Every client implements exactly that:
 - :class:`NativeS3Source` (botocore lists; :mod:`dtrain.staging.s3read` reads), used for
   ``s3://`` whenever the storage options are ones it reproduces exactly (credentials,
   endpoint, region via client_kwargs, botocore config, anon, profile, requester_pays;
-  the same meaning as in s3fs). It never imports s3fs, aiobotocore and aiohttp: on the
-  2-core test machine those imports and the second client cost about a quarter of a
+  the same meaning as in s3fs). It never imports s3fs, aiobotocore and aiohttp: on a
+  2-core machine those imports and the second client cost about a quarter of a
   second of CPU per stage. ``DTRAIN_S3_CLIENT=botocore`` skips the lean source;
 - :class:`FsspecSource` for any other option (or ``DTRAIN_S3_CLIENT=s3fs``) and every
   other protocol (file, memory, gcs, ...).

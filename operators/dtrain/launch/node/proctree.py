@@ -39,8 +39,7 @@ def die_with_parent(environ: MutableMapping[str, str], signum: int = signal.SIGT
 
     Why: Slurm's proctrack/linuxproc finds a job's processes by parent links at the moment it kills;
     a node shell SIGKILLed by ``scancel --full`` could leave its agent re-parented to init and waiting
-    in the rendezvous (seen in a clean-clone run of the suite: an agent outlived a cancelled job by
-    more than 15 s)."""
+    in the rendezvous (an agent can outlive a cancelled job by more than 15 s that way)."""
     expected = environ.pop(PARENT_ENV, "")
     if not expected.isdigit() or not parent_death_signal(signum):
         return
@@ -176,8 +175,8 @@ def wait_gone(victims: list, timeout: float, interval: float = 0.05) -> list:
     """Wait until each of ``victims`` (psutil.Process) has ended or ``timeout`` passed; returns those
     still alive. A zombie counts as ended, and none is reaped: ``psutil.wait_procs`` reaps a child of
     ours with ``waitpid``, and the ``subprocess.Popen`` waiting on that child then gets ECHILD and
-    reports exit status 0. A node agent whose rank was SIGKILLed by its fence exited 0 that way
-    (seen in a clean-clone run under load): a stopped node reported as a successful one."""
+    reports exit status 0. A node agent whose rank was SIGKILLed by its fence can exit 0 that way
+    (under load): a stopped node reported as a successful one."""
     deadline = time.monotonic() + timeout
     alive = list(victims)
     while True:
