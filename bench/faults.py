@@ -11,7 +11,8 @@ hosts, then the ranks run on) loses host 1, and the bench measures from the faul
 
 for this checkout and for ``--previous`` (a git revision, checked out in a temporary worktree; its
 launcher and its remote side both run, each on a cluster of its own). Default settings on both, and
-``GLOO_SOCKET_IFNAME=eth0`` (every host's link on the namespace cluster), which the reference commits need on such hosts.
+``GLOO_SOCKET_IFNAME=eth0`` (every host's link on the namespace cluster), which the reference commits need
+on such hosts.
 Measurements stop at ``--cap`` seconds ("> cap": still not detected / still running then).
 
 Prints one line per fault and checkout (``[checkout]``, ``[reference REV]``), then one line per fault with both and
