@@ -1,22 +1,26 @@
 """The stall report names a slow node whatever the slowdown's shape, and never a healthy one: jobs of the
 reference digits script (dtrain.training.reference.train_digits, its collective timer) over the ssh backend
-on hosts with their own addresses (tests/netcluster.py), host 1 made slow before the job starts.
+on hosts with their own addresses (tests/netcluster.py), host 1 made slow once every rank has taken its
+first step (at a tenth of a CPU, importing torch alone took a rank a minute).
 
 The sweep: a CPU quota on host 1 (cgroup cfs quota, which stops the host's ranks at arbitrary points,
-inside their all-reduce too) of 30 % of one CPU for its 2 ranks in a job of 30 steps, and of 60 % for its
-1 rank in a job of 200; a rate-limited link into host 1 (nobody named: the network sets the pace); clean runs, which name
-nobody. A quota of 10 % and the live line: tests/faults/test_stragglers.py (host 1 slowed mid-run).
+inside their all-reduce too) of 10 %, 30 % and 60 % of one CPU, for its 1 or 2 ranks, in jobs of about 30
+steps and of 200; a rate-limited link into host 1 (nobody named: the network sets the pace); clean runs,
+which name nobody. The live line: tests/faults/test_stragglers.py (host 1 slowed mid-run).
 
 One cluster for every case (the suite's session ``net_cluster``); each job lasts seconds."""
 
 from __future__ import annotations
 
+import os
 import sys
+import threading
 
 import pytest
 
 from dtrain.launch.engine.launcher import Launcher
 from dtrain.launch.engine.spec import LaunchSpec
+from dtrain.rundir import RunDir
 from tests.remote.conftest import needs_sshd
 
 pytestmark = [needs_sshd, pytest.mark.timeout(240)]
@@ -31,20 +35,65 @@ DIGITS = [sys.executable, "-m", "dtrain.training.reference.train_digits", "--che
 #: used about half a CPU, and a quota of 60 % did not slow their host (nor could any report tell it from a
 #: healthy one)
 SHORT = {1: ("128", "6"), 2: ("359", "30")}
-LONG = {1: ("128", "40")}
+LONG = {1: ("128", "40"), 2: ("90", "50")}
+#: two ranks that compute most of each step (tests/faults/scripts/straggler_train.py: a 3-layer MLP on a
+#: batch of 1024, one thread): the digits' ranks compute a tenth of a step and use too little of a CPU
+#: for a quota of 60 % shared by two to slow them
+COMPUTE_BOUND = [sys.executable, os.path.join(os.path.dirname(os.path.abspath(__file__)), "scripts",
+                                              "straggler_train.py"), "--batch", "1024", "--steps", "200"]
 #: a host's cgroup weight against every other process here (each weighs the default, 1024)
 DEDICATED_SHARES = 64 * 1024
 DEFAULT_SHARES = 1024
 
 
-def run_job(cluster, tmp_path, procs: int, shape: dict[int, tuple[str, str]]):
+def digits(procs: int, shape: dict[int, tuple[str, str]]) -> list[str]:
     batch, epochs = shape[procs]
-    spec = LaunchSpec(command=[*DIGITS, "--batch-size", batch, "--epochs", epochs], nodes=2, procs_per_node=procs,
+    return [*DIGITS, "--batch-size", batch, "--epochs", epochs]
+
+
+class SlowOnceTraining:
+    """Gives host 1 ``amount`` of a CPU once every rank of the job in ``run_dir`` has logged a step (a thread;
+    ``join`` ends it, also when the job never got that far)."""
+
+    def __init__(self, net, amount: float, run_dir: str, ranks: int):
+        self.net, self.amount, self.run_dir, self.ranks = net, amount, run_dir, ranks
+        self.done = threading.Event()
+        self.slowed = False
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    def _every_rank_stepped(self) -> bool:
+        metrics = RunDir(self.run_dir).metrics() if os.path.isdir(self.run_dir) else {}
+        return len(metrics) == self.ranks and all(metrics.values())
+
+    def _run(self) -> None:
+        while not self.done.wait(0.05):
+            if self._every_rank_stepped():
+                self.net.slow_cpu(1, self.amount)
+                self.slowed = True
+                return
+
+    def join(self) -> None:
+        self.done.set()
+        self.thread.join(timeout=10)
+
+
+def run_job(cluster, tmp_path, procs: int, shape: dict[int, tuple[str, str]] | None = None,
+            command: list[str] | None = None, slow: float | None = None):
+    """The digits job of ``shape``, or ``command``, on 2 hosts of ``procs`` ranks each; host 1 at ``slow``
+    of a CPU from the first step on."""
+    spec = LaunchSpec(command=command or digits(procs, shape), nodes=2, procs_per_node=procs,
                       backend="ssh", device="cpu", run_dir=str(tmp_path / "run"),
                       backend_options={"hostfile": cluster.hostfile(procs), **cluster.ssh_settings()})
     lines: list[str] = []
-    result = Launcher(spec, sink=lines.append).run()
+    slower = SlowOnceTraining(cluster.net, slow, spec.run_dir, 2 * procs) if slow else None
+    try:
+        result = Launcher(spec, sink=lines.append).run()
+    finally:
+        if slower:
+            slower.join()
     assert result.exit_code == 0, "\n".join(lines[-30:])
+    assert slower is None or slower.slowed, "the job ended before every rank had logged a step"
     return result, lines
 
 
@@ -64,16 +113,18 @@ def hosts(net_cluster):
     net.fast_link(1)
 
 
-#: Not here: two ranks sharing 60 % of a CPU. In one run of four, host 1's two ranks computed no slower than
-#: host 0's (medians 23.6 and 31.3 ms against 28.9 and 28.2 ms): the quota had not slowed that host, and no
-#: report could have named it. A test of it would fail by chance.
-@pytest.mark.parametrize("amount, procs, shape", [
-    (0.3, 2, SHORT),  # the 2x2 job of about 30 steps whose report said "ok" at 1.47x and blamed the network
-    (0.6, 1, LONG),   # 200 steps, host 1's one rank at 60 % of a CPU
-], ids=["cpu30-2x2-short", "cpu60-2x1-long"])
-def test_a_host_with_a_cpu_quota_is_named_and_never_a_healthy_one(hosts, tmp_path, amount, procs, shape):
-    hosts.net.slow_cpu(1, amount)
-    result, lines = run_job(hosts, tmp_path, procs, shape)
+#: Two ranks sharing 60 % of a CPU run the compute-bound script: with the digits, in one run of four, host
+#: 1's two ranks computed no slower than host 0's (medians 23.6 and 31.3 ms against 28.9 and 28.2 ms): the
+#: quota had not slowed that host, and no report could have named it.
+@pytest.mark.parametrize("amount, procs, shape, command", [
+    (0.1, 1, SHORT, None),  # 30 steps, host 1's one rank at a tenth of a CPU
+    (0.1, 2, LONG, None),   # 200 steps, host 1's two ranks sharing a tenth
+    (0.3, 2, SHORT, None),  # the 2x2 job of about 30 steps whose report said "ok" at 1.47x and blamed the network
+    (0.6, 1, LONG, None),   # 200 steps, host 1's one rank at 60 % of a CPU
+    (0.6, 2, None, COMPUTE_BOUND),  # 200 steps, host 1's two compute-bound ranks sharing 60 % of a CPU
+], ids=["cpu10-2x1-short", "cpu10-2x2-long", "cpu30-2x2-short", "cpu60-2x1-long", "cpu60-2x2-long"])
+def test_a_host_with_a_cpu_quota_is_named_and_never_a_healthy_one(hosts, tmp_path, amount, procs, shape, command):
+    result, lines = run_job(hosts, tmp_path, procs, shape, command, slow=amount)
     report = "\n".join(line for line in lines if line.startswith("[stall]"))
     rule = result.stall["rules"]["LoadBalancing"]
     assert (rule["triggered"], rule["nodes"]) == (True, [1]), report

@@ -20,7 +20,7 @@ from dtrain.training.metrics import MetricsWriter
 
 try:
     from dtrain.training.collectives import CollectiveTimer
-except ImportError:  # the previous release, which bench/faults.py --stragglers runs this on too, has no timer
+except ImportError:  # an older checkout, which bench/faults.py --previous runs this on too, has no timer
     CollectiveTimer = None
 
 
