@@ -3,7 +3,9 @@ pipeline factory.
 
 text_retraining: daily; tokenizes the day's documents (the example's own BPE tokenizer), packs them into
 64-token blocks, trains a small causal transformer on 2 ranks with DDP, and publishes it only when its
-held-out perplexity is below the bar and no worse than the published model's.
+held-out perplexity is below the bar and no worse than the published model's. text_retraining_mlflow:
+the same, triggered by hand, with MLflow as the model registry and tracker (the `mlflow_default`
+connection; docs/mlflow.md): each version carries the tokenizer its model was trained with.
 """
 
 import datetime as dt
@@ -12,6 +14,7 @@ import os
 from airflow.sdk import Param
 
 from dtrain.pipeline import retraining_pipeline
+from dtrain.pipeline.registry_mlflow import MlflowRegistry
 
 BUCKET = os.environ.get("TEXT_BUCKET", "s3://text-demo")
 SHARED_FS = os.environ.get("TEXT_SHARED_FS", "/fsx")
@@ -19,8 +22,7 @@ SHARED_FS = os.environ.get("TEXT_SHARED_FS", "/fsx")
 EOS_ID = 1
 BLOCK_SIZE = 64
 
-dag = retraining_pipeline(
-    "text_retraining", schedule="@daily",
+PIPELINE = dict(
     raw=f"{BUCKET}/raw", processed=f"{BUCKET}/processed", shared_fs=SHARED_FS,
     transform="text_pipeline.prep:transform",
     pack={"field": "input_ids", "block_size": BLOCK_SIZE, "separator": EOS_ID},
@@ -32,3 +34,13 @@ dag = retraining_pipeline(
             "lr": Param(0.003, type="number", exclusiveMinimum=0, maximum=1, title="Learning rate")},
     nodes=1, procs_per_node=2, min_free_gb=0.1, start_date=dt.datetime(2026, 2, 1, tzinfo=dt.timezone.utc),
 )
+
+dag = retraining_pipeline("text_retraining", schedule="@daily", **PIPELINE)
+# Consumers load mlflow.pytorch.load_model("models:/text-lm@champion") (the package's code travels in the
+# version) and read the tokenizer from the version's artifacts/tokenizer: text_pipeline.train writes the
+# tokenizer the model was trained with beside it in the run directory, as tokenizer.json.
+mlflow_dag = retraining_pipeline(
+    "text_retraining_mlflow", schedule=None,
+    registry=MlflowRegistry("text-lm", conn_id="mlflow_default", load_model="text_pipeline.model:load",
+                            requirements=["tokenizers"], artifacts={"tokenizer": "tokenizer.json"}),
+    **PIPELINE)

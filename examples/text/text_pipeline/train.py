@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import argparse
 import math
+import os
+import shutil
 
 import torch
 import torch.distributed as dist
@@ -24,7 +26,12 @@ from dtrain.training.prefetch import DevicePrefetcher
 from dtrain.training.shards import ShardDataset, ShardLoader, ShardSampler
 
 from text_pipeline import model as lm
+from text_pipeline.tokenizer import PATH as TOKENIZER_PATH
 from text_pipeline.tokenizer import VOCAB_SIZE
+
+#: beside the model in the run directory: the tokenizer it was trained with, which the DAG's MLflow
+#: registry logs with each version (``artifacts={"tokenizer": "tokenizer.json"}``)
+TOKENIZER_FILE = "tokenizer.json"
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -39,6 +46,16 @@ def packed_blocks(shards: str, ctx, batch_size: int, seed: int) -> tuple[ShardDa
     if len(loader) == 0:
         raise SystemExit(f"{len(dataset)} blocks give rank {ctx.rank} no full batch of {batch_size}")
     return dataset, sampler, loader
+
+
+def save_with_tokenizer(model: lm.CausalLM, output: str) -> None:
+    """The model at ``output`` and, beside it, the tokenizer it was trained with: a model is read with
+    its own tokenizer only, so they travel together (each written whole: a reader never sees half)."""
+    lm.save(model, output)
+    folder = os.path.dirname(os.path.abspath(output))
+    tmp = os.path.join(folder, f".{TOKENIZER_FILE}.{os.getpid()}.tmp")
+    shutil.copyfile(TOKENIZER_PATH, tmp)
+    os.replace(tmp, os.path.join(folder, TOKENIZER_FILE))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -72,7 +89,7 @@ def main(argv: list[str] | None = None) -> int:
     if ctx.world_size > 1:
         dist.barrier()  # every rank has finished its last step before rank 0 publishes the model
     if ctx.is_main:
-        lm.save(model, args.output)
+        save_with_tokenizer(model, args.output)
         last = loop.last_loss if math.isfinite(loop.last_loss) else None  # None: resumed at the end, no step run
         result = {"final_loss": last and round(last, 4), "train_perplexity": last and round(math.exp(last), 3),
                   "steps": step, "epochs": args.epochs, "blocks": len(dataset), "block_size": block_size,
