@@ -28,12 +28,12 @@ import errno
 import json
 import os
 import re
-import secrets
 import shutil
 import stat
 from dataclasses import dataclass
 from typing import Any, Iterator
 
+from dtrain.atomic import atomic_write_bytes
 from dtrain.errors import DTrainError
 
 # -- layout: the names below a run directory -------------------------------------------------------
@@ -380,21 +380,9 @@ class RunDir:
         self.ensure_dir(*parts[:-1], owned=False)
         parent = self._dir(parts[:-1])
         try:
-            tmp = f".{parts[-1]}.{os.getpid()}.{secrets.token_hex(4)}.tmp"
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, mode,
-                         dir_fd=parent)
-            try:
-                with os.fdopen(fd, "wb", closefd=False) as fh:
-                    fh.write(data)
-                os.replace(tmp, parts[-1], src_dir_fd=parent, dst_dir_fd=parent)
-            except BaseException:
-                try:
-                    os.unlink(tmp, dir_fd=parent)
-                except OSError:
-                    pass
-                raise
-            finally:
-                os.close(fd)
+            # No fsync: a record here (a status, an exit record, a script) matters while the job lives;
+            # the rename alone makes it whole, without an fsync per record on a shared filesystem.
+            atomic_write_bytes(parts[-1], data, dir_fd=parent, mode=mode, fsync=False, fsync_dir=False)
         finally:
             os.close(parent)
         return self.join(*parts)
