@@ -35,7 +35,7 @@ DIGITS = [sys.executable, "-m", "dtrain.training.reference.train_digits", "--che
 #: used about half a CPU, and a quota of 60 % did not slow their host (nor could any report tell it from a
 #: healthy one)
 SHORT = {1: ("128", "6"), 2: ("359", "30")}
-LONG = {1: ("128", "40"), 2: ("90", "50")}
+LONG = {1: ("128", "40")}
 #: two ranks that compute most of each step (tests/faults/scripts/straggler_train.py: a 3-layer MLP on a
 #: batch of 1024, one thread): the digits' ranks compute a tenth of a step and use too little of a CPU
 #: for a quota of 60 % shared by two to slow them
@@ -118,11 +118,11 @@ def hosts(net_cluster):
 #: quota had not slowed that host, and no report could have named it.
 @pytest.mark.parametrize("amount, procs, shape, command", [
     (0.1, 1, SHORT, None),  # 30 steps, host 1's one rank at a tenth of a CPU
-    (0.1, 2, LONG, None),   # 200 steps, host 1's two ranks sharing a tenth
+    (0.1, 2, SHORT, None),  # 30 steps, host 1's two ranks sharing a tenth
     (0.3, 2, SHORT, None),  # the 2x2 job of about 30 steps whose report said "ok" at 1.47x and blamed the network
     (0.6, 1, LONG, None),   # 200 steps, host 1's one rank at 60 % of a CPU
     (0.6, 2, None, COMPUTE_BOUND),  # 200 steps, host 1's two compute-bound ranks sharing 60 % of a CPU
-], ids=["cpu10-2x1-short", "cpu10-2x2-long", "cpu30-2x2-short", "cpu60-2x1-long", "cpu60-2x2-long"])
+], ids=["cpu10-2x1-short", "cpu10-2x2-short", "cpu30-2x2-short", "cpu60-2x1-long", "cpu60-2x2-long"])
 def test_a_host_with_a_cpu_quota_is_named_and_never_a_healthy_one(hosts, tmp_path, amount, procs, shape, command):
     result, lines = run_job(hosts, tmp_path, procs, shape, command, slow=amount)
     report = "\n".join(line for line in lines if line.startswith("[stall]"))
@@ -145,11 +145,12 @@ def test_a_rate_limited_link_names_no_healthy_node_and_says_the_network_sets_the
     assert rules["CommunicationBound"]["triggered"] is True, report
 
 
-@pytest.mark.parametrize("procs, shape", [(1, LONG), (2, SHORT)], ids=["2x1-long", "2x2-short"])
+@pytest.mark.parametrize("procs, shape", [(1, LONG), (2, {2: ("359", "100")})], ids=["2x1-long", "2x2-long"])
 def test_a_clean_run_names_nobody(hosts, tmp_path, procs, shape):
-    """Two ranks over 200 steps: in a 2x1 job of 30 steps on the test cluster's two shared cores, healthy host 0
-    once computed 1.8x host 1's time for the whole job and was named (it was slower: the report said what
-    happened, but no host had been slowed)."""
+    """Jobs of 100 steps or more: in a 2x1 job of 30 steps on the test cluster's two shared cores, healthy host 0
+    once computed 1.8x host 1's time for the whole job and was named, and in a 2x2 job of 25 steps under a
+    load of 7, host 0's two ranks computed twice as long as host 1's (they were slower: the report said what
+    happened, but no host had been slowed). Over more steps a busy moment is a small share of the job."""
     result, lines = run_job(hosts, tmp_path, procs, shape)
     report = "\n".join(line for line in lines if line.startswith("[stall]"))
     assert result.stall["rules"]["LoadBalancing"]["triggered"] is False, report
