@@ -147,3 +147,19 @@ def _umask() -> int:
     current = os.umask(0)
     os.umask(current)
     return current
+
+
+def test_an_opener_gets_the_exclusive_no_follow_flags_and_may_refuse(tmp_path):
+    seen: list[int] = []
+
+    def refusing_opener(path, flags):
+        seen.append(flags)
+        raise PermissionError(f"refusing {path}")
+
+    (tmp_path / "a").write_bytes(b"old")
+    with pytest.raises(PermissionError):
+        atomic_write_bytes(str(tmp_path / "a"), b"new", opener=refusing_opener)
+    assert seen[0] & os.O_EXCL and seen[0] & os.O_NOFOLLOW and seen[0] & os.O_CREAT
+    assert (tmp_path / "a").read_bytes() == b"old" and os.listdir(tmp_path) == ["a"]
+    atomic_write_bytes(str(tmp_path / "a"), b"new", opener=lambda path, flags: os.open(path, flags, 0o600))
+    assert (tmp_path / "a").read_bytes() == b"new"

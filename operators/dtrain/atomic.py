@@ -20,7 +20,7 @@ import errno
 import os
 import secrets
 from contextlib import contextmanager
-from typing import BinaryIO, Iterator
+from typing import BinaryIO, Callable, Iterator
 
 #: errors a filesystem answers when it cannot fsync a directory at all: the rename is still atomic
 _DIR_FSYNC_REFUSED = frozenset({errno.EINVAL, errno.ENOTSUP, errno.EOPNOTSUPP})
@@ -33,7 +33,8 @@ def temp_name(name: str) -> str:
 
 @contextmanager
 def atomic_open(path: str, *, dir_fd: int | None = None, mode: int = 0o644, temp: str | None = None,
-                fsync: bool = True, fsync_dir: bool = True) -> Iterator[BinaryIO]:
+                opener: Callable[[str, int], int] | None = None, fsync: bool = True,
+                fsync_dir: bool = True) -> Iterator[BinaryIO]:
     """A binary file object whose content replaces ``path`` when the block ends without an exception.
 
     Args:
@@ -41,15 +42,19 @@ def atomic_open(path: str, *, dir_fd: int | None = None, mode: int = 0o644, temp
         dir_fd: a directory descriptor every step is relative to (not closed here).
         mode: the new file's permissions (before the umask, as ``os.open`` takes them).
         temp: the temporary file's name in the same directory (default: :func:`temp_name`).
+        opener: ``opener(temp_path, flags) -> fd`` instead of ``os.open`` (as the built-in ``open``
+            takes one), for a caller's own checks and refusal messages; it gets the exclusive,
+            no-follow flags and must keep them. Not with ``dir_fd``.
         fsync: fsync the file before the rename (off only where the caller never needed durability).
         fsync_dir: fsync the directory after the rename.
     """
     directory, name = os.path.split(path)
-    if dir_fd is not None and directory:
-        raise ValueError(f"with dir_fd, {path!r} must be a bare name in that directory")
+    if dir_fd is not None and (directory or opener is not None):
+        raise ValueError(f"with dir_fd, {path!r} must be a bare name in that directory, and no opener")
     tmp_name = temp or temp_name(name)
     tmp = tmp_name if dir_fd is not None else os.path.join(directory, tmp_name)
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, mode, dir_fd=dir_fd)
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+    fd = opener(tmp, flags) if opener is not None else os.open(tmp, flags, mode, dir_fd=dir_fd)
     try:
         with os.fdopen(fd, "wb") as fh:
             fd = -1  # the file object owns it now

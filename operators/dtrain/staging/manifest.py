@@ -18,6 +18,8 @@ import uuid
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from dtrain.atomic import atomic_write_bytes
+from dtrain.atomic import fsync_directory as fsync_dir  # noqa: F401 (the POSIX destination's settle)
 from dtrain.staging.errors import DestinationError
 
 MANIFEST_NAME = ".dtrain-manifest.json"
@@ -71,37 +73,6 @@ def open_own(path: str, flags: int) -> int:
 def _read_own(path: str) -> bytes:
     with os.fdopen(open_own(path, os.O_RDONLY), "rb") as f:
         return f.read()
-
-
-def atomic_write_bytes(path: str, data: bytes) -> None:
-    """Write ``data`` to ``path`` via a hidden temp file in the same directory, fsync, rename.
-
-    rename(2) replaces whatever is at ``path`` (a planted symlink included) without following it."""
-    directory = os.path.dirname(path) or "."
-    tmp = os.path.join(directory, temp_name())
-    fd = open_own(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL)
-    try:
-        view = memoryview(data)
-        while view:
-            view = view[os.write(fd, view):]
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    os.replace(tmp, path)
-    fsync_dir(directory)
-
-
-def fsync_dir(directory: str) -> None:
-    try:
-        fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass  # some filesystems refuse fsync on a directory; the rename is still atomic
-    finally:
-        os.close(fd)
 
 
 def load(dest: str) -> dict[str, Entry]:
@@ -177,5 +148,6 @@ def render(source: str, entries: dict[str, Entry]) -> bytes:
 def write(dest: str, source: str, entries: dict[str, Entry]) -> str:
     """Write the complete manifest atomically into a POSIX directory; returns its path."""
     path = os.path.join(dest, MANIFEST_NAME)
-    atomic_write_bytes(path, render(source, entries))
+    # staging's own temp name (a stage sweeps leftovers) and refusal of a planted link (open_own)
+    atomic_write_bytes(path, render(source, entries), temp=temp_name(), opener=open_own)
     return path
