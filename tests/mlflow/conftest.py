@@ -24,19 +24,20 @@ START_TIMEOUT = 240
 
 
 class MlflowServer:
-    """``mlflow server`` in its own session; :meth:`stop` ends it and every worker it started."""
+    """``mlflow server`` in its own session, listening on ``host``; :meth:`stop` ends it and every worker
+    it started."""
 
-    def __init__(self, root: str):
-        self.root = root
+    def __init__(self, root: str, host: str = "127.0.0.1"):
+        self.root, self.host = root, host
         self.port = free_port()
-        self.uri = f"http://127.0.0.1:{self.port}"
+        self.uri = f"http://{host}:{self.port}"
         self.log_path = os.path.join(root, "mlflow-server.log")
         self.proc: subprocess.Popen | None = None
         self.shm_before: set[str] = set()
 
     def start(self) -> None:
         self.shm_before = set(os.listdir("/dev/shm")) if os.path.isdir("/dev/shm") else set()
-        argv = [os.path.join(BIN, "mlflow"), "server", "--host", "127.0.0.1", "--port", str(self.port),
+        argv = [os.path.join(BIN, "mlflow"), "server", "--host", self.host, "--port", str(self.port),
                 "--workers", "1", "--backend-store-uri", f"sqlite:///{os.path.join(self.root, 'mlflow.db')}",
                 "--artifacts-destination", os.path.join(self.root, "artifacts")]
         with open(self.log_path, "ab") as log:
