@@ -28,15 +28,16 @@ PRIMITIVES = {
     "shutil.copy2", "shutil.move", "shutil.copytree", "glob.glob", "glob.iglob", "os.path.exists",
     "os.path.isfile", "os.path.isdir", "os.path.lexists", "os.path.islink", "os.path.getmtime",
     "os.path.getsize", "os.path.getctime", "json.load", "np.load", "torch.load", "torch.save",
+    # dtrain.atomic's writers take a path like open() does
+    "atomic_open", "atomic_write_bytes", "atomic.atomic_open", "atomic.atomic_write_bytes", "fsync_directory",
 }
 
 #: "module:function" -> why that call is not on a run-directory path (or why it is the rank's own)
 ALLOWED = {
     # The rank's side: the training helper runs inside the user's (untrusted) rank and writes its own
     # files there (the launcher never reads through them: it reads with dtrain.rundir).
-    "training/checkpoint.py:_atomic_write_text": "the rank's own checkpoint pointer",
     "training/checkpoint.py:CheckpointManager.__init__": "the rank makes its own checkpoint directory",
-    "training/checkpoint.py:CheckpointManager.save": "the rank saves its own checkpoint (torch.save)",
+    "training/checkpoint.py:CheckpointManager.save": "the rank saves its own checkpoint and pointer (torch.save)",
     "training/checkpoint.py:CheckpointManager.steps": "the rank lists its own checkpoints",
     "training/checkpoint.py:CheckpointManager.latest_path": "the rank reads its own pointer",
     "training/checkpoint.py:CheckpointManager._prune": "the rank removes its own old checkpoints",
@@ -48,7 +49,6 @@ ALLOWED = {
     "training/ckpt_storage.py:LocalStorage.write_small": "the rank writes its own commit marker (O_EXCL temp + rename)",
     "training/ckpt_storage.py:LocalStorage.remove_file": "the rank removes its own old commit markers",
     "training/ckpt_storage.py:LocalStorage.remove_tree": "the rank removes its own old DCP checkpoints",
-    "training/ckpt_storage.py:_fsync_dir": "the rank makes its own marker's rename durable",
     "training/reference/train_digits.py:atomic_save": "the example script (a rank) writes its model",
     "training/reference/train_digits.py:main": "the example script reads its data and the DeepSpeed config",
     "training/reference/digits.py:_bundled_csv": "scikit-learn's installed digits CSV (site-packages), not a run dir",

@@ -18,21 +18,14 @@ import os
 import re
 from typing import Any
 
+from dtrain.atomic import atomic_open, atomic_write_bytes
+
 LATEST = "latest"
 PATTERN = re.compile(r"^step-(\d{8})\.pt$")
 
 
 def checkpoint_dir() -> str:
     return os.environ.get("DTRAIN_CHECKPOINT_DIR") or os.path.join(os.getcwd(), "checkpoints")
-
-
-def _atomic_write_text(path: str, text: str) -> None:
-    tmp = os.path.join(os.path.dirname(path), f".{os.path.basename(path)}.{os.getpid()}.tmp")
-    with open(tmp, "w", encoding="utf-8") as fh:
-        fh.write(text)
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp, path)
 
 
 FORMATS = ("torch", "dcp")
@@ -105,16 +98,15 @@ class CheckpointManager:
 
         name = f"step-{step:08d}.pt"
         path = os.path.join(self.directory, name)
-        tmp = os.path.join(self.directory, f".{name}.{os.getpid()}.tmp")
         record = {"step": step, **state}
         if cuda_devices(record):  # one pinned copy of everything, not a pageable copy per tensor
             record = self._host_buffers().stage(record)
-        with open(tmp, "wb") as fh, crc32_off():  # torch.load never checks the checksum: it is pure cost
+        # The training loop waits on this: one fsync per file and none of the folder. mode 0o666 is
+        # what a plain open() asks for: the umask decides. torch.load never checks the checksum, so
+        # computing it is pure cost (crc32_off).
+        with atomic_open(path, mode=0o666, fsync_dir=False) as fh, crc32_off():
             torch.save(record, fh)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-        _atomic_write_text(os.path.join(self.directory, LATEST), name + "\n")
+        atomic_write_bytes(os.path.join(self.directory, LATEST), f"{name}\n".encode(), mode=0o666, fsync_dir=False)
         self._prune()
         self.last_saved_step = step
         return path

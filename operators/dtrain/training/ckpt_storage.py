@@ -19,6 +19,7 @@ import os
 import shutil
 from typing import Any
 
+from dtrain.atomic import atomic_write_bytes, fsync_directory
 from dtrain.grammar import CHECKPOINT_URL, checkpoint_location
 
 #: a commit marker is a small JSON object; more than this is not one
@@ -58,23 +59,14 @@ class LocalStorage:
 
     def write_small(self, *parts: str, data: bytes) -> None:
         """Write whole or not at all: an exclusive temp file, fsynced, renamed, then the folder fsynced."""
-        final = self.path(*parts)
-        folder = os.path.dirname(final)
-        tmp = os.path.join(folder, f".{os.path.basename(final)}.{os.getpid()}.tmp")
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(data)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, final)
-        _fsync_dir(folder)
+        atomic_write_bytes(self.path(*parts), data)
 
     def remove_file(self, *parts: str) -> None:
         try:
             os.unlink(self.path(*parts))
         except FileNotFoundError:
             pass
-        _fsync_dir(os.path.dirname(self.path(*parts)))
+        fsync_directory(os.path.dirname(self.path(*parts)))
 
     def remove_tree(self, name: str) -> None:
         shutil.rmtree(self.path(name), ignore_errors=True)
@@ -168,15 +160,3 @@ def open_storage(location: str, storage_options: dict[str, Any] | None = None) -
     if CHECKPOINT_URL.fullmatch(location):
         return FsspecStorage(location, storage_options)
     return LocalStorage(location)
-
-
-def _fsync_dir(folder: str) -> None:
-    """Make a rename or unlink in ``folder`` durable (the entry, not only the file's data)."""
-    try:
-        fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)

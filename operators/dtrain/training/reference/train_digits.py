@@ -24,6 +24,7 @@ import json
 import os
 import time
 
+from dtrain.atomic import atomic_open
 from dtrain.training.checkpoint import CheckpointManager
 from dtrain.training.collectives import CollectiveTimer
 from dtrain.training.dist import exit_now, init_distributed, shutdown
@@ -101,9 +102,8 @@ def atomic_save(obj, path: str) -> None:
     import torch
 
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    tmp = f"{path}.{os.getpid()}.tmp"
-    torch.save(obj, tmp)
-    os.replace(tmp, path)
+    with atomic_open(path, mode=0o666) as fh:  # 0o666: the umask decides, as torch.save(obj, path) did
+        torch.save(obj, fh)
 
 
 def main(argv: list[str] | None = None) -> int:
