@@ -63,6 +63,13 @@ def test_text_pipeline_tokenizes_packs_trains_evaluates_and_publishes(airflow_db
     assert evaluation["perplexity"] < 50 and evaluation["perplexity"] < baseline / 10, (evaluation, baseline)
     assert record["gate"]["publish"] and record["gate"]["reasons"][0].endswith("<= threshold 50")
     assert os.path.isfile(os.path.join(shared, "models", DAG, "v1", TEXT_DATE, "model.pt"))
+    # Beside the model in its run directory, the tokenizer it was trained with: what the example's MLflow
+    # DAG logs with each version (artifacts={"tokenizer": "tokenizer.json"}; tests/mlflow/test_registry.py).
+    run_dir = os.path.dirname(training["model_path"])
+    assert run_dir == os.path.join(shared, "runs", DAG, "v1", TEXT_DATE, "run-0"), training
+    with open(os.path.join(run_dir, "tokenizer.json"), "rb") as written, \
+            open(example_module(TEXT, "text_pipeline.tokenizer").PATH, "rb") as committed:
+        assert written.read() == committed.read()
     assert "PUBLISHED model:" in proc.stdout and "demo-secret-key" not in proc.stdout + proc.stderr
     with capsys.disabled():
         print(f"\n[e2e] airflow dags test {DAG} (1x2, 4 epochs, {manifest['num_samples']} blocks of 64): "
