@@ -163,3 +163,58 @@ def test_an_opener_gets_the_exclusive_no_follow_flags_and_may_refuse(tmp_path):
     assert (tmp_path / "a").read_bytes() == b"old" and os.listdir(tmp_path) == ["a"]
     atomic_write_bytes(str(tmp_path / "a"), b"new", opener=lambda path, flags: os.open(path, flags, 0o600))
     assert (tmp_path / "a").read_bytes() == b"new"
+
+
+# -- the rule: every file write that renames into place goes through dtrain.atomic ----------------
+
+#: "module:function" -> why its rename is not a file write dtrain.atomic should make
+RENAMES_ALLOWED = {
+    "atomic.py:atomic_open": "the one atomic file write itself",
+    "pipeline/publish.py:publish_model": "renames a whole model directory into place (and the old one aside)",
+    "pipeline/registry_mlflow.py:MlflowRegistry._download": "renames a downloaded directory into place",
+    "launch/node/ranklog.py:RankLog._rotate": "log rotation: the live log becomes rank<N>.log.1",
+    "staging/posixdest.py:PosixTempFile.land": "a staged file written in ranges by several workers, fsynced "
+                                               "by the batch (syncfs), landed later: no single with-block",
+}
+RENAMES = {"os.rename", "os.replace", "os.renames", "shutil.move"}
+
+
+def renames_in(package: str) -> dict[str, list[int]]:
+    """"module:qualified function" -> lines of a rename call, for every module under ``package``."""
+    import ast
+
+    found: dict[str, list[int]] = {}
+
+    def visit(node: ast.AST, rel: str, scope: list[str]) -> None:
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                visit(child, rel, [*scope, child.name])
+                continue
+            if isinstance(child, ast.Call) and ast.unparse(child.func) in RENAMES:
+                found.setdefault(f"{rel}:{'.'.join(scope) or '<module>'}", []).append(child.lineno)
+            visit(child, rel, scope)
+
+    for directory, _, files in os.walk(package):
+        for name in sorted(files):
+            if name.endswith(".py"):
+                path = os.path.join(directory, name)
+                with open(path, encoding="utf-8") as fh:
+                    visit(ast.parse(fh.read(), path), os.path.relpath(path, package).replace(os.sep, "/"), [])
+    return found
+
+
+def test_no_module_renames_a_file_into_place_except_through_dtrain_atomic():
+    found = renames_in(os.path.dirname(atomic.__file__))
+    unexplained = {where: lines for where, lines in found.items() if where not in RENAMES_ALLOWED}
+    assert not unexplained, ("a file written by rename outside dtrain.atomic (use dtrain.atomic.atomic_open or "
+                             "atomic_write_bytes, or add a directory rename to RENAMES_ALLOWED with why): "
+                             f"{unexplained}")
+    assert not set(RENAMES_ALLOWED) - set(found), "RENAMES_ALLOWED names renames that are gone"
+
+
+def test_the_rename_scan_sees_a_planted_writer(tmp_path):
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "sub" / "writer.py").write_text(
+        "import os\nclass W:\n    def save(self, tmp, path):\n        os.replace(tmp, path)\n"
+        "def text(s):\n    return s.replace('a', 'b')\n")
+    assert renames_in(str(tmp_path)) == {"sub/writer.py:W.save": [4]}
