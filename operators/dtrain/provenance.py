@@ -41,6 +41,7 @@ import re
 from typing import Any, Mapping, Sequence
 
 from dtrain.errors import SpecError
+from dtrain.paths import dtrain_home, runs_root
 from dtrain.pipeline.publish import MAX_METRICS_BYTES, METRICS_FILE
 from dtrain.rundir import MARKER, MAX_LISTED, RunDir, UnsafeRunDir
 
@@ -57,11 +58,9 @@ class Untrusted(Exception):
 # -- the roots -------------------------------------------------------------------------------------
 
 def _default_runs_root() -> str:
-    from dtrain.launch.engine.job import dtrain_home
     from dtrain.pipeline.config import load_config
 
-    return os.pathsep.join(os.path.abspath(os.path.join(base, "runs"))
-                           for base in (dtrain_home(), load_config().shared_fs))
+    return os.pathsep.join(os.path.abspath(runs_root(base)) for base in (dtrain_home(), load_config().shared_fs))
 
 
 def _default_models_root() -> str:

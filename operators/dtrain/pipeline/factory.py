@@ -56,6 +56,7 @@ from airflow.sdk import DAG, Asset, Param, chain, get_current_context, task
 
 from dtrain.errors import SpecError
 from dtrain.launch.airflow.operator import DistributedTrainingOperator
+from dtrain.paths import pipeline_run_dir
 from dtrain.pipeline.config import partition_of
 from dtrain.pipeline.gate import Gate
 from dtrain.pipeline.params import (DATASET_VERSION_PATTERN, FINITE, MAX_RANKS_ENV, NODES_PATTERN, NODES_TYPE,
@@ -581,7 +582,7 @@ def retraining_pipeline(
     all_params: dict[str, Param] = {**_builtin_params(nodes, procs_per_node, backend, backends, distributions,
                                                       dataset_version), **_user_params(params)}
 
-    run_dir = os.path.join(shared_fs, "runs", dag_id, VERSION, PART, "run-{{ dag_run.clear_number or 0 }}")
+    run_dir = pipeline_run_dir(shared_fs, dag_id, VERSION, PART, "{{ dag_run.clear_number or 0 }}")
     templates = {
         "shards": "{{ " + pull(STAGE) + "['destination'] }}",
         "output": os.path.join(run_dir, model_name),

@@ -20,8 +20,6 @@ fails without retrying, preemption / a lost node / a communication error / a han
 
 from __future__ import annotations
 
-import os
-import re
 from typing import Any, Sequence
 
 from airflow.configuration import conf
@@ -31,16 +29,13 @@ from dtrain.errors import SpecError
 from dtrain.launch.airflow.links import LINKS
 from dtrain.launch.airflow.placement_args import PLACEMENT_FIELDS, PlacementArgs
 from dtrain.launch.airflow.retry_policy import TrainingRetryPolicy
-from dtrain.launch.engine.job import dtrain_home
+from dtrain.paths import safe_part as _safe  # noqa: F401 (re-exported: the autotune operator names its folders so)
+from dtrain.paths import task_run_dir
 
 _DEFAULT_POLICY: Any = object()  # tells "no retry_policy given" from an explicit None
 # Half an hour without a printed line, a metrics record or a heartbeat from a rank: almost
 # always stuck, and gloo's/NCCL's own collective timeout is as long (docs/hangs.md).
 DEFAULT_HANG_TIMEOUT = 1800.0
-
-
-def _safe(part: str) -> str:
-    return re.sub(r"[^A-Za-z0-9_.=-]+", "_", part)
 
 
 class DistributedTrainingOperator(PlacementArgs, ResumableJobMixin, BaseOperator):
@@ -169,7 +164,7 @@ class DistributedTrainingOperator(PlacementArgs, ResumableJobMixin, BaseOperator
 
     def default_run_dir(self, context) -> str:
         run_id = context["run_id"] if "run_id" in context else "manual"
-        return os.path.join(dtrain_home(), "runs", _safe(self.dag_id), _safe(run_id), _safe(self.task_id))
+        return task_run_dir(self.dag_id, run_id, self.task_id)
 
     def build_spec(self, context):
         from dtrain.launch.engine.spec import LaunchSpec

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from dtrain.launch.engine.net import free_port  # noqa: F401 (re-exported: where callers look for it)
 from dtrain.launch.engine.spec import LaunchSpec
 from dtrain.launch.engine.torchrun import AGENT_ENV
+from dtrain.paths import dtrain_home, job_run_dir  # noqa: F401 (dtrain_home re-exported: where callers look for it)
 from dtrain.rundir import CHECKPOINTS, DEEPSPEED_CONFIG, EXITS, METRICS, RunDir, UnsafeRunDir
 
 
@@ -16,10 +17,6 @@ from dtrain.rundir import CHECKPOINTS, DEEPSPEED_CONFIG, EXITS, METRICS, RunDir,
 RUN_RECORD_KEY = "dtrain_run"
 #: XCom key of an elastic job's rounds when it failed (a job that succeeded has them in its result)
 ROUNDS_KEY = "dtrain_rounds"
-
-
-def dtrain_home() -> str:
-    return os.environ.get("DTRAIN_HOME") or os.path.join(os.path.expanduser("~"), ".dtrain")
 
 
 @dataclass
@@ -61,7 +58,7 @@ def prepare_job(spec: LaunchSpec, *, create: bool = True) -> Job:
     computes the same job and writes nothing.
     """
     job_id = spec.job_id or f"dtrain-{uuid.uuid4().hex[:12]}"
-    run_dir = os.path.abspath(spec.run_dir or os.path.join(dtrain_home(), "runs", job_id))
+    run_dir = os.path.abspath(spec.run_dir or job_run_dir(job_id))
     job = Job(spec=spec, job_id=job_id, run_dir=run_dir)
     run = RunDir(run_dir)
     if create:
