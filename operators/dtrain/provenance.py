@@ -7,7 +7,7 @@ and metrics to a user who may not read B. So the UI shows a run directory only w
 
 * its path lies under a configured runs root as ``<root>/<dag_id>/...`` (the layout of the
   operator's default ``<DTRAIN_HOME>/runs/<dag_id>/<run_id>/<task_id>`` and of the pipeline
-  factory's ``<shared_fs>/runs/<dag_id>/<version>/<partition>/run-<n>``), every component from the
+  factory's ``<shared_fs>/runs/<dag_id>/<version>/<partition>/run-<n>``: :mod:`dtrain.paths`), every component from the
   root down opened without following a link (:class:`~dtrain.rundir.RunDir` ``below=``);
 * it holds the marker (:data:`dtrain.rundir.MARKER`) the training operator wrote with
   :func:`write_marker` before the job started, naming this DAG, run, task, map index and the
