@@ -89,7 +89,8 @@ def deploy(deployment, readme: str, shared_fs: str) -> None:
 def bridge_mlflow(deployment, tmp_path):
     """`mlflow server` on this machine's bridge address, where the workers' hosts reach it (as they reach
     PostgreSQL and S3), connected as docs/own-pipeline.md says. It starts in the background (its first
-    start migrates its store): the test waits for it only before the backfill. Stopped at the end."""
+    start migrates its store): the test waits for it only before the backfill. Stopped at the end, and
+    its connection removed (the deployment's later tests find none)."""
     from tests.mlflow.conftest import MlflowServer
 
     server = MlflowServer(str(tmp_path / "mlflow"), host=deployment.net.gateway)
@@ -103,6 +104,8 @@ def bridge_mlflow(deployment, tmp_path):
         finally:
             wait([started])
             server.stop()
+            removed, body = deployment.request("DELETE", "/connections/mlflow_default")
+            assert removed == 204, body
 
 
 def training_tab(deployment, run_id: str) -> tuple[int, dict]:
