@@ -31,6 +31,15 @@ def test_an_id_is_one_path_component():
     assert paths.safe_part("a/../b c") == "a_.._b_c"
 
 
+@pytest.mark.parametrize("run_id", ["..", ".", "...", ""])
+def test_a_run_id_of_dots_names_a_folder_of_its_own_under_the_dags(home, run_id):
+    """Airflow takes ``..`` as a run id (anyone who may trigger the DAG picks it): the task's run directory
+    must still lie under the DAG's folder, never beside it."""
+    run_dir = paths.task_run_dir("dag", run_id, "train")
+    dag_folder = os.path.join(home, "runs", "dag")
+    assert os.path.dirname(os.path.dirname(os.path.normpath(run_dir))) == dag_folder, run_dir
+
+
 def test_dtrain_home_defaults_to_a_folder_in_the_users_home(monkeypatch):
     monkeypatch.delenv("DTRAIN_HOME", raising=False)
     monkeypatch.setenv("HOME", "/home/someone")

@@ -34,8 +34,11 @@ def runs_root(base: str) -> str:
 
 
 def safe_part(part: str) -> str:
-    """``part`` (a DAG, run or task id) as one path component: each run of other characters becomes ``_``."""
-    return _UNSAFE.sub("_", part)
+    """``part`` (a DAG, run or task id) as one path component: each run of other characters becomes ``_``,
+    and so does a part of dots alone, or none (Airflow allows ``..`` as a run id, which anyone who may trigger the
+    DAG chooses: as a component it would name the folder above)."""
+    safe = _UNSAFE.sub("_", part)
+    return "_" * max(1, len(safe)) if safe.strip(".") == "" else safe
 
 
 def job_run_dir(job_id: str) -> str:
