@@ -62,11 +62,11 @@ class DeepSpeedAutotuneOperator(PlacementArgs, BaseOperator):
         self._proc = None
 
     def _work_dir(self, context) -> str:
-        from dtrain.launch.airflow.operator import _safe
-        from dtrain.launch.engine.job import dtrain_home
+        from dtrain.paths import dtrain_home, safe_part
 
         run_id = context["run_id"] if "run_id" in context else "manual"
-        return os.path.join(dtrain_home(), "autotune", _safe(self.dag_id), _safe(run_id), _safe(self.task_id))
+        return os.path.join(dtrain_home(), "autotune", safe_part(self.dag_id), safe_part(run_id),
+                            safe_part(self.task_id))
 
     def build_spec(self, context):
         from dtrain.autotune.runner import AutotuneSpec

@@ -24,7 +24,7 @@ import datetime as dt
 import os
 from dataclasses import dataclass
 
-from dtrain.launch.engine.job import dtrain_home
+from dtrain.paths import dtrain_home
 
 
 @dataclass(frozen=True)

@@ -29,7 +29,6 @@ from dtrain.errors import SpecError
 from dtrain.launch.airflow.links import LINKS
 from dtrain.launch.airflow.placement_args import PLACEMENT_FIELDS, PlacementArgs
 from dtrain.launch.airflow.retry_policy import TrainingRetryPolicy
-from dtrain.paths import safe_part as _safe  # noqa: F401 (re-exported: the autotune operator names its folders so)
 from dtrain.paths import task_run_dir
 
 _DEFAULT_POLICY: Any = object()  # tells "no retry_policy given" from an explicit None

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from dtrain.launch.engine.net import free_port  # noqa: F401 (re-exported: where callers look for it)
 from dtrain.launch.engine.spec import LaunchSpec
 from dtrain.launch.engine.torchrun import AGENT_ENV
-from dtrain.paths import dtrain_home, job_run_dir  # noqa: F401 (dtrain_home re-exported: where callers look for it)
+from dtrain.paths import job_run_dir
 from dtrain.rundir import CHECKPOINTS, DEEPSPEED_CONFIG, EXITS, METRICS, RunDir, UnsafeRunDir
 
 
