@@ -27,6 +27,12 @@ data, samples/s. Rules:
 * CommunicationBound: nobody is waited for, yet every rank waits more than half of its step in
   collectives: the network sets the pace (a slow or congested link shared by all). No node is named:
   a healthy node is never blamed.
+* SlowLink, when the ranks ran the link probe (:func:`dtrain.training.collectives.probe_links`, which
+  times what each node receives from the previous one): names the link into a node whose transfers come
+  at most a third as fast as the other nodes' median and take at least 50 ms longer (on fast links
+  scheduling noise alone passes the ratio). Collective waits cannot name a link (two nodes' all-reduce
+  crosses their one link both ways); transfer times can. A node named by LoadBalancing is not judged:
+  a starved host receives slowly whatever its link.
 
 The first ``skip_first`` steps of each rank (DataLoader worker start-up, warm caches) are
 left out, as Debugger's rules skip their first steps.
@@ -62,6 +68,12 @@ STRAGGLER_LATE_FACTOR = 2.0
 #: ... and when its node comes late (one of its ranks at least half as late as the latest) in steps that make
 #: up at least this share of the time: a slow host comes late step after step, a healthy one now and then
 STRAGGLER_LATE_STEPS = 2 / 3
+#: SlowLink: a link is slow when its node receives at most this share of the other nodes' median rate ...
+SLOW_LINK_RATIO = 1 / 3
+#: ... and a transfer takes at least this many seconds longer than theirs (the median)
+SLOW_LINK_MIN_EXCESS_S = 0.05
+#: a probe's transfer beyond this many bytes is no measurement
+MAX_LINK_BYTES = 1 << 34
 #: a duration beyond this (seconds) is no measurement (a rank's 1e308)
 MAX_SECONDS = 1e6
 #: a node index beyond this is no node (a rank's garbage)
@@ -217,19 +229,24 @@ def summarize(metrics_dir: str, *, skip_first: int = 5, cpu_bottleneck_threshold
         records = RunDir(os.path.abspath(metrics_dir)).ranked_jsonl("", limit=window_bytes or MAX_METRICS_BYTES)
     except UnsafeRunDir:
         records = {}
-    per_rank = {}
+    per_rank, links = {}, {}
     for rank, rank_records in records.items():
         steps = [r for r in rank_records if isinstance(r.get("step_time_s"), (int, float))]
         per_rank[rank] = steps[-last_steps:] if last_steps else steps
+        probes = [r for r in rank_records if "link_seconds" in r]
+        if probes:
+            links[rank] = probes[-1]
     return summarize_records(per_rank, metrics_dir, skip_first=skip_first,
                              cpu_bottleneck_threshold=cpu_bottleneck_threshold,
-                             load_balancing_ratio=load_balancing_ratio)
+                             load_balancing_ratio=load_balancing_ratio, links=links)
 
 
 def summarize_records(per_rank: dict[int, list[dict[str, Any]]], metrics_dir: str = "", *, skip_first: int = 5,
                       cpu_bottleneck_threshold: float = CPU_BOTTLENECK_THRESHOLD,
-                      load_balancing_ratio: float = LOAD_BALANCING_RATIO) -> dict[str, Any]:
-    """:func:`summarize` over records already read (rank -> its metrics records, in step order)."""
+                      load_balancing_ratio: float = LOAD_BALANCING_RATIO,
+                      links: dict[int, dict[str, Any]] | None = None) -> dict[str, Any]:
+    """:func:`summarize` over records already read (rank -> its metrics records, in step order; ``links``:
+    rank -> its link probe's record, when the ranks ran one)."""
     ranks = []
     for rank, records in per_rank.items():
         stats = _rank_stats(rank, [r for r in records if isinstance(r.get("step_time_s"), (int, float))], skip_first)
@@ -280,6 +297,9 @@ def summarize_records(per_rank: dict[int, list[dict[str, Any]]], metrics_dir: st
                                            if r["comm_wait_fraction"] is not None), default=None),
         },
     }
+    link_rule = _slow_links(links or {}, {r["node"] for r in slow if r["node"] is not None})
+    if link_rule is not None:
+        rules["SlowLink"] = link_rule
     for name, rule in rules.items():
         rule["message"] = MESSAGES[name](rule)
     total_samples_per_s = sum(r["samples_per_s"] or 0.0 for r in ranks)
@@ -288,6 +308,67 @@ def summarize_records(per_rank: dict[int, list[dict[str, Any]]], metrics_dir: st
         "samples_per_s": round(total_samples_per_s, 2),
         "rules": rules, "flags": [name for name, rule in rules.items() if rule["triggered"]],
     }
+
+
+def _link_probe(record: dict[str, Any]) -> tuple[int, int, int, float] | None:
+    """(node, from node, bytes, seconds) of one rank's probe record, or None when it is no measurement."""
+    node, source, size, seconds = (record.get(k) for k in ("node", "link_from_node", "link_bytes", "link_seconds"))
+    if not all(type(v) is int and 0 <= v < MAX_NODE for v in (node, source)) or node == source:
+        return None
+    if type(size) is not int or not 0 < size <= MAX_LINK_BYTES or not _finite(seconds) or seconds <= 0:
+        return None
+    return node, source, size, float(seconds)
+
+
+def _slow_links(links: dict[int, dict[str, Any]], stragglers: set[int]) -> dict[str, Any] | None:
+    """The SlowLink rule over the ranks' probe records (see the module docstring); None without any."""
+    by_node: dict[int, list[tuple[int, int, float]]] = {}
+    for record in links.values():
+        probe = _link_probe(record)
+        if probe is not None:
+            by_node.setdefault(probe[0], []).append(probe[1:])
+    if not by_node:
+        return None
+    measured = []
+    for node, probes in sorted(by_node.items()):
+        seconds = statistics.median(p[2] for p in probes)
+        size = statistics.median(p[1] for p in probes)
+        measured.append({"node": node, "from_node": probes[0][0], "seconds": round(seconds, 6),
+                         "mb_per_s": round(size / seconds / 1e6, 3)})
+    slow, declined = [], None
+    for link in measured:
+        others = [o for o in measured if o is not link]
+        if not others:
+            break
+        rate = statistics.median(o["mb_per_s"] for o in others)
+        excess = link["seconds"] - statistics.median(o["seconds"] for o in others)
+        if link["mb_per_s"] > SLOW_LINK_RATIO * rate or excess < SLOW_LINK_MIN_EXCESS_S:
+            continue
+        if link["node"] in stragglers:
+            declined = (f"node {link['node']} is a straggler (LoadBalancing): a starved host receives slowly "
+                        "whatever its link")
+            continue
+        slow.append(link)
+    return {"triggered": bool(slow), "nodes": [link["node"] for link in slow],
+            "from_nodes": [link["from_node"] for link in slow], "links": measured,
+            "threshold": round(SLOW_LINK_RATIO, 4), "min_excess_s": SLOW_LINK_MIN_EXCESS_S, "declined": declined}
+
+
+def _link_message(rule: dict[str, Any]) -> str:
+    links = rule["links"]
+    if len(links) < 2:
+        return "no verdict: one node ran the link probe"
+    if rule["triggered"]:
+        named = [link for link in links if link["node"] in rule["nodes"]]
+        rest = [link["mb_per_s"] for link in links if link["node"] not in rule["nodes"]]
+        into = ", ".join(f"the link into node {link['node']} (from node {link['from_node']}): "
+                         f"{link['mb_per_s']:.1f} MB/s" for link in named)
+        return (f"TRIGGERED on {into}; the other nodes receive {statistics.median(rest):.1f} MB/s (threshold: "
+                f"a third as fast, and {rule['min_excess_s'] * 1e3:.0f} ms longer a transfer)")
+    slowest = min(links, key=lambda link: link["mb_per_s"])
+    figures = (f"slowest the link into node {slowest['node']}, {slowest['mb_per_s']:.1f} MB/s; fastest "
+               f"{max(link['mb_per_s'] for link in links):.1f} MB/s")
+    return f"none named: {figures}, but {rule['declined']}" if rule["declined"] else f"ok ({figures})"
 
 
 def _cpu_message(rule: dict[str, Any]) -> str:
@@ -356,7 +437,7 @@ def _communication_message(rule: dict[str, Any]) -> str:
 
 #: each rule's one-line verdict, for the task log and the Training tab
 MESSAGES = {"CPUBottleneck": _cpu_message, "LoadBalancing": _load_balancing_message,
-            "CommunicationBound": _communication_message}
+            "CommunicationBound": _communication_message, "SlowLink": _link_message}
 
 
 def format_report(summary: dict[str, Any]) -> list[str]:

@@ -5,8 +5,8 @@ first step (at a tenth of a CPU, importing torch alone took a rank a minute).
 
 The sweep: a CPU quota on host 1 (cgroup cfs quota, which stops the host's ranks at arbitrary points,
 inside their all-reduce too) of 10 %, 30 % and 60 % of one CPU, for its 1 or 2 ranks, in jobs of about 30
-steps and of 200; a rate-limited link into host 1 (nobody named: the network sets the pace); clean runs,
-which name nobody. The live line: tests/faults/test_stragglers.py (host 1 slowed mid-run).
+steps and of 200; a rate-limited link into host 1 (no straggler: the network sets the pace; the link
+probe names the link into node 1); clean runs, which name nobody and no link. The live line: tests/faults/test_stragglers.py (host 1 slowed mid-run).
 
 One cluster for every case (the suite's session ``net_cluster``); each job lasts seconds."""
 
@@ -134,15 +134,20 @@ def test_a_host_with_a_cpu_quota_is_named_and_never_a_healthy_one(hosts, tmp_pat
     assert verdict.startswith("[stall] LoadBalancing: TRIGGERED on rank") and "(node 1)" in verdict, report
 
 
-def test_a_rate_limited_link_names_no_healthy_node_and_says_the_network_sets_the_pace(hosts, tmp_path):
+def test_a_rate_limited_link_is_named_by_the_link_probe_and_no_node_is_a_straggler(hosts, tmp_path):
     """What host 1 receives limited to 20 mbit/s. Two hosts have one link between them, which both ranks'
-    all-reduce crosses: neither is waited for, so nobody is named (see docs/faults.md on naming a link)."""
+    all-reduce crosses: neither is waited for, so no straggler is named; the link probe after training
+    times what each node receives and names the link into node 1, never node 0's."""
     hosts.net.slow_link(1, 20)
-    result, lines = run_job(hosts, tmp_path, 1, SHORT)
+    result, lines = run_job(hosts, tmp_path, 1, command=[*digits(1, SHORT), "--probe-links"])
     report = "\n".join(line for line in lines if line.startswith("[stall]"))
     rules = result.stall["rules"]
     assert (rules["LoadBalancing"]["triggered"], rules["LoadBalancing"]["nodes"]) == (False, []), report
     assert rules["CommunicationBound"]["triggered"] is True, report
+    assert (rules["SlowLink"]["triggered"], rules["SlowLink"]["nodes"], rules["SlowLink"]["from_nodes"]) == (
+        True, [1], [0]), report
+    verdict = next(line for line in lines if line.startswith("[stall] SlowLink"))
+    assert verdict.startswith("[stall] SlowLink: TRIGGERED on the link into node 1 (from node 0): "), report
 
 
 @pytest.mark.parametrize("procs, shape", [(1, LONG), (2, {2: ("359", "100")})], ids=["2x1-long", "2x2-long"])
@@ -151,8 +156,10 @@ def test_a_clean_run_names_nobody(hosts, tmp_path, procs, shape):
     once computed 1.8x host 1's time for the whole job and was named, and in a 2x2 job of 25 steps under a
     load of 7, host 0's two ranks computed twice as long as host 1's (they were slower: the report said what
     happened, but no host had been slowed). Over more steps a busy moment is a small share of the job."""
-    result, lines = run_job(hosts, tmp_path, procs, shape)
+    result, lines = run_job(hosts, tmp_path, procs, command=[*digits(procs, shape), "--probe-links"])
     report = "\n".join(line for line in lines if line.startswith("[stall]"))
     assert result.stall["rules"]["LoadBalancing"]["triggered"] is False, report
+    assert result.stall["rules"]["SlowLink"]["triggered"] is False, report
+    assert len(result.stall["rules"]["SlowLink"]["links"]) == 2, report  # both nodes probed
     assert not any("TRIGGERED on" in line for line in lines), report
 

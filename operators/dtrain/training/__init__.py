@@ -9,7 +9,7 @@ Submodules import torch lazily, so importing this package stays cheap.
 """
 
 from dtrain.training.checkpoint import CheckpointManager
-from dtrain.training.collectives import CollectiveTimer
+from dtrain.training.collectives import CollectiveTimer, probe_links
 from dtrain.training.data_position import ResumableSampler
 from dtrain.training.dcp import ModelState
 from dtrain.training.dist import DistContext, exit_now, init_distributed
@@ -23,5 +23,5 @@ __all__ = [
     "CheckpointManager", "DistContext", "init_distributed", "exit_now", "MetricsWriter", "write_result", "TrainLoop",
     "scaled_lr", "warmup_factor", "heartbeat",
     "PreemptionGuard", "StopRequest", "stop_requested", "STOP_EXIT_CODE",
-    "ModelState", "ResumableSampler", "CollectiveTimer",
+    "ModelState", "ResumableSampler", "CollectiveTimer", "probe_links",
 ]

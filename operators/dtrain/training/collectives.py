@@ -31,6 +31,7 @@ engine has no comm hook (None too).
 
 from __future__ import annotations
 
+import os
 import time
 from typing import Any
 
@@ -75,3 +76,77 @@ class CollectiveTimer:
         no all-reduce ran since the last call (a ``no_sync`` step of gradient accumulation)."""
         last, self._last = self._last, None
         return None if last is None else max(0.0, last[1] - last[0])
+
+
+#: bytes each rank receives in one timed transfer of :func:`probe_links`
+PROBE_BYTES = 1 << 20
+#: timed transfers; the fastest counts (a transfer a busy host delayed once is no slow link)
+PROBE_REPEATS = 5
+#: no further transfer once the probe has taken this long (at 1 mbit/s one transfer takes 8 s)
+PROBE_BUDGET_S = 5.0
+
+
+def probe_links(device: Any = "cpu", nbytes: int = PROBE_BYTES, repeats: int = PROBE_REPEATS,
+                budget_s: float = PROBE_BUDGET_S) -> dict[str, Any] | None:
+    """Time what this rank receives from its peer of the same local rank on the previous node, while it
+    sends as much to its peer on the next node (every link into a node carries one transfer at a time
+    per local rank). A collective: every rank calls it at the same point (after training, say), with the
+    same arguments.
+
+    Why: a slow link into one node shows in the all-reduce as every rank waiting, with nobody waited
+    for (two nodes' all-reduce crosses their one link both ways), so collective waits cannot say which
+    link; per-link transfer times can (the stall report's ``SlowLink``). Record what it returns with
+    :meth:`dtrain.training.metrics.MetricsWriter.log_link`. None, on every rank, when there is one node,
+    or the nodes hold different numbers of ranks."""
+    import torch
+    import torch.distributed as dist
+
+    from dtrain.training.metrics import node_index
+
+    if not (dist.is_available() and dist.is_initialized()):
+        return None
+    world, rank = dist.get_world_size(), dist.get_rank()
+    mine = torch.tensor([node_index() if node_index() is not None else -1,
+                         int(os.environ.get("LOCAL_RANK") or 0)], dtype=torch.int64, device=device)
+    everyone = [torch.empty_like(mine) for _ in range(world)]
+    dist.all_gather(everyone, mine)
+    where = [tuple(int(v) for v in t.tolist()) for t in everyone]  # rank -> (node, local rank)
+    peers = _ring_peers(where, rank)
+    if peers is None:
+        return None
+    source, target = peers
+    send = torch.ones(max(1, nbytes // 4), dtype=torch.float32, device=device)
+    received = torch.empty_like(send)
+    best, started = float("inf"), time.monotonic()
+    for _ in range(repeats):
+        dist.barrier()
+        begin = time.perf_counter()
+        receive, *sends = dist.batch_isend_irecv([dist.P2POp(dist.irecv, received, source),
+                                                  dist.P2POp(dist.isend, send, target)])
+        receive.wait()
+        if send.is_cuda:
+            torch.cuda.synchronize(send.device)
+        best = min(best, time.perf_counter() - begin)
+        for request in sends:
+            request.wait()
+        over = torch.tensor([int(time.monotonic() - started > budget_s)], dtype=torch.int64, device=device)
+        dist.all_reduce(over, op=dist.ReduceOp.MAX)  # every rank stops after the same transfer
+        if over.item():
+            break
+    return {"link_from_node": where[source][0], "link_bytes": send.numel() * 4, "link_seconds": round(best, 6)}
+
+
+def _ring_peers(where: list[tuple[int, int]], rank: int) -> tuple[int, int] | None:
+    """(the rank this one receives from, the rank it sends to): the ranks of its own local rank on the
+    previous and the next node, in node order; None when a node is unknown, there is one node, two ranks
+    claim one place, or the nodes hold different local ranks (every rank comes to the same answer)."""
+    nodes = sorted({node for node, _ in where})
+    if len(nodes) < 2 or nodes[0] < 0 or len(set(where)) != len(where):
+        return None
+    per_node = {node: sorted(local for n, local in where if n == node) for node in nodes}
+    if len({tuple(locals_) for locals_ in per_node.values()}) != 1:
+        return None
+    by_place = {place: r for r, place in enumerate(where)}
+    node, local = where[rank]
+    at = nodes.index(node)
+    return by_place[(nodes[at - 1], local)], by_place[(nodes[(at + 1) % len(nodes)], local)]

@@ -62,6 +62,13 @@ class MetricsWriter:
         record.update(extra)
         self._fh.write(json.dumps(record) + "\n")
 
+    def log_link(self, probe: dict[str, Any]) -> None:
+        """What :func:`dtrain.training.collectives.probe_links` measured: the transfer into this rank's node
+        (a record without a step: the stall report's SlowLink reads it, step readers skip it)."""
+        record = {"time": time.time(), **({"node": self.node} if self.node is not None else {})}
+        record.update((key, probe[key]) for key in ("link_from_node", "link_bytes", "link_seconds"))
+        self._fh.write(json.dumps(record) + "\n")
+
     def close(self) -> None:
         self._fh.close()
 
@@ -203,6 +210,11 @@ class StepRecorder:
             self._in_flight.append(_Chunk(self._open, self.clock))
             self._open = []
         self._write(lambda chunk: wait or self.clock.passed(chunk.done))
+
+    def log_link(self, probe: dict[str, Any]) -> None:
+        """The link probe's record (:meth:`MetricsWriter.log_link`), after every step recorded so far."""
+        self.flush()
+        self.writer.log_link(probe)
 
     def close(self, wait: bool = True) -> None:
         self.flush(wait)

@@ -26,7 +26,7 @@ import time
 
 from dtrain.atomic import atomic_open
 from dtrain.training.checkpoint import CheckpointManager
-from dtrain.training.collectives import CollectiveTimer
+from dtrain.training.collectives import CollectiveTimer, probe_links
 from dtrain.training.dist import exit_now, init_distributed, shutdown
 from dtrain.training.metrics import MetricsWriter, StepRecorder, step_clock, write_result
 from dtrain.training.preemption import PreemptionGuard
@@ -44,6 +44,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--checkpoint-every", type=int, default=25)
     p.add_argument("--step-sleep", type=float, default=0.0, help="seconds added to each step (to watch or kill a run)")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--probe-links", action="store_true",
+                   help="after training, time what each node receives from the previous one (the stall "
+                        "report's SlowLink)")
     p.add_argument("--deepspeed", action="store_true",
                    default=os.environ.get("DTRAIN_DISTRIBUTION") == "deepspeed" and "DTRAIN_DEEPSPEED_CONFIG" in os.environ,
                    help="train with DeepSpeed, config from DTRAIN_DEEPSPEED_CONFIG (default when launched "
@@ -242,6 +245,10 @@ def main(argv: list[str] | None = None) -> int:
             print(f"stopped: a peer left before the ranks agreed on a step ({type(e).__name__}); "
                   f"no checkpoint saved", flush=True)
         guard.exit()  # no interpreter teardown: a process group whose peer is gone may abort in it
+    if args.probe_links and not preempted:
+        link = probe_links(device)
+        if link:
+            metrics.log_link(link)
     metrics.close()
     if preempted:
         if guard.peers_lost:  # the same, seen by the agreement itself
