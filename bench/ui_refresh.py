@@ -289,8 +289,13 @@ def summarize_planted(run_dir: str, repeat: int = 3) -> None:
     """In a process running one code base: the summary of ``run_dir`` ``repeat`` times; one JSON line."""
     import resource
 
-    from dtrain.provenance import trusted_run_dir, write_marker
     from dtrain.ui import metrics_cache, training
+
+    try:
+        from dtrain.rundir import write_marker
+        from dtrain.ui.provenance import trusted_run_dir
+    except ImportError:  # a --base from before the marker's writer moved beside the run directory's files
+        from dtrain.provenance import trusted_run_dir, write_marker
 
     ti = {"dag_id": DAG_ID, "run_id": "r1", "task_id": "train", "map_index": -1, "try_number": 1}
     write_marker(run_dir, type("TI", (), ti))

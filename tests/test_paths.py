@@ -63,7 +63,7 @@ def test_the_operators_default_run_directory_comes_from_here(home):
 
 
 def test_the_uis_default_runs_roots_are_the_roots_the_product_writes_under(home, monkeypatch):
-    from dtrain.provenance import runs_roots
+    from dtrain.ui.provenance import runs_roots
 
     monkeypatch.setenv("DTRAIN_SHARED_FS", "/fsx")
     monkeypatch.delenv("AIRFLOW__DTRAIN__RUNS_ROOT", raising=False)

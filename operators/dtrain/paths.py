@@ -7,7 +7,7 @@ Every run directory the product makes lies under a runs root, ``<base>/runs``:
 - the pipeline factory's: ``<shared_fs>/runs/<dag_id>/<version>/<partition>/run-<n>``.
 
 The UI shows a run directory only under a runs root, as ``<root>/<dag_id>/...``
-(:mod:`dtrain.provenance`), so these names and its defaults come from here.
+(:mod:`dtrain.ui.provenance`), so these names and its defaults come from here.
 
 Stdlib only: the launcher, the operators, the pipeline factory and the UI all import it.
 """

@@ -566,3 +566,19 @@ def _records(lines: list[bytes]) -> Iterator[dict[str, Any]]:
 
 def _has_step(record: dict[str, Any]) -> bool:
     return isinstance(record.get("step"), int) and not isinstance(record["step"], bool)
+
+
+# -- the run directory's marker: who launched it (the UI's check: dtrain.ui.provenance) ------------
+
+def marker_of(ti: Any, run_dir: str) -> dict[str, Any]:
+    """What the training operator writes: the task instance's identity and try, and the directory's path."""
+    map_index = getattr(ti, "map_index", None)
+    return {"dag_id": ti.dag_id, "run_id": ti.run_id, "task_id": ti.task_id,
+            "map_index": -1 if map_index is None else int(map_index), "try_number": int(ti.try_number),
+            "run_dir": run_dir}
+
+
+def write_marker(run_dir: str, ti: Any) -> None:
+    """Mark ``run_dir`` as launched by ``ti`` (before any rank starts; written exclusively, renamed
+    over, never through a link planted at the name)."""
+    RunDir(run_dir).write_json(MARKER, value=marker_of(ti, run_dir))

@@ -79,7 +79,7 @@ def mark(path: str, dag_id: str, run_id: str, task_id: str = "train", try_number
     forged marker says differently)."""
     from types import SimpleNamespace
 
-    from dtrain.provenance import marker_of
+    from dtrain.rundir import marker_of
     from dtrain.rundir import MARKER, RunDir
 
     ti = SimpleNamespace(dag_id=dag_id, run_id=run_id, task_id=task_id, map_index=-1, try_number=try_number)

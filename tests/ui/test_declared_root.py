@@ -29,7 +29,7 @@ def own_root_run(airflow_db):
 
 
 def test_a_run_under_the_root_its_dag_declares_is_shown(api, own_root_run):
-    from dtrain.provenance import runs_roots
+    from dtrain.ui.provenance import runs_roots
 
     run, root = own_root_run
     assert not any(os.path.commonpath([configured, root]) == configured for configured in runs_roots())
@@ -72,7 +72,7 @@ def test_the_pipeline_factory_declares_its_shared_fs_runs_in_the_serialized_dag(
     from airflow.serialization.serialized_objects import DagSerialization
 
     from dtrain.pipeline import retraining_pipeline
-    from dtrain.provenance import declared_root
+    from dtrain.ui.provenance import declared_root
     from dtrain.ui.store import _task_run_dirs
 
     dag = retraining_pipeline(dag_id="team_text", raw="s3://team/raw", processed="s3://team/processed",
@@ -93,6 +93,6 @@ def test_the_pipeline_factory_declares_its_shared_fs_runs_in_the_serialized_dag(
     (None, None),
 ])
 def test_the_declared_root_is_the_static_start_of_run_dir_up_to_the_dags_folder(run_dir, root):
-    from dtrain.provenance import declared_root
+    from dtrain.ui.provenance import declared_root
 
     assert declared_root(run_dir, "d") == root

@@ -14,7 +14,7 @@ from types import SimpleNamespace
 import pytest
 
 from dtrain.errors import SpecError
-from dtrain.provenance import Untrusted, marker_problem, runs_roots, trusted_published, trusted_run_dir
+from dtrain.ui.provenance import Untrusted, marker_problem, runs_roots, trusted_published, trusted_run_dir
 from dtrain.rundir import LOGS, MARKER, RunDir
 from tests.ui.client import get, ti_query
 from tests.ui.conftest import mark, runs_root
@@ -140,7 +140,7 @@ def test_the_launcher_marks_the_run_directory_with_its_task_instance(api, failed
 # -- the published record --------------------------------------------------------------------------
 
 def models_root() -> str:
-    from dtrain.provenance import models_roots
+    from dtrain.ui.provenance import models_roots
 
     return models_roots()[0]
 
@@ -277,7 +277,7 @@ def test_the_roots_come_from_airflow_config_and_default_to_where_the_product_wri
 
 
 def test_a_marker_written_by_the_operator_replaces_a_planted_link_and_never_writes_through_it(tmp_path):
-    from dtrain.provenance import write_marker
+    from dtrain.rundir import write_marker
 
     victim = tmp_path / "victim"
     victim.write_text("intact")

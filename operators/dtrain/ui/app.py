@@ -23,7 +23,7 @@ Every ``ti`` endpoint takes the task instance as query parameters and is guarded
 ``requires_access_dag`` (reading that DAG's task instances; logs and stacks need its task logs), so
 the deployment's auth manager decides; the retraining endpoints list only the DAGs the auth manager
 says the user may read. Files are located from the task instance's recorded XCom, never from the
-request, and shown only when their provenance holds (dtrain.provenance: under a configured root or
+request, and shown only when their provenance holds (dtrain.ui.provenance: under a configured root or
 the runs root the task's own DAG code declares in its serialized DAG, marked by the launcher for
 this task instance; otherwise 404 with the reason), read by
 dtrain.rundir without following symlinks, bounded. A run's metrics are followed once per run
@@ -49,7 +49,7 @@ from airflow.api_fastapi.core_api.security import GetUserDep, requires_access_da
 from dtrain.errors import SpecError
 from dtrain.launch.engine.job import ROUNDS_KEY, RUN_RECORD_KEY
 from dtrain.tracking import RUN_XCOM_KEY as MLFLOW_RUN_KEY
-from dtrain.provenance import (Untrusted, declared_root, models_roots, runs_roots, trusted_published,
+from dtrain.ui.provenance import (Untrusted, declared_root, models_roots, runs_roots, trusted_published,
                                trusted_run_dir)
 from dtrain.rundir import RunDir, UnsafeRunDir
 from dtrain.ui import metrics_cache, mlflow_links, plots, retraining, store, training, ui_base
@@ -130,7 +130,7 @@ def _roots(which) -> list[str]:
 
 def _run_dir(session, ti: dict[str, Any], records: dict[str, Any]) -> RunDir | None:
     """The run directory the task recorded before it launched (None: it launched no job), if its
-    provenance holds (dtrain.provenance: under a configured root or the one the task's DAG code
+    provenance holds (dtrain.ui.provenance: under a configured root or the one the task's DAG code
     declares, and marked); else 404 saying why."""
     record = records.get(RUN_RECORD_KEY)
     if not isinstance(record, dict):
@@ -156,7 +156,7 @@ def _require(run: RunDir | None, ref: TaskInstanceRef) -> RunDir:
 
 def read_published(dag_id: str, metrics_path: Any, partition: Any) -> dict[str, Any] | None:
     """A published model's metrics.json, as the publish task recorded its path, if it is the
-    pipeline's record for the run's partition (dtrain.provenance.trusted_published); else None."""
+    pipeline's record for the run's partition (dtrain.ui.provenance.trusted_published); else None."""
     try:
         return trusted_published(metrics_path, dag_id, partition, _roots(models_roots))
     except Untrusted:

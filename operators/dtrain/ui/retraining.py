@@ -41,7 +41,7 @@ def pipeline_view(dag_id: str, runs: Sequence[Mapping[str, Any]],
                   mlflow_url: str | None = None) -> dict[str, Any]:
     """``runs``: dtrain.ui.store.pipeline_runs(); ``read_published(metrics_path, partition)``: the
     published record, if it is this pipeline's for the run's partition (None otherwise: the
-    recorded path is an XCom anyone who may edit the run can change; see dtrain.provenance).
+    recorded path is an XCom anyone who may edit the run can change; see dtrain.ui.provenance).
     ``mlflow_url``: the tracking server's UI (dtrain.ui.mlflow_links), for links to what an MLflow
     registry registered."""
     rows, points, metric, goal = [], [], None, None

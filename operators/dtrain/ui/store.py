@@ -53,7 +53,7 @@ def task_instance(session: Session, dag_id: str, run_id: str, task_id: str, map_
 
 
 def declared_run_dir(session: Session, dag_id: str, run_id: str, task_id: str, map_index: int) -> Any:
-    """The ``run_dir`` the task's DAG code gives it, unrendered (dtrain.provenance.declared_root reads
+    """The ``run_dir`` the task's DAG code gives it, unrendered (dtrain.ui.provenance.declared_root reads
     its root), from the serialized DAG of the version this task instance belongs to: what the DAG
     processor wrote from the DAG file, never an XCom. None: the code gives none."""
     from airflow.models.serialized_dag import SerializedDagModel

@@ -26,7 +26,7 @@ with DAG(dag_id="ui_training", schedule=None, catchup=False, tags=["dtrain", "te
     )
 
 #: a runs root that no configuration names ([dtrain] runs_root, DTRAIN_SHARED_FS): only this DAG's code
-#: declares it, in its training task's run_dir (dtrain.provenance.declared_root), as the pipeline
+#: declares it, in its training task's run_dir (dtrain.ui.provenance.declared_root), as the pipeline
 #: factory's ``shared_fs`` does
 OWN_RUNS_ROOT = os.path.join(os.path.dirname(os.environ.get("DTRAIN_HOME", "/tmp/dtrain")), "own-fsx", "runs")
 

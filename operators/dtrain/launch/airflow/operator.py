@@ -223,9 +223,9 @@ class DistributedTrainingOperator(PlacementArgs, ResumableJobMixin, BaseOperator
         run directory from this record, never from a request, while the job runs and after it failed.
 
         An XCom can be PATCHed by anyone who may edit the task instance, so the directory is marked
-        first (dtrain.provenance): the UI shows it only while the marker names this task instance."""
+        first (dtrain.rundir.write_marker; the UI's check: dtrain.ui.provenance): the UI shows it only while the marker names this task instance."""
         from dtrain.launch.engine.job import RUN_RECORD_KEY, run_record
-        from dtrain.provenance import write_marker
+        from dtrain.rundir import write_marker
 
         ti = (context or {}).get("ti")
         if ti is not None:

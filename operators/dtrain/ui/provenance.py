@@ -10,7 +10,7 @@ and metrics to a user who may not read B. So the UI shows a run directory only w
   factory's ``<shared_fs>/runs/<dag_id>/<version>/<partition>/run-<n>``: :mod:`dtrain.paths`), every component from the
   root down opened without following a link (:class:`~dtrain.rundir.RunDir` ``below=``);
 * it holds the marker (:data:`dtrain.rundir.MARKER`) the training operator wrote with
-  :func:`write_marker` before the job started, naming this DAG, run, task, map index and the
+  :func:`dtrain.rundir.write_marker` before the job started, naming this DAG, run, task, map index and the
   directory itself, and a try no later than the task instance's (:func:`marker_problem` says why);
 
 and a published record only when its path is ``<models root>/<dag_id>/<version>/<partition>/metrics.json``
@@ -30,7 +30,7 @@ file; no REST call changes it), is a runs root for that task's run directories. 
 built with ``shared_fs="/fsx"`` is shown whatever the API server's ``DTRAIN_SHARED_FS``; the marker
 is checked all the same.
 
-Stdlib only at import: the operator writes the marker from here, the UI checks it.
+The UI's side: the marker's writer is :mod:`dtrain.rundir`'s, beside the run directory's other files.
 """
 
 from __future__ import annotations
@@ -48,7 +48,6 @@ from dtrain.rundir import MARKER, MAX_LISTED, RunDir, UnsafeRunDir
 RUNS_ROOT = ("dtrain", "runs_root")
 MODELS_ROOT = ("dtrain", "models_root")
 #: what a marker names, besides the directory itself (``run_dir``)
-MARKER_FIELDS = ("dag_id", "run_id", "task_id", "map_index", "try_number")
 
 
 class Untrusted(Exception):
@@ -129,21 +128,7 @@ def _short(value: Any, limit: int = 200) -> str:
     return text if len(text) <= limit else text[:limit] + "..."
 
 
-# -- the run directory's marker --------------------------------------------------------------------
-
-def marker_of(ti: Any, run_dir: str) -> dict[str, Any]:
-    """What the operator writes: the task instance's identity and try, and the directory's path."""
-    map_index = getattr(ti, "map_index", None)
-    return {"dag_id": ti.dag_id, "run_id": ti.run_id, "task_id": ti.task_id,
-            "map_index": -1 if map_index is None else int(map_index), "try_number": int(ti.try_number),
-            "run_dir": run_dir}
-
-
-def write_marker(run_dir: str, ti: Any) -> None:
-    """Mark ``run_dir`` as launched by ``ti`` (before any rank starts; written exclusively, renamed
-    over, never through a link planted at the name)."""
-    RunDir(run_dir).write_json(MARKER, value=marker_of(ti, run_dir))
-
+# -- the run directory's marker (written by the training operator: dtrain.rundir.write_marker) -----
 
 def marker_problem(marker: Any, ti: Mapping[str, Any], run_dir: str) -> str | None:
     """Why ``marker`` does not vouch for ``run_dir`` as ``ti``'s job (None: it does).
