@@ -78,3 +78,19 @@ def heavy_libraries_imported_by(*modules: str) -> list[str]:
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     return sorted(HEAVY_LIBRARIES & set(json.loads(out.stdout.strip().splitlines()[-1])))
+
+
+def record_fsyncs(monkeypatch) -> list[str]:
+    """Every ``os.fsync`` from now on, as "file" or "dir" in call order (each still syncs)."""
+    import os
+    import stat
+
+    synced: list[str] = []
+    real_fsync = os.fsync
+
+    def recording_fsync(fd):
+        synced.append("dir" if stat.S_ISDIR(os.fstat(fd).st_mode) else "file")
+        real_fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", recording_fsync)
+    return synced

@@ -12,6 +12,7 @@ import pytest
 
 from dtrain import atomic
 from dtrain.atomic import atomic_open, atomic_write_bytes, fsync_directory
+from tests.support import record_fsyncs
 
 
 class Boom(Exception):
@@ -110,14 +111,7 @@ def test_mode_is_the_new_files_permissions_under_the_umask(tmp_path):
 
 
 def test_the_file_and_the_directory_are_fsynced_unless_told_not_to(tmp_path, monkeypatch):
-    synced: list[str] = []
-    real_fsync = os.fsync
-
-    def recording_fsync(fd):
-        synced.append("dir" if stat.S_ISDIR(os.fstat(fd).st_mode) else "file")
-        real_fsync(fd)
-
-    monkeypatch.setattr(os, "fsync", recording_fsync)
+    synced = record_fsyncs(monkeypatch)
     atomic_write_bytes(str(tmp_path / "a"), b"x")
     assert synced == ["file", "dir"]
     synced.clear()

@@ -5,9 +5,10 @@ no temporary file left; a link planted at ``latest`` is replaced, never written 
 from __future__ import annotations
 
 import os
-import stat
 
 import pytest
+
+from tests.support import record_fsyncs
 
 torch = pytest.importorskip("torch")
 
@@ -16,14 +17,7 @@ from dtrain.training import CheckpointManager  # noqa: E402
 
 def test_a_save_fsyncs_each_file_once_and_not_the_folder(tmp_path, monkeypatch):
     ckpt = CheckpointManager(str(tmp_path / "ckpt"), every_n_steps=1)
-    synced: list[str] = []
-    real_fsync = os.fsync
-
-    def recording_fsync(fd):
-        synced.append("folder" if stat.S_ISDIR(os.fstat(fd).st_mode) else "file")
-        real_fsync(fd)
-
-    monkeypatch.setattr(os, "fsync", recording_fsync)
+    synced = record_fsyncs(monkeypatch)
     ckpt.save(1, {"w": torch.ones(4)})
     assert synced == ["file", "file"]
     assert sorted(os.listdir(tmp_path / "ckpt")) == ["latest", "step-00000001.pt"]
