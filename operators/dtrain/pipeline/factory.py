@@ -534,7 +534,7 @@ def retraining_pipeline(
             the time a worker takes to report a try's end: Airflow 3.3's scheduler fails a rescheduled
             task whose next try it queued before it heard the previous one end ("finished with state
             success, but the task instance's state attribute is queued"): 5 s is too short where a
-            task's supervisor takes 5.9 s to exit).
+            task's supervisor takes 5.9 s to exit.
         **train_options: further :class:`~dtrain.launch.airflow.operator.DistributedTrainingOperator`
             arguments (hang_timeout, stop_grace, max_restarts, deferrable, retry_policy, ...).
 
