@@ -106,7 +106,8 @@ def probe_links(device: Any = "cpu", nbytes: int = PROBE_BYTES, repeats: int = P
     if not (dist.is_available() and dist.is_initialized()):
         return None
     world, rank = dist.get_world_size(), dist.get_rank()
-    mine = torch.tensor([node_index() if node_index() is not None else -1,
+    node = node_index()
+    mine = torch.tensor([-1 if node is None else node,
                          int(os.environ.get("LOCAL_RANK") or 0)], dtype=torch.int64, device=device)
     everyone = [torch.empty_like(mine) for _ in range(world)]
     dist.all_gather(everyone, mine)
