@@ -23,10 +23,13 @@ from dtrain.launch.engine.elastic import Membership, Rounds, latest_step
 from dtrain.launch.engine.job import prepare_job
 from dtrain.launch.engine.launcher import LaunchResult, Launcher
 from dtrain.launch.engine.lost import LostNode
+from dtrain.launch.engine.net import free_port
 from dtrain.launch.engine.placement import Placement
+from dtrain.launch.engine.rdzv_store import RendezvousStore
 from dtrain.launch.engine.spec import LaunchSpec
 from dtrain.launch.engine.torchrun import Elastic, agent_argv
 from dtrain.pipeline.params import NODES_PATTERN, NODES_TYPE, _check_one
+from dtrain.launch.node.elastic_rdzv import NO_ROUND_EXIT_CODE
 from dtrain.launch.node.rdzv_auth import StoreKey
 from tests.support import poll_until
 
@@ -245,13 +248,95 @@ def test_membership_success_failure_and_a_waiting_node_ending_after_success():
     nodes = {i: FakeNode(i, FakeProc()) for i in range(2)}
     nodes[0].proc.code = 0
     assert members.status(members.scan(nodes, lost)) is None  # node 1 still runs
-    nodes[1].proc.code = 1  # it waited for a next round when the rendezvous closed
+    nodes[1].proc.code = NO_ROUND_EXIT_CODE  # it waited for a next round when the rendezvous closed
     assert members.status(members.scan(nodes, lost)).ok
+    crashed = Membership(1, lambda line: None)
+    nodes = {i: FakeNode(i, FakeProc(), tail=(f"node {i}",)) for i in range(2)}
+    nodes[1].proc.code = 0
+    assert crashed.status(crashed.scan(nodes, lost)) is None
+    nodes[0].proc.code = 134  # rank 0 crashed saving, after its peer finished
+    status = crashed.status(crashed.scan(nodes, lost))
+    assert (status.state, status.exit_code, status.failed_node) == ("FAILED", 134, 0)
     failing = Membership(1, lambda line: None)
     nodes = {i: FakeNode(i, FakeProc(), tail=("boom",)) for i in range(2)}
     nodes[1].proc.code = 3
     status = failing.status(failing.scan(nodes, lost))
     assert (status.state, status.exit_code, status.failed_node, list(status.tail)) == ("FAILED", 3, 1, ["boom"])
+
+
+def test_a_failed_node_fails_the_job_though_the_idle_nodes_ended_first():
+    """The node whose script failed closed the rendezvous; the nodes waiting for its next round end
+    idle (their agents' NO_ROUND_EXIT_CODE), here seen before the failure: the job failed, on that node."""
+    members = Membership(2, lambda line: None)
+    nodes = {i: FakeNode(i, FakeProc(), tail=(f"node {i}",)) for i in range(3)}
+    nodes[1].proc.code = nodes[2].proc.code = NO_ROUND_EXIT_CODE
+    assert members.status(members.scan(nodes, lost)) is None  # node 0 still runs
+    nodes[0].proc.code = 1
+    status = members.status(members.scan(nodes, lost))
+    assert (status.state, status.exit_code, status.failed_node, list(status.tail)) == ("FAILED", 1, 0, ["node 0"])
+    succeeded = Membership(1, lambda line: None)
+    nodes = {i: FakeNode(i, FakeProc()) for i in range(2)}
+    nodes[1].proc.code = NO_ROUND_EXIT_CODE  # a spare, as the round's member succeeds
+    assert succeeded.status(succeeded.scan(nodes, lost)) is None
+    nodes[0].proc.code = 0
+    assert succeeded.status(succeeded.scan(nodes, lost)).ok
+    idle = Membership(1, lambda line: None)
+    nodes = {0: FakeNode(0, FakeProc(NO_ROUND_EXIT_CODE))}
+    status = idle.status(idle.scan(nodes, lost))
+    assert (status.state, status.exit_code) == ("FAILED", 1)  # nobody ran: no success
+
+
+# -- the agent: what a failure during a membership change is ----------------------------------------
+
+@pytest.fixture
+def rendezvous(tmp_path, monkeypatch):
+    """``handler(i)``: node i's dtrain-c10d handler (nodes 2:3) at a real store process on loopback."""
+    from torch.distributed.elastic.rendezvous import RendezvousParameters
+
+    from dtrain.launch.node import elastic_rdzv
+
+    secret = "3c" * 32
+    monkeypatch.setattr(elastic_rdzv, "_job_key", StoreKey(secret))
+    store = RendezvousStore()
+    port = store.start("127.0.0.1", free_port("127.0.0.1"), secret)
+    handlers = []
+
+    def handler(index: int):
+        monkeypatch.setenv("DTRAIN_NODE_INDEX", str(index))
+        params = RendezvousParameters(elastic_rdzv.ELASTIC, f"127.0.0.1:{port}", "job-joins", 2, 3,
+                                      local_addr="127.0.0.1", is_host=0, join_timeout=60, last_call_timeout=1)
+        handlers.append(elastic_rdzv.elastic_handler(params))
+        return handlers[-1]
+
+    try:
+        yield handler
+    finally:
+        if handlers:
+            handlers[0].set_closed()  # a node still waiting in next_rendezvous ends
+        for made in handlers:
+            made._stop_heartbeats()
+        store.stop()
+
+
+@pytest.mark.slow
+def test_a_failure_while_a_node_waits_to_join_is_the_memberships_restart(rendezvous):
+    """Node 2 waits to join a complete round of nodes 0 and 1. The agents restart their workers into
+    the next round each when its monitor sees that, so node 1's restart can fail node 0's collective
+    before node 0's agent saw node 2: node 0's agent takes that failure as the membership's (not counted
+    against max_restarts), not as the script's."""
+    first, second = rendezvous(0), rendezvous(1)
+    formed = [threading.Thread(target=h.next_rendezvous, daemon=True) for h in (first, second)]
+    for thread in formed:
+        thread.start()
+    for thread in formed:
+        thread.join(60)
+    assert first.round_ == second.round_ >= 0 and len(first.members) == 2
+    assert first.membership_change(within=1.0) is None  # nothing changes: a failure is the script's
+    joiner = rendezvous(2)
+    threading.Thread(target=lambda: pytest.raises(Exception, joiner.next_rendezvous), daemon=True).start()
+    assert first.membership_change(within=15.0) == "joins"
+    second.finished()  # node 1's workers succeeded in this round: a failure now is the script's
+    assert first.round_finished() and first.membership_change(within=1.0) is None
 
 
 # -- the store's process ------------------------------------------------------------------------------

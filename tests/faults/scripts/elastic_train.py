@@ -57,4 +57,6 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from dtrain.training.dist import exit_now
+
+    exit_now(main())  # as the reference script: with gloo, the interpreter's teardown can abort a finished rank

@@ -3,7 +3,8 @@
 What is decided here comes from the launcher's own processes (one per node: a local agent, an ssh
 client) or the nodes' leases (Slurm), never from what a node prints: a node is *lost* when its process
 ends the way the backend says a lost node ends (ssh: 255; local: a signal the backend did not send) or
-its lease says so, *done* when it exits 0, *failed* otherwise. :class:`Membership`
+its lease says so, *done* when it exits 0, *idle* when its agent says the job ended before it ran a
+round (``NO_ROUND_EXIT_CODE``: it waited for the next round or was a spare), *failed* otherwise. :class:`Membership`
 turns that into the job's status at each poll:
 
 * a lost node with at least MIN nodes still running: the job goes on (the survivors' agents re-form
@@ -11,10 +12,13 @@ turns that into the job's status at each poll:
   (:meth:`Membership.returned`), and spares already wait in the rendezvous;
 * fewer than MIN still running after a loss: the lost-node verdict (the job ends, the retry policy
   decides, as for a fixed job);
-* a node that failed (not lost) before any node succeeded: the job failed, as today (a script that
-  fails fails on every node of the round);
+* a node that failed (not lost): the job failed, whether or not a peer succeeded first (a script
+  that fails fails on every node of the round; a rank 0 that crashes while saving after its peers
+  finished fails the job too);
 * every node ended and one succeeded: done (nodes that were waiting for a next round when the
-  round's members finished end then too).
+  round's members finished end then too, idle);
+* a node that failed while the others ended idle: the job failed, whatever order the launcher saw
+  the ends in (the failed node closed the rendezvous; the idle ones are no success).
 
 :class:`Rounds` gathers the line each node's agent prints after each round (``[dtrain-round]``,
 tagged by the launcher with the node its stream belongs to) into the job's rounds: which nodes, the
@@ -34,7 +38,7 @@ from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 from dtrain.launch.backends.base import JobStatus
 from dtrain.launch.engine.lost import LostNode
-from dtrain.launch.node.elastic_rdzv import ROUND_TAG
+from dtrain.launch.node.elastic_rdzv import NO_ROUND_EXIT_CODE, ROUND_TAG
 from dtrain.launch.node.rdzv_auth import StoreKey
 from dtrain.rundir import RunDir, UnsafeRunDir
 
@@ -173,8 +177,9 @@ class Membership:
     def node_ended(self, node: int, code: int, tail: Sequence[str]) -> None:
         if code == 0:
             self.succeeded.add(node)
-        elif self.failure is None and not self.succeeded:
-            # after a success, a node that waited for a next round ends as the rendezvous closes
+        elif code == NO_ROUND_EXIT_CODE:
+            return  # it ran no round when the job ended: neither success nor failure
+        elif self.failure is None:  # before or after a peer's success: a rank that crashes saving fails the job
             self.failure = (node, code, list(tail))
 
     def status(self, running: int) -> JobStatus | None:

@@ -15,10 +15,15 @@ torchrun's c10d rendezvous, with two things torch 2.13 does not do:
   which rendezvous member it is under :func:`node_key` (its ``DTRAIN_NODE_INDEX``), so the survivors
   mark that member's keep-alive as lapsed and the round re-forms without the wait. A node the
   launcher starts again is taken off the list first.
-* **A lost member is not the script's failure.** A crashed node makes its peers' workers fail at
-  once (a reset connection); torchrun would count that against ``--max-restarts`` and, at 0, end the
-  job. :class:`ElasticAgent` waits, after a failure, up to :func:`sweep_window` for the rendezvous to
-  drop a member of the round; if it does, the restart is the membership's, not counted.
+* **A membership change is not the script's failure.** A crashed node makes its peers' workers fail
+  at once (a reset connection); so does a peer whose agent restarted its workers first when a node
+  joins (each agent sees the joining node at its own monitor interval). torchrun would count that
+  against ``--max-restarts`` and, at 0, end the job. :class:`ElasticAgent` waits, after a failure, up
+  to :func:`sweep_window` for the rendezvous to drop a member of the round or to show a node waiting
+  to join; if it does, the restart is the membership's, not counted. Unless a member's workers
+  succeeded in that round (it says so under :func:`done_key` before torch's exit barrier): then the
+  round is over, and a worker that fails at its end (a rank that crashes while saving) fails the job,
+  as in a fixed one; it is not re-run alone from the last checkpoint while its peer waits.
 
 After every round the handler prints one line (:data:`ROUND_TAG`): this node's index (the backend's
 ``DTRAIN_NODE_INDEX``), the round, its group rank and the group's size. The launcher gathers them
@@ -60,6 +65,9 @@ from dtrain.launch.node.rdzv_auth import StoreKey
 
 ELASTIC = "dtrain-c10d"
 ROUND_TAG = "[dtrain-round]"
+#: the agent's exit when the job ended before this node ran a round of its own (it waited for the
+#: next round, or was a spare, when the rendezvous closed): neither the job's success nor its failure
+NO_ROUND_EXIT_CODE = 75
 #: how often an agent renews its membership (seconds), and how many renewals it may miss before the
 #: rendezvous drops it: a node silent for KEEP_ALIVE_S x KEEP_ALIVE_ATTEMPTS is gone from the round
 KEEP_ALIVE_S = 3
@@ -119,6 +127,11 @@ def read_signed(store: Any, key: StoreKey, name: str) -> bytes | None:
 def node_key(index: str | int) -> str:
     """The store key under which node ``index``'s agent publishes the rendezvous member it is."""
     return f"dtrain.node.{index}"
+
+
+def done_key(round_: int) -> str:
+    """The store key under which an agent whose workers succeeded in round ``round_`` says so."""
+    return f"dtrain.done.{int(round_)}"
 
 
 def member_text(node: Any) -> str:
@@ -250,6 +263,7 @@ def _classes():
 
     from torch.distributed.elastic.agent.server.api import WorkerState
     from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
+    from torch.distributed.elastic.rendezvous import RendezvousClosedError
     from torch.distributed.elastic.rendezvous.dynamic_rendezvous import DynamicRendezvousHandler
 
     class ElasticRendezvous(DynamicRendezvousHandler):
@@ -321,33 +335,63 @@ def _classes():
                         break
             return any(member_text(member) in doomed for member in self.members)
 
-        def member_lost(self, within: float) -> bool:
-            """Whether the launcher declares a member of this round lost, or the rendezvous drops one
-            (seen twice, half a second apart, so a member between leaving and rejoining is not taken),
-            within ``within`` seconds."""
+        def finished(self) -> None:
+            """Say that this node's workers succeeded in this round (before torch's exit barrier, where
+            the agent then waits for its peers): a peer whose workers fail now is not left behind."""
+            name = done_key(self.round_)
+            self._store.set(name, job_key().seal(name, member_text(self._this_node).encode()))
+
+        def round_finished(self) -> bool:
+            """Whether some member's workers succeeded in this node's round (a value the job signed)."""
+            return read_signed(self._store, job_key(), done_key(self.round_)) is not None
+
+        def membership_change(self, within: float) -> str | None:
+            """Why this round's membership changes, looked for during ``within`` seconds: ``"is gone"``
+            when the launcher declares a member lost or the rendezvous drops one (seen twice, half a
+            second apart, so a member between leaving and rejoining is not taken), ``"joins"`` when a
+            node waits for the next round; None when neither happens."""
             deadline = time.monotonic() + within
             while True:
+                if self.round_finished():
+                    return None  # a member's workers succeeded: the round is over, a failure is the script's
                 if self._take_losses():
-                    return True
+                    return "is gone"
                 if self._swept():
                     time.sleep(0.5)
                     if self._swept():
-                        return True
+                        return "is gone"
+                if DynamicRendezvousHandler.num_nodes_waiting(self) > 0:
+                    # A node joins: the agents restart their workers into the next round, each when its
+                    # monitor sees it, so a peer that restarted first fails this node's collective.
+                    return "joins"
                 if time.monotonic() >= deadline:
-                    return False
+                    return None
                 time.sleep(0.5)
 
     class ElasticAgent(LocalElasticAgent):
+        def _exit_barrier(self):
+            handler = self._worker_group.spec.rdzv_handler
+            if isinstance(handler, ElasticRendezvous):
+                handler.finished()
+            super()._exit_barrier()
+
+        def run(self, *args, **kwargs):
+            result = super().run(*args, **kwargs)
+            if result is None:  # torch's "graceful exit": a spare when the rendezvous closed
+                raise RendezvousClosedError("the rendezvous closed while this node was a spare")
+            return result
+
         def _monitor_workers(self, worker_group):
             result = super()._monitor_workers(worker_group)
             handler = worker_group.spec.rdzv_handler
             if result.state in (WorkerState.FAILED, WorkerState.UNHEALTHY) and isinstance(handler, ElasticRendezvous):
                 window = sweep_window(handler._settings.keep_alive_interval.total_seconds(),
                                       handler._settings.keep_alive_max_attempt)
-                if handler.member_lost(window):
+                change = handler.membership_change(window)
+                if change is not None:
                     self._remaining_restarts += 1  # the restart that follows re-forms the round: not counted
-                    print(f"[dtrain] a node of round {handler.round_} is gone: the workers restart into the next "
-                          f"round (not counted against max_restarts)", file=sys.stderr, flush=True)
+                    print(f"[dtrain] a node of round {handler.round_} {change}: the workers restart into the "
+                          f"next round (not counted against max_restarts)", file=sys.stderr, flush=True)
             return result
 
     return ElasticRendezvous, ElasticAgent

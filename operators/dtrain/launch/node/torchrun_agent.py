@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from dtrain.launch.node.elastic_rdzv import ELASTIC, elastic_agent_class, elastic_handler, use_secret
+from dtrain.launch.node.elastic_rdzv import ELASTIC, NO_ROUND_EXIT_CODE, elastic_agent_class, elastic_handler, use_secret
 
 RESTARTABLE_STATIC = "dtrain-static"
 
@@ -156,6 +156,7 @@ def main(argv: list[str] | None = None) -> None:
     except RendezvousClosedError:
         # an elastic job's node that was waiting for the next round when the job ended: nothing to do
         print("[dtrain] the job ended before this node's next round", file=sys.stderr, flush=True)
+        sys.exit(NO_ROUND_EXIT_CODE)
     finally:
         if private_log_dir is not None:
             shutil.rmtree(private_log_dir, ignore_errors=True)
