@@ -204,10 +204,10 @@ def test_user_number_params_refuse_nan_like_the_builtin_ones():
 
 
 @pytest.mark.parametrize("overrides, field", [
-    ({"train_command": ["python", "train.py", "--data", "{shard}"]}, "train_command[3]"),
-    ({"train_command": ["python", "train.py", "{params.epoch}"]}, "train_command[2]"),
-    ({"train_command": "python train.py"}, "train_command"),
-    ({"train_command": []}, "train_command"),
+    ({"train_command": ["python", "train.py", "--data", "{shard}"]}, "command[3]"),
+    ({"train_command": ["python", "train.py", "{params.epoch}"]}, "command[2]"),
+    ({"train_command": "python train.py"}, "command"),
+    ({"train_command": []}, "command"),
     ({"transform": "{{ params.transform }}"}, "transform"),
     ({"evaluate": "pkg/eval.py"}, "evaluate"),
     ({"goal": "lower"}, "goal"),
@@ -217,8 +217,8 @@ def test_user_number_params_refuse_nan_like_the_builtin_ones():
     ({"params": {"nodes": 3}}, "params"),
     ({"params": {"my-param": 3}}, "params"),
     ({"model_name": "../model.pt"}, "model_name"),
-    ({"command": ["x"]}, "train_options"),
-    ({"run_dir": "/tmp/x"}, "train_options"),
+    ({"command": ["x"]}, "operator_args"),
+    ({"run_dir": "/tmp/x"}, "operator_args"),
     ({"pack": {"field": "ids", "block_size": 0}}, "pack"),
     ({"pack": {"block_size": 8}}, "pack"),
 ])

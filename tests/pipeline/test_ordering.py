@@ -59,8 +59,8 @@ def test_the_train_task_checks_before_it_launches():
     train = build("ordered").get_task("train")
     assert train._pre_execute_hook.__name__ == "wait_for_earlier_dates"
     with pytest.raises(SpecError) as err:
-        build(pre_execute=print)  # the factory's own hook cannot be replaced through train_options
-    assert err.value.field == "train_options" and err.value.value == "pre_execute"
+        build(pre_execute=print)  # the factory's own hook cannot be replaced through operator_args
+    assert err.value.field == "operator_args" and err.value.value == "pre_execute"
     for bad in (0, "30", True, 7200):
         with pytest.raises(SpecError) as err:
             build(earlier_dates_check_seconds=bad)

@@ -1,17 +1,19 @@
 """Your own retraining DAG from one call: :func:`retraining_pipeline`.
 
     from airflow.sdk import Param
-    from dtrain.pipeline import retraining_pipeline
+    from dtrain.pipeline import DataConfig, GateConfig, TrainingConfig, retraining_pipeline
 
     dag = retraining_pipeline(
-        dag_id="tabular_retraining",
-        raw="s3://acme-raw/tabular", processed="s3://acme-processed", shared_fs="/fsx",
-        transform="tabular_pipeline.prep:transform",
-        train_command=["python", "-m", "tabular_pipeline.train", "--shards", "{shards}",
-                       "--output", "{output}", "--init-from", "{init_from}", "--epochs", "{params.epochs}"],
-        evaluate="tabular_pipeline.evaluate:evaluate", heldout="s3://acme-raw/tabular-heldout/{version}.csv",
-        metric="rmse", goal="minimize", min_improvement=0.0,
-        params={"epochs": Param(5, type="integer", minimum=1, maximum=100)},
+        "tabular_retraining",
+        data=DataConfig(raw="s3://acme-raw/tabular", processed="s3://acme-processed", shared_fs="/fsx",
+                        transform="tabular_pipeline.prep:transform"),
+        training=TrainingConfig(
+            command=["python", "-m", "tabular_pipeline.train", "--shards", "{shards}", "--output", "{output}",
+                     "--init-from", "{init_from}", "--epochs", "{params.epochs}"],
+            params={"epochs": Param(5, type="integer", minimum=1, maximum=100)}),
+        gate=GateConfig(evaluate="tabular_pipeline.evaluate:evaluate",
+                        heldout="s3://acme-raw/tabular-heldout/{version}.csv",
+                        metric="rmse", goal="minimize", min_improvement=0.0),
     )
 
 The DAG: check_params -> list_raw_inputs -> preprocess (mapped, one task per raw file) ->
@@ -32,10 +34,10 @@ Guarantees, whatever the model:
   data is read; every task gets them from the run itself (:func:`retraining_pipeline`, *Params*);
 * publish is atomic and updates the pipeline's model asset (:func:`model_asset`).
 
-How it is built: :func:`retraining_pipeline` checks its arguments once into a frozen
-:class:`PipelineArgs`, opens the DAG and calls one builder per step (``add_check_params`` ...
-``add_publish``, each adding its own task), then chains them in one place: adding a step is one
-builder and one line there. Task ids and the XCom keys read across tasks are
+How it is built: :func:`retraining_pipeline` takes its configs (:mod:`dtrain.pipeline.configs`, each
+checked when built), resolves them once into a frozen :class:`PipelineArgs` (:func:`pipeline_args`),
+opens the DAG and calls one builder per step (``add_check_params`` ... ``add_publish``, each adding
+its own task), then chains them in one place: adding a step is one builder and one line there. Task ids and the XCom keys read across tasks are
 :mod:`dtrain.pipeline.task_ids`, which the UI reads runs by.
 
 Parsing stays cheap: this module imports airflow.sdk and the operators' thin modules only;
@@ -48,16 +50,15 @@ import copy
 import datetime as dt
 import json
 import os
-import re
 from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
 from airflow.sdk import DAG, Asset, Param, chain, get_current_context, task
 
-from dtrain.errors import SpecError
 from dtrain.launch.airflow.operator import DistributedTrainingOperator
 from dtrain.paths import pipeline_run_dir
 from dtrain.pipeline.config import partition_of
+from dtrain.pipeline.configs import DataConfig, GateConfig, PublishConfig, TrainingConfig, configs_from_keywords
 from dtrain.pipeline.gate import Gate
 from dtrain.pipeline.params import (DATASET_VERSION_PATTERN, FINITE, MAX_RANKS_ENV, NODES_PATTERN, NODES_TYPE,
                                     OVERSUBSCRIPTION, checked_values)
@@ -68,18 +69,9 @@ from dtrain.pipeline.task_ids import (APPROVE, CHECK_PARAMS, DECISION_KEY, EVALU
                                       LIST_RAW_INPUTS, PREFLIGHT, PREPROCESS, PUBLISH, STAGE, TRAIN, pull)
 from dtrain.preflight.operator import PreflightOperator
 from dtrain.preprocess.operator import PreprocessFinalizeOperator, PreprocessOperator
-from dtrain.preprocess.packing import Packing, packing_option
-from dtrain.preprocess.transform import REF
+from dtrain.preprocess.packing import Packing
 from dtrain.staging.operator import StageToSharedFSOperator
 
-#: the params every pipeline has; a user param may not reuse these names
-BUILTIN_PARAMS = ("nodes", "procs_per_node", "distribution", "backend", "dataset_version")
-#: train operator arguments the factory sets itself (so they cannot be given as operator defaults)
-SET_BY_FACTORY = frozenset({"task_id", "command", "nodes", "procs_per_node", "distribution", "backend",
-                            "backend_options", "deepspeed_config", "run_dir", "env", "dag", "outlets",
-                            "pre_execute"})
-MODEL_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.+-]{0,127}")
-PARAM_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,63}")
 #: a pipeline's tasks retry once, this long after a failure (default_args may say otherwise)
 RETRY_DELAY = dt.timedelta(seconds=10)
 
@@ -98,13 +90,6 @@ def model_asset(dag_id: str) -> Asset:
 def dataset_asset(dag_id: str) -> Asset:
     """The asset a pipeline updates when it has staged a dataset on the shared filesystem."""
     return Asset(name=f"{dag_id}_staged_dataset", uri=f"dtrain://{dag_id}/staged_dataset")
-
-
-def _import_path(field: str, value: Any) -> str:
-    if not isinstance(value, str) or not REF.match(value):
-        raise SpecError(field, value, "a literal import path MODULE:FUNCTION, e.g. mypkg.eval:evaluate "
-                                      "(imported where the task runs, not when the DAG is parsed)")
-    return value
 
 
 def _builtin_params(nodes: int, procs_per_node: int, backend: str, backends: Sequence[str],
@@ -128,30 +113,14 @@ def _builtin_params(nodes: int, procs_per_node: int, backend: str, backends: Seq
 
 
 def _user_params(params: Mapping[str, Any] | None) -> dict[str, Param]:
+    """The user's params (their names checked by :class:`TrainingConfig`) as Params; numbers refuse NaN."""
     out: dict[str, Param] = {}
     for name, value in (params or {}).items():
-        if not isinstance(name, str) or not PARAM_NAME.fullmatch(name):
-            raise SpecError("params", name, "param names that are Python identifiers (they appear as {params.NAME})")
-        if name in BUILTIN_PARAMS:
-            raise SpecError("params", name, f"a name other than the built-in params {', '.join(BUILTIN_PARAMS)}")
         param = copy.copy(value) if isinstance(value, Param) else Param(value)
         if param.schema.get("type") == "number" and "not" not in param.schema:
             param.schema = {**param.schema, **FINITE}  # NaN passes every JSON-schema comparison
         out[name] = param
     return out
-
-
-def _check_seconds(field: str, value: Any) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 1 <= value <= 3600:
-        raise SpecError(field, value, "a number of seconds from 1 to 3600")
-    return float(value)
-
-
-def _check_command(train_command: Any) -> list[str]:
-    if isinstance(train_command, str) or not isinstance(train_command, Sequence) or not train_command \
-            or not all(isinstance(a, str) for a in train_command):
-        raise SpecError("train_command", train_command, "a non-empty list of strings (argv: no shell)")
-    return list(train_command)
 
 
 class WarmStart:
@@ -218,7 +187,7 @@ class PipelineArgs:
     env: Mapping[str, str]
     run_dir: str  # Jinja
     output: str  # Jinja: {output}
-    argv: Sequence[str]  # Jinja: train_command with its placeholders replaced
+    argv: Sequence[str]  # Jinja: the training command with its placeholders replaced
     aws_conn_id: str | None
     approval: bool
     approval_timeout: dt.timedelta | None
@@ -350,7 +319,7 @@ def add_train(a: PipelineArgs):
     tracked = {"registry": a.registry, "run_params": a.run_params} if a.registry.tracks_runs else {}
     train_class = DistributedTrainingOperator
     if tracked:
-        from dtrain.pipeline.tracked_training import TrackedTrainingOperator as train_class
+        from dtrain.mlflow.operator import TrackedTrainingOperator as train_class
     return train_class(
         task_id=TRAIN, command=list(a.argv), distribution=param_jinja("distribution"),
         deepspeed_config="{{ dtrain_deepspeed_config(" + RUN_PARAMS + ") }}", env="{{ dtrain_train_env(ti) }}",
@@ -438,35 +407,58 @@ def add_publish(a: PipelineArgs, evaluation):
     return publish_model(evaluation)
 
 
+def pipeline_args(dag_id: str, data: DataConfig, training: TrainingConfig, gate: GateConfig,
+                  publish: PublishConfig) -> PipelineArgs:
+    """The configs (each already checked) resolved once into what the step builders read: params,
+    registry and the per-run templates; a placeholder naming no param fails here, naming its field."""
+    registry = (publish.registry or DirectoryRegistry()).for_pipeline(
+        Pipeline(dag_id, data.shared_fs, publish.model_name, publish.models))
+    distributions = ["pytorch"] + (["deepspeed"] if training.deepspeed_config else [])
+    all_params: dict[str, Param] = {**_builtin_params(training.nodes, training.procs_per_node, training.backend,
+                                                      training.backends, distributions, data.dataset_version),
+                                    **_user_params(training.params)}
+
+    run_dir = pipeline_run_dir(data.shared_fs, dag_id, VERSION, PART, "{{ dag_run.clear_number or 0 }}")
+    templates = {
+        "shards": "{{ " + pull(STAGE) + "['destination'] }}",
+        "output": os.path.join(run_dir, publish.model_name),
+        "init_from": "{{ dtrain_previous_model(" + param_value("dataset_version") + ", dtrain_partition(dag_run)) }}",
+        "run_dir": run_dir,
+        "checkpoint_dir": os.path.join(run_dir, "checkpoints"),
+        "version": VERSION,
+        "partition": PART,
+    }
+
+    def heldout_jinja(for_ranks: bool) -> str | None:
+        return None if gate.heldout is None else to_jinja(
+            gate.heldout, "heldout", {k: templates[k] for k in ("version", "partition")}, all_params, for_ranks)
+
+    heldout_text = heldout_jinja(for_ranks=False)  # what evaluate gets
+    templates["heldout"] = heldout_jinja(for_ranks=True) or ""  # what the ranks get
+    return PipelineArgs(
+        dag_id=dag_id, raw=data.raw, processed_url=f"{data.processed.rstrip('/')}/{dag_id}/{VERSION}/{PART}",
+        shared_fs=data.shared_fs, transform=data.transform, packing=data.packing, evaluate=gate.evaluate,
+        heldout=heldout_text or "", gate=gate.rule, registry=registry, params=all_params,
+        schemas={name: param.schema for name, param in all_params.items()},
+        backend_options={k: dict(v) for k, v in (training.backend_options or {}).items()},
+        deepspeed_json=json.dumps(dict(training.deepspeed_config)) if training.deepspeed_config else "",
+        env=dict(training.env or {}), run_dir=run_dir, output=templates["output"],
+        argv=[to_jinja(arg, f"command[{i}]", templates, all_params, for_ranks=True)
+              for i, arg in enumerate(training.command)],
+        aws_conn_id=data.aws_conn_id, approval=gate.approval, approval_timeout=gate.approval_timeout,
+        min_free_gb=training.min_free_gb, epoch_seconds=data.epoch_seconds,
+        train_options=dict(training.operator_args or {}),
+        warm_start=WarmStart(registry, float(training.earlier_dates_check_seconds)),
+    )
+
+
 def retraining_pipeline(
     dag_id: str,
     *,
-    raw: str,
-    processed: str,
-    shared_fs: str,
-    transform: str,
-    train_command: Sequence[str],
-    evaluate: str,
-    metric: str,
-    goal: str,
-    threshold: float | None = None,
-    min_improvement: float | None = None,
-    tolerance: float | None = None,
-    relative_tolerance: float | None = None,
-    heldout: str | None = None,
-    models: str | None = None,
-    model_name: str = "model.pt",
-    params: Mapping[str, Any] | None = None,
-    nodes: int | str = 1,
-    procs_per_node: int = 1,
-    backend: str = "local",
-    backends: Sequence[str] = ("local", "ssh", "slurm"),
-    backend_options: Mapping[str, Mapping[str, Any]] | None = None,
-    deepspeed_config: Mapping[str, Any] | None = None,
-    dataset_version: str = "v1",
-    aws_conn_id: str | None = "aws_default",
-    approval: bool = False,
-    approval_timeout: dt.timedelta | None = None,
+    data: DataConfig | None = None,
+    training: TrainingConfig | None = None,
+    gate: GateConfig | None = None,
+    publish: PublishConfig | None = None,
     schedule: Any = "@daily",
     start_date: dt.datetime | None = None,
     catchup: bool = False,
@@ -474,69 +466,24 @@ def retraining_pipeline(
     default_args: Mapping[str, Any] | None = None,
     tags: Sequence[str] = (),
     doc_md: str | None = None,
-    min_free_gb: float = 1.0,
-    epoch_seconds: float | None = None,
-    env: Mapping[str, str] | None = None,
-    pack: Mapping[str, Any] | None = None,
-    registry: ModelRegistry | None = None,
-    earlier_dates_check_seconds: float = 30.0,
-    **train_options: Any,
+    **deprecated: Any,
 ) -> DAG:
-    """Build a retraining DAG for your model; everything model-specific is an argument.
+    """Build a retraining DAG for your model; everything model-specific is in its four configs.
 
     Args:
         dag_id: the DAG's id; also keys every path and the model asset.
-        raw: URL of the raw data; a run reads ``<raw>/<dataset_version>/<partition>/`` (every
-            file: JSON lines, CSV, Parquet, .npy; compressed or not).
-        processed: URL under which the preprocessed shards are written, as
-            ``<processed>/<dag_id>/<version>/<partition>``.
-        shared_fs: the filesystem every training node mounts (FSx for Lustre); datasets go to
-            ``<shared_fs>/datasets/<dag_id>/<version>/<partition>``, runs to
-            ``<shared_fs>/runs/<dag_id>/<version>/<partition>/run-<clear_number>``.
-        transform: ``module:function`` applied to every raw record (dict of arrays out, None to drop).
-        train_command: argv run on every rank, with placeholders (dtrain.pipeline.placeholders, and
-            ``{params.NAME}``) filled per run. No shell: each element reaches the script as is.
-        evaluate: ``module:function`` called as ``evaluate(model_path, heldout)`` on the worker;
-            returns a dict of metrics (numbers).
-        metric, goal, threshold, min_improvement, tolerance, relative_tolerance: the publish gate
-            (:class:`~dtrain.pipeline.gate.Gate`; ``relative_tolerance=0.005``: no worse than 0.5%).
-        heldout: held-out data location passed to ``evaluate`` (``{version}``, ``{partition}``
-            and ``{params.NAME}`` are filled); None passes None.
-        models: where models are published, as ``<models>/<dag_id>/<version>/<partition>/``
-            (default ``<shared_fs>/models``), with the default registry.
-        model_name: the file or directory name ``{output}`` ends with and the published model has.
-        params: your own run params (name -> Param or default), next to the built-in ones
-            (:data:`BUILTIN_PARAMS`); use them in train_command as ``{params.NAME}``.
-        nodes, procs_per_node, backend, dataset_version: the built-in params' defaults.
-        backends: the backends a run may choose (the ``backend`` param's enum).
-        backend_options: per-backend options, e.g. ``{"ssh": {"conn_id": "gpu_hosts"}}``.
-        deepspeed_config: a DeepSpeed config; when given, a run may choose distribution=deepspeed.
-        aws_conn_id: Airflow connection for s3:// raw, processed and heldout locations.
-        approval: ask a person (Airflow's ApprovalOperator) before publishing a model the gate passed.
-        approval_timeout: how long to wait for that answer (None: no limit); no answer, no publish.
+        data: where the raw data is, how it is preprocessed and where it is staged (:class:`DataConfig`).
+        training: the command every rank runs, its params and placement (:class:`TrainingConfig`).
+        gate: how the trained model is evaluated and when it is published (:class:`GateConfig`).
+        publish: where models are published (:class:`PublishConfig`; default: ``<shared_fs>/models``).
         schedule, start_date, catchup, max_active_runs, default_args, tags, doc_md: as for a DAG
             (default_args default to one retry after 10 s). A run's partition is its logical date:
             Airflow 3 reads ``"@daily"`` as a trigger timetable (the run at 00:00 of D is D's);
             ``CronDataIntervalTimetable("@daily", timezone="UTC")`` runs D once D has ended (the
             README's *Schedule and backfill*).
-        min_free_gb: free space preflight requires on every node's run directory.
-        epoch_seconds: staging sizes the shared filesystem for one epoch in this many seconds.
-        env: extra environment for the ranks (added to what preflight recommends).
-        pack: pack the transform's variable-length token field into fixed-length blocks for causal-LM
-            training: ``{"field": "input_ids", "block_size": 128, "separator": EOS_ID}``
-            (:mod:`dtrain.preprocess.packing`); None keeps one sample per record.
-        registry: where models are published and what the gate compares with
-            (:mod:`dtrain.pipeline.registry`): :class:`~dtrain.pipeline.registry.DirectoryRegistry`
-            (default) or :class:`~dtrain.pipeline.registry_mlflow.MlflowRegistry` (an MLflow model
-            registry; every train task is then an MLflow run: docs/mlflow.md).
-        earlier_dates_check_seconds: how often a ``train`` task that waits for an earlier date's run
-            looks again (it frees its worker slot in between: Airflow's reschedule). Keep it well above
-            the time a worker takes to report a try's end: Airflow 3.3's scheduler fails a rescheduled
-            task whose next try it queued before it heard the previous one end ("finished with state
-            success, but the task instance's state attribute is queued"): 5 s is too short where a
-            task's supervisor takes 5.9 s to exit.
-        **train_options: further :class:`~dtrain.launch.airflow.operator.DistributedTrainingOperator`
-            arguments (hang_timeout, stop_grace, max_restarts, deferrable, retry_policy, ...).
+        **deprecated: the older flat keywords (``raw=``, ``metric=``, ``hang_timeout=`` ...), one
+            release more: each warns (DeprecationWarning) naming its place in a config
+            (:func:`dtrain.pipeline.configs.configs_from_keywords`); one beside its config is refused.
 
     Returns:
         The DAG (registered by being a module-level name of a DAG file).
@@ -546,9 +493,9 @@ def retraining_pipeline(
     dates at once (Airflow's backfills ignore the DAG's ``max_active_runs``: they have their own,
     10 by default). So ``train`` checks first (its ``pre_execute``) that no run of an earlier date
     is still running; if one is, it is rescheduled (Airflow's ``up_for_reschedule``: no worker slot
-    held) and checks again every ``earlier_dates_check_seconds``, logging which run it waits for.
-    Everything before ``train`` (listing, preprocessing, staging, preflight) runs ahead. Why not
-    ``depends_on_past``: Airflow then refuses every backfill created without
+    held) and checks again every ``TrainingConfig.earlier_dates_check_seconds``, logging which run
+    it waits for. Everything before ``train`` (listing, preprocessing, staging, preflight) runs ahead.
+    Why not ``depends_on_past``: Airflow then refuses every backfill created without
     ``--reprocess-behavior`` (the recipe users copy), and ``wait_for_downstream`` looks one task
     downstream only, not at the previous date's ``publish``. An earlier run that failed, or one
     still queued (which a waiting run could starve of its run slot), fails ``train`` at once with
@@ -561,64 +508,16 @@ def retraining_pipeline(
     change an XCom, and a value changed there would skip the schemas and ``check_params``' limits.
     ``check_params`` still runs first, on its worker, and fails the run before any data is touched.
     """
-    command = _check_command(train_command)
-    transform = _import_path("transform", transform)
-    evaluate = _import_path("evaluate", evaluate)
-    packing = packing_option(pack)  # checked here: a mapped task's arguments reach its operator only at run time
-    gate = Gate(metric=metric, goal=goal, threshold=threshold, min_improvement=min_improvement,
-                tolerance=tolerance, relative_tolerance=relative_tolerance)
-    recheck_s = _check_seconds("earlier_dates_check_seconds", earlier_dates_check_seconds)
-    if not isinstance(model_name, str) or not MODEL_NAME.fullmatch(model_name):
-        raise SpecError("model_name", model_name, "a file or directory name (letters, digits, _ . + -)")
-    if registry is not None and not isinstance(registry, ModelRegistry):
-        raise SpecError("registry", registry, "a dtrain.pipeline.registry.ModelRegistry (DirectoryRegistry, "
-                                              "MlflowRegistry), or None for the directory default")
-    registry = (registry or DirectoryRegistry()).for_pipeline(Pipeline(dag_id, shared_fs, model_name, models))
-    clashing = sorted(SET_BY_FACTORY & set(train_options))
-    if clashing:
-        raise SpecError("train_options", clashing[0], "an operator argument the factory does not set itself "
-                                                       f"({', '.join(sorted(SET_BY_FACTORY))} are)")
-    distributions = ["pytorch"] + (["deepspeed"] if deepspeed_config else [])
-    all_params: dict[str, Param] = {**_builtin_params(nodes, procs_per_node, backend, backends, distributions,
-                                                      dataset_version), **_user_params(params)}
-
-    run_dir = pipeline_run_dir(shared_fs, dag_id, VERSION, PART, "{{ dag_run.clear_number or 0 }}")
-    templates = {
-        "shards": "{{ " + pull(STAGE) + "['destination'] }}",
-        "output": os.path.join(run_dir, model_name),
-        "init_from": "{{ dtrain_previous_model(" + param_value("dataset_version") + ", dtrain_partition(dag_run)) }}",
-        "run_dir": run_dir,
-        "checkpoint_dir": os.path.join(run_dir, "checkpoints"),
-        "version": VERSION,
-        "partition": PART,
-    }
-
-    def heldout_jinja(for_ranks: bool) -> str | None:
-        return None if heldout is None else to_jinja(
-            heldout, "heldout", {k: templates[k] for k in ("version", "partition")}, all_params, for_ranks)
-
-    heldout_text = heldout_jinja(for_ranks=False)  # what evaluate gets
-    templates["heldout"] = heldout_jinja(for_ranks=True) or ""  # what the ranks get
-    a = PipelineArgs(
-        dag_id=dag_id, raw=raw, processed_url=f"{processed.rstrip('/')}/{dag_id}/{VERSION}/{PART}", shared_fs=shared_fs,
-        transform=transform, packing=packing, evaluate=evaluate, heldout=heldout_text or "", gate=gate,
-        registry=registry, params=all_params, schemas={name: param.schema for name, param in all_params.items()},
-        backend_options={k: dict(v) for k, v in (backend_options or {}).items()},
-        deepspeed_json=json.dumps(dict(deepspeed_config)) if deepspeed_config else "", env=dict(env or {}),
-        run_dir=run_dir, output=templates["output"],
-        argv=[to_jinja(arg, f"train_command[{i}]", templates, all_params, for_ranks=True)
-              for i, arg in enumerate(command)],
-        aws_conn_id=aws_conn_id, approval=approval, approval_timeout=approval_timeout, min_free_gb=min_free_gb,
-        epoch_seconds=epoch_seconds, train_options=train_options, warm_start=WarmStart(registry, recheck_s),
-    )
-
+    configs = configs_from_keywords({"data": data, "training": training, "gate": gate, "publish": publish},
+                                    deprecated)
+    a = pipeline_args(dag_id, **configs)
     with DAG(
         dag_id=dag_id,
         schedule=schedule,
         start_date=start_date,
         catchup=catchup,
         max_active_runs=max_active_runs,
-        params=all_params,
+        params=a.params,
         user_defined_macros=_macros(a),
         default_args={"retries": 1, "retry_delay": RETRY_DELAY, **(default_args or {})},
         tags=["dtrain", "retraining", *tags],
@@ -636,7 +535,7 @@ def retraining_pipeline(
         evaluation = add_evaluate(a, trained)
         decided = add_gate(a, evaluation)
         published = add_publish(a, evaluation)
-        approved = [add_approve(a)] if approval else []
+        approved = [add_approve(a)] if a.approval else []
         chain(checked, raw_inputs, preprocessed, dataset, staged, preflight, trained, evaluation, decided, *approved,
               published)
     return dag
