@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import errno
 import json
+import math
 import os
 import re
 import shutil
@@ -60,6 +61,71 @@ LOG_FILE = re.compile(r"^rank(\d{1,6})\.log$")
 EXIT_FILE = re.compile(r"^rank(\d{1,6})\.restart(\d{1,6})\.json$")
 STACK_FILE = re.compile(r"^rank(\d{1,6})\.txt$")
 CHECKPOINT = re.compile(r"^step-(\d{8})(\.pt)?$")
+
+# -- a DCP checkpoint's commit marker and a remote location's index of them ------------------------
+# dtrain.training.dcp writes them, RunDir.checkpoints lists what they describe: the format is here
+
+#: a DCP checkpoint's folder under the location's DCP_FOLDER
+STEP_DIR = re.compile(r"step-(\d{8})")
+#: written last, by rank 0, in a checkpoint's folder: without it the folder is a save cut short
+DCP_MARKER = "dtrain-commit.json"
+#: in the run directory's checkpoints folder: the complete checkpoints of a remote location
+DCP_INDEX = "remote.json"
+#: the folder under the checkpoint location that holds DCP checkpoints
+DCP_FOLDER = "dcp"
+
+
+@dataclass(frozen=True)
+class Committed:
+    """A complete checkpoint, as its commit marker describes it."""
+
+    step: int
+    world_size: int
+    time: float
+    metric: float | None = None
+
+    @property
+    def name(self) -> str:
+        return step_name(self.step)
+
+
+def step_name(step: int) -> str:
+    return f"step-{step:08d}"
+
+
+def parse_marker(name: str, data: bytes | None) -> Committed | None:
+    """The marker of folder ``name``, or None when it is missing or not one this code wrote
+    (storage is shared: anything may be there)."""
+    if data is None:
+        return None
+    try:
+        record = json.loads(data)
+    except (ValueError, RecursionError):
+        return None
+    return commit_record(name, record)
+
+
+def commit_record(name: str, record: Any) -> Committed | None:
+    """A marker's (or the remote index's) record of checkpoint folder ``name``, checked whole:
+    its step is the folder's, a positive world size, a time, a finite metric or none."""
+    match = STEP_DIR.fullmatch(name) if isinstance(name, str) else None
+    if match is None or not isinstance(record, dict):
+        return None
+    step, world, when, metric = (record.get(k) for k in ("step", "world_size", "time", "metric"))
+    if not (_is_int(step) and step == int(match.group(1)) and _is_int(world) and world > 0
+            and isinstance(when, (int, float)) and not isinstance(when, bool) and math.isfinite(when)):
+        return None
+    if metric is not None and not (isinstance(metric, (int, float)) and not isinstance(metric, bool)
+                                   and math.isfinite(metric)):
+        return None
+    return Committed(step=step, world_size=world, time=float(when), metric=None if metric is None else float(metric))
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+# -- reading limits --------------------------------------------------------------------------------
 
 #: at most this much of a rank's metrics file is read (its newest part when larger)
 MAX_METRICS_BYTES = 16 * 1024 * 1024
@@ -520,24 +586,22 @@ class RunDir:
         return sorted(found, key=lambda c: (c["step"], c["name"]))
 
     def _dcp_checkpoints(self) -> list[dict[str, Any]]:
-        from dtrain.training.dcp import FOLDER, MARKER, parse_marker
-
         found = []
-        for entry in self.list(CHECKPOINTS, FOLDER):
-            marker = entry.is_dir and parse_marker(entry.name, self.read(CHECKPOINTS, FOLDER, entry.name, MARKER,
-                                                                         limit=MAX_CHECKPOINT_MARKER_BYTES))
+        for entry in self.list(CHECKPOINTS, DCP_FOLDER):
+            data = entry.is_dir and self.read(CHECKPOINTS, DCP_FOLDER, entry.name, DCP_MARKER,
+                                              limit=MAX_CHECKPOINT_MARKER_BYTES)
+            marker = entry.is_dir and parse_marker(entry.name, data)
             if marker:  # complete: a folder without its marker is a save cut short, never listed
-                found.append({"step": marker.step, "name": f"{FOLDER}/{entry.name}", "kind": "dcp",
-                              "size_bytes": sum(e.size for e in self.list(CHECKPOINTS, FOLDER, entry.name)),
+                found.append({"step": marker.step, "name": f"{DCP_FOLDER}/{entry.name}", "kind": "dcp",
+                              "size_bytes": sum(e.size for e in self.list(CHECKPOINTS, DCP_FOLDER, entry.name)),
                               "time": marker.time, "world_size": marker.world_size})
         return found
 
     def _remote_checkpoints(self) -> list[dict[str, Any]]:
         """The index rank 0 keeps of a remote location's complete checkpoints (shown, never fetched)."""
         from dtrain.grammar import CHECKPOINT_URL
-        from dtrain.training.dcp import INDEX, commit_record, step_name
 
-        index = self.read_json(CHECKPOINTS, INDEX)
+        index = self.read_json(CHECKPOINTS, DCP_INDEX)
         if not isinstance(index, dict) or not isinstance(index.get("location"), str) \
                 or not CHECKPOINT_URL.fullmatch(index["location"]) or not isinstance(index.get("checkpoints"), list):
             return []

@@ -51,7 +51,6 @@ ALLOWED = {
     "training/ckpt_storage.py:LocalStorage.remove_tree": "the rank removes its own old DCP checkpoints",
     "training/reference/train_digits.py:atomic_save": "the example script (a rank) writes its model",
     "training/reference/train_digits.py:main": "the example script reads its data and the DeepSpeed config",
-    "training/reference/digits.py:_bundled_csv": "scikit-learn's installed digits CSV (site-packages), not a run dir",
     "training/reference/digits_eval.py:evaluate": "the user's evaluate reads the model file it is given",
     "training/shards.py:ShardDataset._map": "the staged dataset (staging's no-follow destination), not a run dir",
     "training/shards.py:ShardDataset._check_files": "the staged dataset",

@@ -14,7 +14,8 @@ torch = pytest.importorskip("torch")
 from dtrain.errors import SpecError  # noqa: E402
 from dtrain.training import CheckpointManager  # noqa: E402
 from dtrain.training.data_position import ResumableSampler  # noqa: E402
-from dtrain.training.dcp import MARKER, ModelState  # noqa: E402
+from dtrain.rundir import DCP_MARKER as MARKER  # noqa: E402
+from dtrain.training.dcp import ModelState  # noqa: E402
 from dtrain.training.preemption import PreemptionGuard  # noqa: E402
 from dtrain.training.shards import ShardSampler  # noqa: E402
 

@@ -28,7 +28,8 @@ def load_at_world_one(location):
     from torch.distributed.checkpoint.state_dict import get_state_dict
 
     from dtrain.training.ckpt_storage import open_storage
-    from dtrain.training.dcp import FOLDER, DcpCheckpointer, ModelState
+    from dtrain.rundir import DCP_FOLDER as FOLDER
+    from dtrain.training.dcp import DcpCheckpointer, ModelState
     from tests.training.scripts.dcp_job import build_model
 
     model, _ = build_model("plain")

@@ -7,7 +7,7 @@ import sys
 
 import numpy as np
 
-from dtrain.training.reference import digits
+from dtrain.preprocess import digits
 
 
 def _assert_same_as_sklearn(pixels, labels):

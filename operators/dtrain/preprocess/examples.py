@@ -50,7 +50,7 @@ def digits_heavy(record: dict[str, Any], rounds: int = HEAVY_ROUNDS) -> dict[str
 
 def digits_records(seed: int = 0, split: str = "train", repeat: int = 1) -> list[dict[str, Any]]:
     """The reference script's split of digits as raw records (integer pixels, as scanned)."""
-    from dtrain.training.reference.digits import load_digits_arrays
+    from dtrain.preprocess.digits import load_digits_arrays
 
     pixels, labels = load_digits_arrays()
     order = np.random.default_rng(seed).permutation(len(pixels))

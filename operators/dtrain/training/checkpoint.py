@@ -64,9 +64,10 @@ class CheckpointManager:
         self._host = None
         if format == "dcp":
             from dtrain.training.ckpt_storage import LocalStorage, open_storage
-            from dtrain.training.dcp import FOLDER, DcpCheckpointer
+            from dtrain.rundir import DCP_FOLDER
+            from dtrain.training.dcp import DcpCheckpointer
 
-            storage = open_storage(f"{self.directory.rstrip('/')}/{FOLDER}", storage_options)
+            storage = open_storage(f"{self.directory.rstrip('/')}/{DCP_FOLDER}", storage_options)
             # A remote location is listed for the UI in the run directory's checkpoints folder.
             run_folder = os.environ.get("DTRAIN_CHECKPOINT_DIR")
             index = LocalStorage(run_folder) if run_folder and not isinstance(storage, LocalStorage) else None

@@ -31,72 +31,18 @@ from __future__ import annotations
 
 import json
 import math
-import re
 import threading
 import time
 from dataclasses import dataclass
 from typing import Any
 
-STEP_DIR = re.compile(r"step-(\d{8})")
-MARKER = "dtrain-commit.json"
-#: in the run directory's checkpoints folder: the complete checkpoints of a remote location
-INDEX = "remote.json"
-#: the folder under the checkpoint location that holds DCP checkpoints
-FOLDER = "dcp"
+from dtrain.rundir import (DCP_INDEX, DCP_MARKER, STEP_DIR, Committed,  # the format the run directory reads too
+                           parse_marker, step_name)
+
 KEEP_BEST = ("min", "max")
 
 #: checkpointers with a save that may still be in flight (dist.shutdown waits for them)
 _in_flight: "set[DcpCheckpointer]" = set()
-
-
-@dataclass(frozen=True)
-class Committed:
-    """A complete checkpoint, as its commit marker describes it."""
-
-    step: int
-    world_size: int
-    time: float
-    metric: float | None = None
-
-    @property
-    def name(self) -> str:
-        return step_name(self.step)
-
-
-def step_name(step: int) -> str:
-    return f"step-{step:08d}"
-
-
-def parse_marker(name: str, data: bytes | None) -> Committed | None:
-    """The marker of folder ``name``, or None when it is missing or not one this code wrote
-    (storage is shared: anything may be there)."""
-    if data is None:
-        return None
-    try:
-        record = json.loads(data)
-    except (ValueError, RecursionError):
-        return None
-    return commit_record(name, record)
-
-
-def commit_record(name: str, record: Any) -> Committed | None:
-    """A marker's (or the remote index's) record of checkpoint folder ``name``, checked whole:
-    its step is the folder's, a positive world size, a time, a finite metric or none."""
-    match = STEP_DIR.fullmatch(name) if isinstance(name, str) else None
-    if match is None or not isinstance(record, dict):
-        return None
-    step, world, when, metric = (record.get(k) for k in ("step", "world_size", "time", "metric"))
-    if not (_is_int(step) and step == int(match.group(1)) and _is_int(world) and world > 0
-            and isinstance(when, (int, float)) and not isinstance(when, bool) and math.isfinite(when)):
-        return None
-    if metric is not None and not (isinstance(metric, (int, float)) and not isinstance(metric, bool)
-                                   and math.isfinite(metric)):
-        return None
-    return Committed(step=step, world_size=world, time=float(when), metric=None if metric is None else float(metric))
-
-
-def _is_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
 
 
 class ModelState:
@@ -243,7 +189,7 @@ class DcpCheckpointer:
 
     def _commit(self, step: int, world: int, metric: float | None) -> None:
         record = {"step": step, "world_size": world, "time": time.time(), "metric": metric}
-        self.storage.write_small(step_name(step), MARKER, data=json.dumps(record).encode())
+        self.storage.write_small(step_name(step), DCP_MARKER, data=json.dumps(record).encode())
         self.prune()
         if self.index is not None:
             self._write_index()
@@ -252,7 +198,7 @@ class DcpCheckpointer:
         entries = [{"step": c.step, "world_size": c.world_size, "time": c.time, "metric": c.metric,
                     "size_bytes": self.storage.size(c.name)} for c in self.committed()]
         self.index.make_root()
-        self.index.write_small(INDEX, data=json.dumps({"location": self.storage.root, "checkpoints": entries}).encode())
+        self.index.write_small(DCP_INDEX, data=json.dumps({"location": self.storage.root, "checkpoints": entries}).encode())
 
     def in_flight(self) -> bool:
         """Whether an asynchronous save is still being written (not committed yet)."""
@@ -279,7 +225,7 @@ class DcpCheckpointer:
         found = []
         for name in self.storage.names():
             if STEP_DIR.fullmatch(name):
-                marker = parse_marker(name, self.storage.read_small(name, MARKER))
+                marker = parse_marker(name, self.storage.read_small(name, DCP_MARKER))
                 if marker is not None:
                     found.append(marker)
         return sorted(found, key=lambda c: c.step)
@@ -333,7 +279,7 @@ class DcpCheckpointer:
             self._discard(name)
 
     def _discard(self, name: str) -> None:
-        self.storage.remove_file(name, MARKER)  # invisible first
+        self.storage.remove_file(name, DCP_MARKER)  # invisible first
         self.storage.remove_tree(name)
 
 

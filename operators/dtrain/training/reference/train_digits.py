@@ -61,7 +61,7 @@ def load_digits_split(seed: int = 0):
     """Features scaled to [0, 1]; a fixed 80/20 train/test split, identical on every rank."""
     import numpy as np
 
-    from dtrain.training.reference.digits import load_digits_arrays
+    from dtrain.preprocess.digits import load_digits_arrays
 
     pixels, labels = load_digits_arrays()
     x = (pixels / 16.0).astype(np.float32)

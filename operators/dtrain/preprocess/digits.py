@@ -3,7 +3,8 @@
 Importing ``sklearn.datasets`` costs about 2 s of CPU, in every rank of every run of the reference
 script, for a 1797-row CSV. scikit-learn keeps that CSV as ``sklearn/datasets/data/digits.csv.gz``
 (64 pixel columns, then the label); this reads it the way ``load_digits`` does. Where an installed
-scikit-learn keeps it elsewhere, ``load_digits`` itself is used.
+scikit-learn keeps it elsewhere, ``load_digits`` itself is used. Read by the reference script
+(dtrain.training.reference.train_digits) and by the example datasets (dtrain.preprocess.examples).
 """
 
 from __future__ import annotations
