@@ -165,7 +165,7 @@ def test_an_opener_gets_the_exclusive_no_follow_flags_and_may_refuse(tmp_path):
 RENAMES_ALLOWED = {
     "atomic.py:atomic_open": "the one atomic file write itself",
     "pipeline/publish.py:publish_model": "renames a whole model directory into place (and the old one aside)",
-    "pipeline/registry_mlflow.py:MlflowRegistry._download": "renames a downloaded directory into place",
+    "mlflow/registry.py:MlflowRegistry._download": "renames a downloaded directory into place",
     "launch/node/ranklog.py:RankLog._rotate": "log rotation: the live log becomes rank<N>.log.1",
     "staging/posixdest.py:PosixTempFile.land": "a staged file written in ranges by several workers, fsynced "
                                                "by the batch (syncfs), landed later: no single with-block",

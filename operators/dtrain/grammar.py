@@ -67,7 +67,7 @@ CONTRACT_VARIABLES = frozenset({
 CONTRACT_PREFIXES = ("DTRAIN_", "OMPI_COMM_WORLD_", "PET_", "SLURM_")
 
 
-#: MLflow names we create or look up: a registered model, an experiment (dtrain.tracking). Quoted
+#: MLflow names we create or look up: a registered model, an experiment (dtrain.mlflow.tracking). Quoted
 #: in MLflow's search filters as '<name>', so no quote, backslash or control character may occur
 MLFLOW_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.+ -]{0,255}")
 #: a model-version alias: MLflow's own rule (letters, digits, _ and -), and not ``latest`` or ``v<N>``,

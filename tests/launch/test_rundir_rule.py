@@ -19,7 +19,8 @@ import dtrain
 PACKAGE = os.path.dirname(dtrain.__file__)
 #: the parts of the package that read or write run directories (staging and preprocess write
 #: datasets through their own no-follow destinations, docs/staging.md)
-SCANNED = ("launch", "ui", "autotune", "training", "pipeline", "preflight", "cli.py", "plugin.py", "stall_report.py")
+SCANNED = ("launch", "ui", "autotune", "training", "pipeline", "mlflow", "preflight", "cli.py", "plugin.py",
+           "stall_report.py")
 #: calls that touch the file system
 PRIMITIVES = {
     "open", "os.open", "io.open", "os.listdir", "os.scandir", "os.walk", "os.unlink", "os.remove",
@@ -81,12 +82,13 @@ ALLOWED = {
     "pipeline/publish.py:_copy_model": "copies the model into publish's own temp directory",
     "pipeline/publish.py:publish_model": "publishes into the models root (own temp directory, renamed)",
     "autotune/cli.py:run": "the user's --output file",
-    "pipeline/registry_mlflow.py:_no_links": "the model path the pipeline computed ({output}): refuses links in it",
-    "pipeline/registry_mlflow.py:MlflowRegistry.warm_start": "the registry's download folder on the shared filesystem",
-    "pipeline/registry_mlflow.py:MlflowRegistry._download": "downloads into its own temp folder there, renamed",
-    "pipeline/registry_mlflow.py:_source_of": "an installed package's source on the worker (importlib's spec), not a run dir",
-    "pipeline/registry_mlflow.py:_artifact_source": "an artifact beside the model the pipeline computed ({output}): no part a link",
-    "pipeline/registry_mlflow.py:_copy_artifact": "that artifact, opened O_NOFOLLOW (a folder: its copy checked for links), into our own folder",
+    "mlflow/registry.py:_no_links": "the model path the pipeline computed ({output}): refuses links in it",
+    "mlflow/registry.py:MlflowRegistry.warm_start": "the registry's download folder on the shared filesystem",
+    "mlflow/registry.py:MlflowRegistry._download": "downloads into its own temp folder there, renamed",
+    "mlflow/registry.py:_source_of": "an installed package's source on the worker (importlib's spec), not a run dir",
+    "mlflow/registry.py:_artifact_source": "an artifact beside the model the pipeline computed ({output}): no part a link",
+    "mlflow/registry.py:_copy_artifact": "that artifact, opened O_NOFOLLOW (a folder: its copy checked for links), into our own folder",
+    "mlflow/tracking.py:write_json_artifact": "a JSON file in its own temp folder, uploaded as a run's artifact",
 }
 
 

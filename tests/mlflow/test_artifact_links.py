@@ -8,7 +8,7 @@ import os
 import pytest
 
 from dtrain.pipeline.publish import PublishError
-from dtrain.pipeline.registry_mlflow import _artifact_source, _copy_artifact
+from dtrain.mlflow.registry import _artifact_source, _copy_artifact
 
 
 @pytest.fixture

@@ -1,4 +1,4 @@
-"""MlflowRegistry and dtrain.tracking against a real `mlflow server` (tests/mlflow/conftest.py), without
+"""MlflowRegistry and dtrain.mlflow.tracking against a real `mlflow server` (tests/mlflow/conftest.py), without
 Airflow: the run a train task creates and resumes, the metrics it logs from the ranks' records, and the
 registry's rules (champion moves forward only, a failure between register and alias changes nothing,
 the gate's baseline and the warm start are the champion's), asserted through MLflow's client API."""
@@ -14,8 +14,8 @@ import uuid
 import pytest
 
 from dtrain.pipeline.registry import Pipeline, RunRef
-from dtrain.pipeline.registry_mlflow import MlflowRegistry
-from dtrain.tracking import find_run, run_key, start_or_resume
+from dtrain.mlflow.registry import MlflowRegistry
+from dtrain.mlflow.tracking import find_run, run_key, start_or_resume
 from tests.mlflow.model import save
 
 
@@ -64,7 +64,7 @@ def test_a_train_task_run_is_found_again_on_retry_and_a_cleared_run_gets_its_own
 
 
 def test_params_are_logged_once_and_a_retry_does_not_fail_on_them(client):
-    from dtrain.tracking import log_params
+    from dtrain.mlflow.tracking import log_params
 
     run, _ = start_or_resume(client, unique("exp"), run_key("dag", "r", 0), {})
     assert log_params(client, run, {"nodes": 2, "epochs": 4, "nothing": None}) == {"nodes": "2", "epochs": "4"}
@@ -74,7 +74,7 @@ def test_params_are_logged_once_and_a_retry_does_not_fail_on_them(client):
 
 
 def test_the_ranks_records_become_rank_0s_step_metrics_and_the_stall_verdicts(client, tmp_path):
-    from dtrain.pipeline.tracked_training import TrackedTrainingOperator
+    from dtrain.mlflow.operator import TrackedTrainingOperator
     from dtrain.training.metrics import MetricsWriter
 
     run_dir = tmp_path / "run"

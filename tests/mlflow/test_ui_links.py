@@ -15,7 +15,7 @@ def test_the_empty_partition_plot_has_no_date_axis():
 
 
 def test_links_lead_only_to_the_configured_server_whatever_was_recorded():
-    from dtrain.ui.mlflow_links import registered, run_link
+    from dtrain.mlflow.links import registered, run_link
 
     base, run_id = "http://mlflow.internal:5000", "a" * 32
     good = {"registry": "mlflow", "model_name": "tabular rmse", "version": "3", "alias": "champion",
@@ -52,7 +52,7 @@ def test_dag_parsing_with_an_mlflow_registry_imports_no_mlflow():
     from tests.support import heavy_libraries_imported_by
 
     # what a DAG file with registry=MlflowRegistry(...) imports, and the operator its train task is
-    assert heavy_libraries_imported_by("dtrain.pipeline.registry_mlflow", "dtrain.pipeline.tracked_training",
+    assert heavy_libraries_imported_by("dtrain.mlflow.registry", "dtrain.mlflow.operator",
                                        "dtrain.pipeline.factory") == []
 
 
@@ -60,7 +60,7 @@ def test_a_registry_is_checked_when_the_dag_is_built():
     import pytest
 
     from dtrain.errors import SpecError
-    from dtrain.pipeline.registry_mlflow import MlflowRegistry
+    from dtrain.mlflow.registry import MlflowRegistry
 
     for kwargs, field in (({"champion": "latest"}, "registry champion"), ({"challenger": "v2"}, "registry challenger"),
                           ({"champion": "x", "challenger": "x"}, "registry challenger"),

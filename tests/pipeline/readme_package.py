@@ -164,7 +164,7 @@ def readme_mlflow_registry(readme: str) -> tuple[str, str]:
     gives (its argument spans a line break there)."""
     section = readme[readme.index("**MLflow as the registry and tracker**"):]
     argument = re.search(r"`(registry=MlflowRegistry\(.*?\))`", section, re.S).group(1)
-    imported = re.search(r"`(from dtrain\.pipeline\.registry_mlflow import MlflowRegistry)`", section).group(1)
+    imported = re.search(r"`(from dtrain\.mlflow\.registry import MlflowRegistry)`", section).group(1)
     return imported, re.sub(r"\n\s*", "", argument)
 
 

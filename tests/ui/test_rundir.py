@@ -13,7 +13,7 @@ from dtrain.launch.node.ranklog import RankLog
 from dtrain.ui import external_views, training_tab_url
 from dtrain.ui.retraining import pipeline_view
 from dtrain.rundir import RunDir, UnsafeRunDir
-from dtrain.ui.training import curves
+from dtrain.curves import curves
 
 
 def write_metrics(run_dir, rank: int, records) -> None:

@@ -12,7 +12,7 @@ import os
 from airflow.sdk import Param
 
 from dtrain.pipeline import retraining_pipeline
-from dtrain.pipeline.registry_mlflow import MlflowRegistry
+from dtrain.mlflow.registry import MlflowRegistry
 
 BUCKET = os.environ.get("TABULAR_BUCKET", "s3://tabular-demo")
 SHARED_FS = os.environ.get("TABULAR_SHARED_FS", "/fsx")

@@ -14,7 +14,7 @@ import os
 from airflow.sdk import Param
 
 from dtrain.pipeline import retraining_pipeline
-from dtrain.pipeline.registry_mlflow import MlflowRegistry
+from dtrain.mlflow.registry import MlflowRegistry
 
 BUCKET = os.environ.get("TEXT_BUCKET", "s3://text-demo")
 SHARED_FS = os.environ.get("TEXT_SHARED_FS", "/fsx")

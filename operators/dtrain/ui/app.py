@@ -48,11 +48,13 @@ from airflow.api_fastapi.core_api.security import GetUserDep, requires_access_da
 
 from dtrain.errors import SpecError
 from dtrain.launch.engine.job import ROUNDS_KEY, RUN_RECORD_KEY
-from dtrain.tracking import RUN_XCOM_KEY as MLFLOW_RUN_KEY
+from dtrain.hooks.mlflow import server_ui_url
+from dtrain.mlflow import links as mlflow_links
+from dtrain.mlflow.tracking import RUN_XCOM_KEY as MLFLOW_RUN_KEY
 from dtrain.ui.provenance import (Untrusted, declared_root, models_roots, runs_roots, trusted_published,
                                trusted_run_dir)
 from dtrain.rundir import RunDir, UnsafeRunDir
-from dtrain.ui import metrics_cache, mlflow_links, plots, retraining, store, training, ui_base
+from dtrain.ui import metrics_cache, plots, retraining, store, training, ui_base
 
 #: what a page may load: its own scripts and styles (matplotlib's SVG uses style attributes), framed
 #: only by the Airflow UI of the same origin
@@ -166,7 +168,7 @@ def read_published(dag_id: str, metrics_path: Any, partition: Any) -> dict[str, 
 def _pipeline_view(session, dag_id: str) -> dict[str, Any]:
     return retraining.pipeline_view(dag_id, store.pipeline_runs(session, dag_id),
                                     lambda path, partition: read_published(dag_id, path, partition),
-                                    mlflow_links.server_url())
+                                    server_ui_url())
 
 
 def _page(request: Request, name: str, title: str, data: dict[str, str]) -> Response:
@@ -215,7 +217,7 @@ def create_app() -> FastAPI:
         view = training.job_view(ti=ti, record=records.get(RUN_RECORD_KEY) if run else None,
                                  result=result, hang=hang, run=run, metrics=metrics, rounds=records.get(ROUNDS_KEY))
         if MLFLOW_RUN_KEY in records:
-            view["mlflow_run"] = mlflow_links.run_link(mlflow_links.server_url(), records[MLFLOW_RUN_KEY])
+            view["mlflow_run"] = mlflow_links.run_link(server_ui_url(), records[MLFLOW_RUN_KEY])
         return _json(view)
 
     @app.get("/api/ti/curves", dependencies=[read_ti])

@@ -12,7 +12,7 @@ appending to. So, per run directory:
   not drawn), and the records kept at most :data:`MAX_RUN_RECORDS` (each rank its share, newest
   kept);
 * a record keeps only the fields the tab draws (:data:`FIELDS`), each a finite number of at
-  most :data:`MAX_VALUE`, its step an integer in [0, 2**53) (what a browser and matplotlib can
+  most :data:`dtrain.curves.MAX_VALUE`, its step an integer in [0, 2**53) (what a browser and matplotlib can
   hold): a rank's ``1e308`` or ``10**400`` is dropped here, once, not in every view;
 * what is computed from the records (the curves, each plot) is kept until they change
   (:meth:`RunMetrics.once`), so one refresh computes the curves once however many views use them.
@@ -23,12 +23,12 @@ At most :data:`MAX_RUNS` run directories are kept, the least recently watched dr
 from __future__ import annotations
 
 import json
-import math
 import threading
 from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
 
+from dtrain.curves import number
 from dtrain.rundir import METRICS, METRICS_FILE, Entry, RunDir
 
 #: bytes read from one run's rank files in one refresh, all ranks together
@@ -39,20 +39,8 @@ MAX_RUN_RECORDS = 20_000
 MAX_RUNS = 4
 #: the fields of a metrics record (dtrain.training.metrics) the tab uses: curves and stall report
 FIELDS = ("loss", "samples", "samples_per_s", "step_time_s", "data_wait_s", "compute_time_s", "comm_wait_s", "node")
-#: a value beyond this is no measurement (a rank's 1e308): dropped, so sums and ratios stay finite
-MAX_VALUE = 1e100
 #: steps beyond this lose precision in a browser and do not convert to a float
 MAX_STEP = 2**53 - 1
-
-
-def number(value: Any) -> float | int | None:
-    """``value`` if it is a plottable number (not a bool, finite, |value| <= MAX_VALUE), else None."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        return None
-    try:
-        return value if math.isfinite(value) and abs(value) <= MAX_VALUE else None
-    except OverflowError:  # an int too large for a float
-        return None
 
 
 def parse(line: bytes) -> dict[str, Any] | None:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 from typing import Any, Callable, Mapping, Sequence
 
-from dtrain.ui.mlflow_links import registered
+from dtrain.mlflow.links import registered
 
 ACTIVE_RUN_STATES = ("queued", "running")
 
@@ -42,7 +42,7 @@ def pipeline_view(dag_id: str, runs: Sequence[Mapping[str, Any]],
     """``runs``: dtrain.ui.store.pipeline_runs(); ``read_published(metrics_path, partition)``: the
     published record, if it is this pipeline's for the run's partition (None otherwise: the
     recorded path is an XCom anyone who may edit the run can change; see dtrain.ui.provenance).
-    ``mlflow_url``: the tracking server's UI (dtrain.ui.mlflow_links), for links to what an MLflow
+    ``mlflow_url``: the tracking server's UI (dtrain.hooks.mlflow.server_ui_url), for links to what an MLflow
     registry registered."""
     rows, points, metric, goal = [], [], None, None
     for run in runs:

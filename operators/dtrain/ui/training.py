@@ -10,19 +10,12 @@ from __future__ import annotations
 import os
 from typing import Any, Mapping
 
+from dtrain.curves import CURVES, curves, thin  # noqa: F401 (CURVES, curves: the tab's views use them as training.*)
 from dtrain.launch.engine.exits import first_failure_of
 from dtrain.rundir import RunDir, Unread
 from dtrain.stall_report import summarize_records
-from dtrain.ui.metrics_cache import MAX_STEP, number
+from dtrain.ui.metrics_cache import MAX_STEP
 
-#: the per-rank curves, by API name: (title, y label)
-CURVES = {
-    "loss": ("Loss", "loss"),
-    "samples_per_s": ("Throughput", "samples/s"),
-    "data_wait_fraction": ("Data wait", "fraction of step time"),
-}
-#: points per rank and curve sent to a page (evenly thinned beyond, the last point always kept)
-MAX_POINTS = 2000
 #: points per rank in a plot: the SVG is about 540 px wide, more only cost drawing time on every refresh
 MAX_PLOT_POINTS = 500
 #: log lines per rank in the live tails
@@ -43,46 +36,9 @@ ROUND_KEYS = frozenset({"round", "nodes", "world_size", "resume_step"})
 WARMUP_STEPS = 5
 
 
-def _value(record: Mapping[str, Any], curve: str) -> float | None:
-    """The record's point on ``curve``; None when it has none a browser and a plot can carry (a
-    ratio of two rank-written numbers can overflow: 1e100 / 1e-100 is past what is plottable)."""
-    if curve == "data_wait_fraction":
-        step, wait = number(record.get("step_time_s")), number(record.get("data_wait_s"))
-        return number(round(float(wait) / float(step), 6)) if step and step > 0 and wait is not None else None
-    value = number(record.get(curve))
-    return None if value is None else float(value)
-
-
-def _thin(points: list[list[float]], limit: int) -> list[list[float]]:
-    if len(points) <= limit:
-        return points
-    stride = len(points) / (limit - 1)
-    return [points[int(i * stride)] for i in range(limit - 1)] + [points[-1]]
-
-
-def curves(metrics: Mapping[int, list[dict[str, Any]]], since_step: int = -1,
-           max_points: int = MAX_POINTS) -> dict[str, dict[str, list[list[float]]]]:
-    """``{curve: {rank: [[step, value], ...]}}`` for every rank that logged a record after ``since_step``.
-
-    A restart that resumed from a checkpoint logs some steps again: the newest record of a step wins,
-    so a curve never runs backwards."""
-    out: dict[str, dict[str, list[list[float]]]] = {name: {} for name in CURVES}
-    for rank, records in sorted(metrics.items()):
-        by_step: dict[int, dict[str, Any]] = {}
-        for record in records:
-            if record["step"] > since_step:
-                by_step[record["step"]] = record
-        for name in CURVES:
-            points = [[step, v] for step, record in sorted(by_step.items())
-                      if (v := _value(record, name)) is not None]
-            if points:
-                out[name][str(rank)] = _thin(points, max_points)
-    return out
-
-
 def plot_points(by_rank: Mapping[str, list[list[float]]]) -> dict[str, list[list[float]]]:
     """One curve's points per rank (from :func:`curves`), thinned for a plot."""
-    return {rank: _thin(points, MAX_PLOT_POINTS) for rank, points in by_rank.items()}
+    return {rank: thin(points, MAX_PLOT_POINTS) for rank, points in by_rank.items()}
 
 
 def _int(value: Any, low: int, high: int) -> int | None:

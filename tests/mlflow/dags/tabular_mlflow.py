@@ -10,7 +10,7 @@ import os
 from airflow.sdk import Param
 
 from dtrain.pipeline import retraining_pipeline
-from dtrain.pipeline.registry_mlflow import MlflowRegistry
+from dtrain.mlflow.registry import MlflowRegistry
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(HERE)))

@@ -1,23 +1,18 @@
 """Links from the Retraining page and the Training tab to the MLflow tracking server: pure, no Airflow.
 
-The server's address comes from the deployment (the Airflow connection named by
-``DTRAIN_MLFLOW_CONN_ID``, default ``mlflow_default``: its extra ``ui_url``, else the tracking URL),
-never from a recorded value; what the tasks recorded (XComs, which anyone who may edit a task
-instance can rewrite) only fills in ids, each checked against its grammar (dtrain.grammar), so a
-link can only ever lead to a run or a model version on that server.
+The server's address comes from the deployment (dtrain.hooks.mlflow.server_ui_url: the Airflow
+connection named by ``DTRAIN_MLFLOW_CONN_ID``, default ``mlflow_default``, its extra ``ui_url``,
+else the tracking URL), never from a recorded value; what the tasks recorded (XComs, which anyone
+who may edit a task instance can rewrite) only fills in ids, each checked against its grammar
+(dtrain.grammar), so a link can only ever lead to a run or a model version on that server.
 """
 
 from __future__ import annotations
 
-import os
 from typing import Any, Mapping
 from urllib.parse import quote
 
 from dtrain.grammar import MLFLOW_ALIAS, MLFLOW_NAME, MLFLOW_RUN_ID, MLFLOW_VERSION
-
-#: the connection the API server reads the tracking server's address from
-CONN_ENV = "DTRAIN_MLFLOW_CONN_ID"
-DEFAULT_CONN_ID = "mlflow_default"
 
 
 def _ok(pattern, value: Any) -> bool:
@@ -26,19 +21,6 @@ def _ok(pattern, value: Any) -> bool:
 
 def _experiment(value: Any) -> bool:
     return isinstance(value, str) and value.isascii() and value.isdigit() and len(value) <= 20
-
-
-def server_url() -> str | None:
-    """The tracking server's UI address from the deployment's connection; None when there is none."""
-    from dtrain.tracking import server_from_connection
-
-    try:
-        from airflow.models.connection import Connection
-
-        conn = Connection.get_connection_from_secrets(os.environ.get(CONN_ENV) or DEFAULT_CONN_ID)
-        return server_from_connection(conn).ui_url
-    except Exception:  # no such connection (AirflowNotFoundException), or no tracking server's URL (SpecError)
-        return None
 
 
 def run_link(base: str | None, record: Any) -> dict[str, str] | None:

@@ -1,7 +1,7 @@
 """The retraining pipeline's train task when its registry tracks runs (MLflow): one run per train task.
 
 Before launch, once the spec is validated (bad input creates nothing): the task finds the run of
-this DAG run (a retry) or creates it (dtrain.tracking), tags it with the DAG id, run id, try,
+this DAG run (a retry) or creates it (dtrain.mlflow.tracking), tags it with the DAG id, run id, try,
 partition and dataset version, logs the job's shape and the pipeline's params, and gives the
 ranks ``MLFLOW_RUN_ID``, ``MLFLOW_TRACKING_URI`` and ``MLFLOW_EXPERIMENT_ID``. After the job it
 logs, from what the job wrote, rank 0's per-step curves, the data-stall verdicts and the run
@@ -17,7 +17,7 @@ from typing import Any, Callable, Mapping
 from dtrain.launch.airflow.operator import DistributedTrainingOperator
 from dtrain.pipeline.config import partition_of
 from dtrain.pipeline.registry import ModelRegistry
-from dtrain.tracking import RUN_XCOM_KEY
+from dtrain.mlflow.tracking import RUN_XCOM_KEY
 
 #: the job's shape, as logged params
 SHAPE = ("nodes", "procs_per_node", "world_size", "distribution", "backend")
@@ -47,7 +47,7 @@ class TrackedTrainingOperator(DistributedTrainingOperator):
         """Start (or resume) the run before the job starts, and hand its id to the ranks."""
         super()._record_run(spec, context)
         from dtrain.launch.engine.job import run_record
-        from dtrain.tracking import log_params, run_env, run_key, start_or_resume
+        from dtrain.mlflow.tracking import log_params, run_env, run_key, start_or_resume
 
         server = self.registry.server()
         key = run_key(self.dag_id, context["dag_run"].run_id, context["dag_run"].clear_number or 0)
@@ -80,7 +80,7 @@ class TrackedTrainingOperator(DistributedTrainingOperator):
     @staticmethod
     def _log_job(client, run_id: str, result: dict[str, Any]) -> None:
         from dtrain.rundir import RunDir, UnsafeRunDir
-        from dtrain.tracking import log_metrics, log_params, scalar_series, stall_series, step_series
+        from dtrain.mlflow.tracking import log_metrics, log_params, scalar_series, stall_series, step_series
 
         try:  # rank-written records: read through RunDir (no link followed, every file bounded)
             records = RunDir(result["run_dir"]).metrics()
@@ -110,7 +110,7 @@ class TrackedTrainingOperator(DistributedTrainingOperator):
         return result
 
     def execute_complete(self, context, event: dict[str, Any] | None = None) -> dict[str, Any]:
-        from dtrain.tracking import find_run, run_key
+        from dtrain.mlflow.tracking import find_run, run_key
 
         server = self.registry.server()  # a resumed task is a new process: find the run again
         key = run_key(self.dag_id, context["dag_run"].run_id, context["dag_run"].clear_number or 0)

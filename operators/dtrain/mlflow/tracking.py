@@ -1,6 +1,6 @@
 """Experiment tracking with MLflow, from what a training job wrote: no MLflow code in training scripts.
 
-The pipeline's train task (dtrain.pipeline.tracked_training) creates one MLflow run per train task
+The pipeline's train task (dtrain.mlflow.operator) creates one MLflow run per train task
 of a DAG run, or on a retry finds and resumes the same one; evaluate and publish find it the same
 way. The run is found by a key derived from the DAG id, the DAG run id and its clear number
 (:func:`run_key`), stored as the run's ``dtrain.key`` tag: never from an XCom (anyone who may edit a
@@ -22,18 +22,16 @@ What a run holds (docs/mlflow.md):
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import json
 import math
 import os
 import tempfile
-from dataclasses import dataclass, field
 from typing import Any, Mapping
 
-from dtrain.environ import temporarily
 from dtrain.errors import DTrainError, SpecError
-from dtrain.grammar import MLFLOW_NAME, MLFLOW_RUN_ID, MLFLOW_URI, check
+from dtrain.grammar import MLFLOW_NAME, MLFLOW_RUN_ID, check
+from dtrain.hooks.mlflow import TrackingServer
 
 #: XCom key of the train task's MLflow run ({"run_id", "experiment_id"}): for people and the UI,
 #: which checks it against its grammar; the pipeline's later tasks find the run by its key instead
@@ -45,63 +43,12 @@ RUN_ENV = ("MLFLOW_RUN_ID", "MLFLOW_TRACKING_URI", "MLFLOW_EXPERIMENT_ID")
 #: MLflow's limits: metrics per log_batch call, characters of a param value
 BATCH = 1000
 MAX_PARAM_CHARS = 6000
-#: rank 0's per-step curves (dtrain.ui.training.CURVES) logged as metrics of the same name
+#: rank 0's per-step curves (dtrain.curves.CURVES) logged as metrics of the same name
 STEP_CURVES = ("loss", "samples_per_s", "data_wait_fraction")
 
 
 class TrackingError(DTrainError):
     """The tracking server is misconfigured, or the run a task needs is not there."""
-
-
-@dataclass(frozen=True)
-class TrackingServer:
-    """Where the tracking server is and how to sign in; credentials never leave the worker."""
-
-    uri: str
-    ui_url: str
-    credentials: Mapping[str, str] = field(default_factory=dict, repr=False)
-
-    def signed_in(self) -> contextlib.AbstractContextManager:
-        """MLflow's REST client reads its credentials from these variables at each request."""
-        return temporarily(self.credentials)
-
-    def client(self):
-        from mlflow import MlflowClient
-
-        return MlflowClient(tracking_uri=self.uri, registry_uri=self.uri)
-
-    def run_url(self, experiment_id: str, run_id: str) -> str:
-        return f"{self.ui_url}/#/experiments/{experiment_id}/runs/{run_id}"
-
-
-def tracking_uri(value: Any, field_name: str) -> str:
-    """An http(s) URL of a tracking server, without a trailing slash."""
-    return check(field_name, value, MLFLOW_URI, "an http:// or https:// URL of an MLflow tracking server, "
-                                                "e.g. http://mlflow.internal:5000").rstrip("/")
-
-
-def server_from_connection(conn) -> TrackingServer:
-    """A :class:`TrackingServer` from an Airflow connection (type http or https).
-
-    host, port and schema (a path prefix) give the URL, the connection type its scheme; or the
-    extra ``tracking_uri`` gives it whole. login/password (or the extra ``token``) sign in. The extra
-    ``ui_url`` is where people open the server's UI, when it differs (a proxy)."""
-    extra = conn.extra_dejson if isinstance(getattr(conn, "extra_dejson", None), Mapping) else {}
-    field_name = f"connection {conn.conn_id}"
-    if extra.get("tracking_uri"):
-        uri = tracking_uri(extra["tracking_uri"], f"{field_name} extra tracking_uri")
-    else:
-        scheme = "https" if (conn.conn_type or "").lower() == "https" else "http"
-        port = f":{conn.port}" if conn.port else ""
-        path = f"/{conn.schema.strip('/')}" if conn.schema else ""
-        uri = tracking_uri(f"{scheme}://{conn.host}{port}{path}", f"{field_name} (host, port, schema)")
-    ui_url = tracking_uri(extra["ui_url"], f"{field_name} extra ui_url") if extra.get("ui_url") else uri
-    credentials = {}
-    if conn.login:
-        credentials = {"MLFLOW_TRACKING_USERNAME": conn.login, "MLFLOW_TRACKING_PASSWORD": conn.password or ""}
-    elif extra.get("token"):
-        credentials = {"MLFLOW_TRACKING_TOKEN": str(extra["token"])}
-    return TrackingServer(uri=uri, ui_url=ui_url, credentials=credentials)
 
 
 def run_key(dag_id: str, run_id: str, clear_number: int) -> str:
@@ -121,7 +68,7 @@ def experiment_id(client, name: str) -> str:
 
 def find_run(client, experiment: str, key: str):
     """The run with this key in ``experiment`` (newest first), or None."""
-    check("run key", key, MLFLOW_RUN_ID, "32 hex digits (dtrain.tracking.run_key)")
+    check("run key", key, MLFLOW_RUN_ID, "32 hex digits (dtrain.mlflow.tracking.run_key)")
     runs = client.search_runs([experiment], f"tags.`{KEY_TAG}` = '{key}'", max_results=1,
                               order_by=["attributes.start_time DESC"])
     return runs[0] if runs else None
@@ -186,7 +133,7 @@ def log_metrics(client, run_id: str, series: Mapping[str, list[tuple[int, float]
 
 def step_series(metrics: Mapping[int, list[dict[str, Any]]]) -> dict[str, list[tuple[int, float]]]:
     """Rank 0's per-step curves from the ranks' metrics records (a resumed step: newest record wins)."""
-    from dtrain.ui.training import curves
+    from dtrain.curves import curves
 
     every = curves(metrics, max_points=1 << 62)
     return {name: [(int(step), float(v)) for step, v in every[name].get("0", [])] for name in STEP_CURVES}
