@@ -11,29 +11,34 @@ import os
 
 from airflow.sdk import DAG, Param, get_current_context, task
 
-from dtrain.pipeline import model_asset, retraining_pipeline
+from dtrain.pipeline import DataConfig, GateConfig, PublishConfig, TrainingConfig, model_asset, retraining_pipeline
 from dtrain.pipeline.config import load_config
 from dtrain.pipeline.params import FINITE
 
 CFG = load_config()
 
 dag = retraining_pipeline(
-    dag_id="retrain_pipeline",
-    raw=CFG.raw_url, processed=CFG.processed_url, shared_fs=CFG.shared_fs, models=CFG.models_root,
-    transform="dtrain.preprocess.examples:digits_features",
-    train_command=["python", "-m", "dtrain.training.reference.train_digits", "--shards", "{shards}",
-                   "--epochs", "{params.epochs}", "--base-lr", "{params.base_lr}",
-                   "--init-from", "{init_from}", "--output", "{output}"],
-    evaluate="dtrain.training.reference.digits_eval:evaluate", metric="accuracy", goal="maximize", threshold=0.9,
-    params={"epochs": Param(20, type="integer", minimum=1, maximum=500, title="Epochs"),
-            "base_lr": Param(0.05, type="number", exclusiveMinimum=0, maximum=10, **FINITE, title="Base learning rate",
-                             description="Learning rate at a global batch of 32, scaled linearly with the global "
-                                         "batch (nodes x procs x 32), with warmup.")},
-    nodes=2, procs_per_node=2,
-    deepspeed_config={"train_micro_batch_size_per_gpu": 32, "zero_optimization": {"stage": 2},
-                      "steps_per_print": 1000000},
-    backend_options={"ssh": {"conn_id": CFG.ssh_conn_id}}, aws_conn_id=CFG.aws_conn_id, min_free_gb=0.5,
-    epoch_seconds=30, schedule=CFG.schedule, start_date=CFG.start_date, catchup=CFG.catchup,
+    "retrain_pipeline",
+    data=DataConfig(raw=CFG.raw_url, processed=CFG.processed_url, shared_fs=CFG.shared_fs,
+                    transform="dtrain.preprocess.examples:digits_features", aws_conn_id=CFG.aws_conn_id,
+                    epoch_seconds=30),
+    training=TrainingConfig(
+        command=["python", "-m", "dtrain.training.reference.train_digits", "--shards", "{shards}",
+                 "--epochs", "{params.epochs}", "--base-lr", "{params.base_lr}",
+                 "--init-from", "{init_from}", "--output", "{output}"],
+        params={"epochs": Param(20, type="integer", minimum=1, maximum=500, title="Epochs"),
+                "base_lr": Param(0.05, type="number", exclusiveMinimum=0, maximum=10, **FINITE,
+                                 title="Base learning rate",
+                                 description="Learning rate at a global batch of 32, scaled linearly with the "
+                                             "global batch (nodes x procs x 32), with warmup.")},
+        nodes=2, procs_per_node=2,
+        deepspeed_config={"train_micro_batch_size_per_gpu": 32, "zero_optimization": {"stage": 2},
+                          "steps_per_print": 1000000},
+        backend_options={"ssh": {"conn_id": CFG.ssh_conn_id}}, min_free_gb=0.5),
+    gate=GateConfig(evaluate="dtrain.training.reference.digits_eval:evaluate", metric="accuracy", goal="maximize",
+                    threshold=0.9),
+    publish=PublishConfig(models=CFG.models_root),
+    schedule=CFG.schedule, start_date=CFG.start_date, catchup=CFG.catchup,
     max_active_runs=int(os.environ.get("DTRAIN_RETRAIN_MAX_ACTIVE_RUNS", "1")),
 )
 

@@ -160,19 +160,20 @@ def readme_factory_example(readme: str) -> str:
 
 
 def readme_mlflow_registry(readme: str) -> tuple[str, str]:
-    """The import and the factory argument the README's *MLflow as the registry and tracker* paragraph
+    """The imports and the factory argument the README's *MLflow as the registry and tracker* paragraph
     gives (its argument spans a line break there)."""
     section = readme[readme.index("**MLflow as the registry and tracker**"):]
-    argument = re.search(r"`(registry=MlflowRegistry\(.*?\))`", section, re.S).group(1)
-    imported = re.search(r"`(from dtrain\.mlflow\.registry import MlflowRegistry)`", section).group(1)
-    return imported, re.sub(r"\n\s*", "", argument)
+    argument = re.search(r"`(publish=PublishConfig\(registry=MlflowRegistry\(.*?\)\))`", section, re.S).group(1)
+    imported = [re.search(rf"`({line})`", section).group(1) for line in (
+        r"from dtrain\.pipeline import PublishConfig", r"from dtrain\.mlflow\.registry import MlflowRegistry")]
+    return "\n".join(imported), re.sub(r"\n\s*", "", argument)
 
 
 def with_mlflow_registry(example: str, readme: str) -> str:
-    """The factory example given the README's MlflowRegistry: its import, and the argument to the call."""
+    """The factory example given the README's MlflowRegistry: its imports, and the argument to the call."""
     imported, argument = readme_mlflow_registry(readme)
-    for anchor, added in (("from dtrain.pipeline import retraining_pipeline\n", f"{imported}\n"),
-                          ("    nodes=1,", f"    {argument},\n")):
+    for anchor, added in ((" retraining_pipeline\n", f"{imported}\n"),
+                          ('    schedule="@daily"', f"    {argument},\n")):
         assert example.count(anchor) == 1, f"the README's factory example no longer has one {anchor!r}"
         at = example.index(anchor) + (len(anchor) if anchor.endswith("\n") else 0)
         example = example[:at] + added + example[at:]

@@ -65,7 +65,7 @@ def shape(dag) -> dict:
                        for name in dag.params},
             "train": {"hang_timeout": train.hang_timeout, "pre_execute": train._pre_execute_hook.__name__,
                       "recheck_s": train._pre_execute_hook.__self__.recheck_s},
-            "approve_timeout": dag.get_task("approve").response_timeout,
+            "approve_timeout": getattr(dag.task_dict.get("approve"), "response_timeout", None),
             "dag": (dag.schedule, dag.max_active_runs, sorted(dag.tags), dag.default_args)}
 
 

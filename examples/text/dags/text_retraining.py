@@ -13,8 +13,8 @@ import os
 
 from airflow.sdk import Param
 
-from dtrain.pipeline import retraining_pipeline
 from dtrain.mlflow.registry import MlflowRegistry
+from dtrain.pipeline import DataConfig, GateConfig, PublishConfig, TrainingConfig, retraining_pipeline
 
 BUCKET = os.environ.get("TEXT_BUCKET", "s3://text-demo")
 SHARED_FS = os.environ.get("TEXT_SHARED_FS", "/fsx")
@@ -22,25 +22,26 @@ SHARED_FS = os.environ.get("TEXT_SHARED_FS", "/fsx")
 EOS_ID = 1
 BLOCK_SIZE = 64
 
-PIPELINE = dict(
-    raw=f"{BUCKET}/raw", processed=f"{BUCKET}/processed", shared_fs=SHARED_FS,
-    transform="text_pipeline.prep:transform",
-    pack={"field": "input_ids", "block_size": BLOCK_SIZE, "separator": EOS_ID},
-    train_command=["python", "-m", "text_pipeline.train", "--shards", "{shards}", "--output", "{output}",
-                   "--init-from", "{init_from}", "--epochs", "{params.epochs}", "--lr", "{params.lr}"],
-    evaluate="text_pipeline.evaluate:evaluate", heldout=f"{BUCKET}/heldout/{{version}}/heldout.jsonl",
-    metric="perplexity", goal="minimize", threshold=50.0, min_improvement=0.0,
+DATA = DataConfig(raw=f"{BUCKET}/raw", processed=f"{BUCKET}/processed", shared_fs=SHARED_FS,
+                  transform="text_pipeline.prep:transform",
+                  pack={"field": "input_ids", "block_size": BLOCK_SIZE, "separator": EOS_ID})
+TRAINING = TrainingConfig(
+    command=["python", "-m", "text_pipeline.train", "--shards", "{shards}", "--output", "{output}",
+             "--init-from", "{init_from}", "--epochs", "{params.epochs}", "--lr", "{params.lr}"],
     params={"epochs": Param(4, type="integer", minimum=1, maximum=200, title="Epochs"),
             "lr": Param(0.003, type="number", exclusiveMinimum=0, maximum=1, title="Learning rate")},
-    nodes=1, procs_per_node=2, min_free_gb=0.1, start_date=dt.datetime(2026, 2, 1, tzinfo=dt.timezone.utc),
-)
+    nodes=1, procs_per_node=2, min_free_gb=0.1)
+GATE = GateConfig(evaluate="text_pipeline.evaluate:evaluate", heldout=f"{BUCKET}/heldout/{{version}}/heldout.jsonl",
+                  metric="perplexity", goal="minimize", threshold=50.0, min_improvement=0.0)
+START = dt.datetime(2026, 2, 1, tzinfo=dt.timezone.utc)
 
-dag = retraining_pipeline("text_retraining", schedule="@daily", **PIPELINE)
+dag = retraining_pipeline("text_retraining", data=DATA, training=TRAINING, gate=GATE, schedule="@daily",
+                          start_date=START)
 # Consumers load mlflow.pytorch.load_model("models:/text-lm@champion") (the package's code travels in the
 # version) and read the tokenizer from the version's artifacts/tokenizer: text_pipeline.train writes the
 # tokenizer the model was trained with beside it in the run directory, as tokenizer.json.
 mlflow_dag = retraining_pipeline(
-    "text_retraining_mlflow", schedule=None,
-    registry=MlflowRegistry("text-lm", conn_id="mlflow_default", load_model="text_pipeline.model:load",
-                            requirements=["tokenizers"], artifacts={"tokenizer": "tokenizer.json"}),
-    **PIPELINE)
+    "text_retraining_mlflow", data=DATA, training=TRAINING, gate=GATE, schedule=None, start_date=START,
+    publish=PublishConfig(registry=MlflowRegistry("text-lm", conn_id="mlflow_default",
+                                                  load_model="text_pipeline.model:load", requirements=["tokenizers"],
+                                                  artifacts={"tokenizer": "tokenizer.json"})))

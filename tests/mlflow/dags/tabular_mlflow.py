@@ -3,13 +3,14 @@ test: the example's own arguments, MlflowRegistry as in its tabular_retraining_m
 test-only change: the train command goes through tests/mlflow/flaky.py, so that a run can make its
 first train try fail (param fail_first_try) and the retry resume the same MLflow run. (airflow dag)"""
 
+import dataclasses
 import datetime as dt
 import importlib.util
 import os
 
 from airflow.sdk import Param
 
-from dtrain.pipeline import retraining_pipeline
+from dtrain.pipeline import PublishConfig, retraining_pipeline
 from dtrain.mlflow.registry import MlflowRegistry
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -33,13 +34,16 @@ def _example_module():
 
 _example = _example_module()
 
-PIPELINE = dict(_example.PIPELINE)
-PIPELINE["train_command"] = ["python", os.path.join(os.path.dirname(HERE), "flaky.py"), "{run_dir}",
-                             "{params.fail_first_try}", "--", *PIPELINE["train_command"]]
-PIPELINE["params"] = {**PIPELINE["params"], "fail_first_try": Param(False, type="boolean")}
+TRAINING = dataclasses.replace(
+    _example.TRAINING,
+    command=["python", os.path.join(os.path.dirname(HERE), "flaky.py"), "{run_dir}", "{params.fail_first_try}", "--",
+             *_example.TRAINING.command],
+    params={**_example.TRAINING.params, "fail_first_try": Param(False, type="boolean")})
 
 dag = retraining_pipeline(
-    "tabular_mlflow", schedule=None, approval=True, max_active_runs=2,
-    registry=MlflowRegistry(os.environ.get("TABULAR_MLFLOW_MODEL", "tabular-rmse"), conn_id="mlflow_default",
-                            load_model="tabular_pipeline.evaluate:load_model"),
-    default_args={"retries": 1, "retry_delay": dt.timedelta(seconds=1)}, **PIPELINE)
+    "tabular_mlflow", data=_example.DATA, training=TRAINING, gate=_example.REVIEWED,
+    publish=PublishConfig(registry=MlflowRegistry(os.environ.get("TABULAR_MLFLOW_MODEL", "tabular-rmse"),
+                                                  conn_id="mlflow_default",
+                                                  load_model="tabular_pipeline.evaluate:load_model")),
+    schedule=None, start_date=_example.START, max_active_runs=2,
+    default_args={"retries": 1, "retry_delay": dt.timedelta(seconds=1)})
