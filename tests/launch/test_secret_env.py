@@ -91,7 +91,7 @@ def test_ssh_sends_it_on_each_session_stdin_not_in_the_command_line():
 
 def test_one_mapping_from_the_connection_to_the_aws_variables(monkeypatch):
     from dtrain.preprocess.operator import aws_credentials_env
-    from dtrain.staging.operator import aws_environment
+    from dtrain.hooks.aws import aws_environment
 
     monkeypatch.setenv("AIRFLOW_CONN_DTRAIN_MAP", json.dumps({
         "conn_type": "aws", "login": "AKIAMAP", "password": SECRET,

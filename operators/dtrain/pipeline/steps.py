@@ -33,7 +33,7 @@ def list_raw_inputs(raw_url: str, aws_conn_id: str | None) -> list[str]:
     """The raw files of one partition (hidden files skipped), as URLs: one preprocessing task each."""
     import fsspec
 
-    from dtrain.staging.operator import aws_storage_options
+    from dtrain.hooks.aws import aws_storage_options
 
     options = aws_storage_options(aws_conn_id) if raw_url.startswith("s3://") and aws_conn_id else {}
     fs, root = fsspec.core.url_to_fs(raw_url, **options)

@@ -63,7 +63,7 @@ def aws_credentials_env(conn_id: str | None) -> Iterator[None]:
         yield
         return
     from dtrain.environ import temporarily
-    from dtrain.staging.operator import aws_environment
+    from dtrain.hooks.aws import aws_environment
 
     with temporarily(aws_environment(conn_id)):
         yield

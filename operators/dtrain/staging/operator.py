@@ -2,8 +2,8 @@
 
 Parse time stays cheap: only ``airflow.sdk`` is imported here; the engine (and, through
 fsspec, s3fs/botocore) is imported inside ``execute``. ``__init__`` stores arguments and
-does no I/O. Credentials come from an Airflow AWS connection and reach s3fs as storage
-options only: never argv, never the log, never XCom.
+does no I/O. Credentials come from an Airflow AWS connection (read by dtrain.hooks.aws) and
+reach s3fs as storage options only: never argv, never the log, never XCom.
 """
 
 from __future__ import annotations
@@ -24,9 +24,10 @@ class StageToSharedFSOperator(BaseOperator):
         dataset_version: subdirectory the data lands in (templated; default ``{{ ds }}``, the
             logical date), so backfills and concurrent runs never share a half-written directory.
             Must be one path component. Set to ``""`` to write into ``destination`` itself.
-        aws_conn_id: Airflow connection with the credentials (login = access key id, password =
+        aws_conn_id: Airflow AWS connection with the credentials (login = access key id, password =
             secret key, extra: ``endpoint_url``, ``region_name``, ``aws_session_token``,
-            ``profile_name``). ``None``: the worker's ambient AWS environment.
+            ``profile_name``; ``role_arn`` with the amazon provider installed: dtrain.hooks.aws).
+            ``None``: the worker's ambient AWS environment.
         storage_options: extra non-secret fsspec options for the source (templated).
         workers, part_size, delete, verify: as in :func:`dtrain.staging.engine.stage`.
         epoch_seconds, nodes, deployment_type, fsx_table: when ``epoch_seconds`` is set, the
@@ -88,6 +89,8 @@ class StageToSharedFSOperator(BaseOperator):
         options = dict(mapping_arg("storage_options", self.storage_options or {}, not_json="a JSON object",
                                    not_mapping="a mapping of fsspec options", secret=True))
         if self.aws_conn_id and str(self.source).startswith(("s3://", "s3a://")):
+            from dtrain.hooks.aws import aws_storage_options
+
             conn_options = aws_storage_options(self.aws_conn_id, self.log)
             client_kwargs = {**(options.get("client_kwargs") or {}), **conn_options.pop("client_kwargs", {})}
             options.update(conn_options)
@@ -117,52 +120,3 @@ class StageToSharedFSOperator(BaseOperator):
         # Workers stop at their next block; temp files are removed; files already renamed stay
         # and the journal lets the next try resume.
         self._cancel.set()
-
-
-def aws_storage_options(conn_id: str, log: Any = None) -> dict[str, Any]:
-    """s3fs storage options from an Airflow AWS connection (credentials never logged)."""
-    from airflow.sdk import BaseHook
-
-    try:
-        conn = BaseHook.get_connection(conn_id)
-    except Exception as e:  # noqa: BLE001 - Airflow raises its own not-found type
-        if conn_id == "aws_default":
-            if log is not None:
-                log.info("no connection %r: using the worker's AWS environment", conn_id)
-            return {}
-        from dtrain.staging.errors import StagingError
-        raise StagingError(f"Airflow connection {conn_id!r} not found: {type(e).__name__}") from e
-    extra = conn.extra_dejson or {}
-    options: dict[str, Any] = {}
-    if conn.login:
-        options["key"] = conn.login
-    if conn.password:
-        options["secret"] = conn.password
-    token = extra.get("aws_session_token")
-    if token:
-        options["token"] = token
-    endpoint = extra.get("endpoint_url") or (extra.get("service_config", {}).get("s3", {}) or {}).get("endpoint_url")
-    if endpoint:
-        options["endpoint_url"] = endpoint
-    region = extra.get("region_name")
-    if region:
-        options["client_kwargs"] = {"region_name": region}
-    if extra.get("profile_name"):
-        options["profile"] = extra["profile_name"]
-    return options
-
-
-#: aws_storage_options' keys -> the standard variables botocore and s3fs read
-AWS_ENV_NAMES = {"key": "AWS_ACCESS_KEY_ID", "secret": "AWS_SECRET_ACCESS_KEY", "token": "AWS_SESSION_TOKEN",
-                 "endpoint_url": "AWS_ENDPOINT_URL", "profile": "AWS_PROFILE"}
-
-
-def aws_environment(conn_id: str, log: Any = None) -> dict[str, str]:
-    """An Airflow AWS connection as the standard AWS variables (for a process started elsewhere: a
-    worker pool, a training rank). Secrets included: never log or template the result."""
-    options = aws_storage_options(conn_id, log)
-    env = {AWS_ENV_NAMES[k]: str(v) for k, v in options.items() if k in AWS_ENV_NAMES}
-    region = (options.get("client_kwargs") or {}).get("region_name")
-    if region:
-        env["AWS_DEFAULT_REGION"] = region
-    return env

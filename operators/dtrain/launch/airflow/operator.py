@@ -184,7 +184,7 @@ class DistributedTrainingOperator(PlacementArgs, ResumableJobMixin, BaseOperator
         """The AWS connection's credentials for the ranks, read here on the worker at execute time."""
         if not self.aws_conn_id:
             return {}
-        from dtrain.staging.operator import aws_environment
+        from dtrain.hooks.aws import aws_environment
 
         return aws_environment(self.aws_conn_id, self.log)
 
