@@ -188,38 +188,31 @@ class TrainingConfig:
 
 
 @dataclass(frozen=True)
-class GateConfig:
-    """How a trained model is evaluated, and when it is published.
+class GateConfig(Gate):
+    """How a trained model is evaluated, and when it is published: the publish gate
+    (:class:`~dtrain.pipeline.gate.Gate`, which checks the metric's fields) with its evaluation and approval.
 
     Fields:
-        evaluate: ``module:function`` called as ``evaluate(model_path, heldout)`` on the worker; returns a dict of metrics.
         metric: the key of the metric in what ``evaluate`` returns (e.g. ``"rmse"``).
         goal: ``"maximize"`` (accuracy) or ``"minimize"`` (a loss, an error).
         threshold: absolute bar the value must reach (None: no bar).
         min_improvement: how much better than the published model the value must be (0: no worse; None: not compared).
         tolerance: how much worse than the published model the value may be, absolute (None: 0).
         relative_tolerance: the same as a fraction in [0, 1) of the published value (``0.005``: no worse than 0.5%).
+        evaluate: ``module:function`` called as ``evaluate(model_path, heldout)`` on the worker; returns a dict of metrics.
         heldout: held-out data location passed to ``evaluate`` (``{version}``, ``{partition}``, ``{params.NAME}`` filled).
         approval: ask a person (Airflow's ApprovalOperator) before publishing a model the gate passed.
         approval_timeout: how long to wait for that answer (None: no limit); no answer, no publish.
-
-    The rule itself is :class:`~dtrain.pipeline.gate.Gate` (:attr:`rule`), which checks the metric's fields.
     """
 
-    evaluate: str
-    metric: str
-    goal: str
-    threshold: float | None = None
-    min_improvement: float | None = None
-    tolerance: float | None = None
-    relative_tolerance: float | None = None
-    heldout: str | None = None
-    approval: bool = False
-    approval_timeout: dt.timedelta | None = None
+    evaluate: str = dataclasses.field(kw_only=True)
+    heldout: str | None = dataclasses.field(default=None, kw_only=True)
+    approval: bool = dataclasses.field(default=False, kw_only=True)
+    approval_timeout: dt.timedelta | None = dataclasses.field(default=None, kw_only=True)
 
     def __post_init__(self) -> None:
         _import_path("evaluate", self.evaluate)
-        self.rule  # Gate checks metric, goal and the bars
+        super().__post_init__()
         if self.heldout is not None and not isinstance(self.heldout, str):
             raise SpecError("heldout", self.heldout, "a location (text with placeholders), or None")
         if not isinstance(self.approval, bool):
@@ -230,10 +223,8 @@ class GateConfig:
 
     @property
     def rule(self) -> Gate:
-        """The publish gate these fields make."""
-        return Gate(metric=self.metric, goal=self.goal, threshold=self.threshold,
-                    min_improvement=self.min_improvement, tolerance=self.tolerance,
-                    relative_tolerance=self.relative_tolerance)
+        """The publish gate alone (what the gate task decides with)."""
+        return Gate(**{f.name: getattr(self, f.name) for f in dataclasses.fields(Gate)})
 
 
 @dataclass(frozen=True)
