@@ -90,8 +90,9 @@ def test_the_flat_keywords_and_the_configs_build_the_same_dag():
     assert rendered(typed) == rendered(flat)
     # and the values came through (a shape both forms lost would compare equal too)
     assert rendered(typed)["argv"] == [
-        "python", "-m", "pkg.train", "--shards", "/shared/d", "--output", "/shared/runs/same/v2/2026-01-01/run-0/model.bin",
-        "--init-from", "", "--epochs", "3", "--heldout", "s3://b/heldout/v2/2026-01-01.csv"]
+        "python", "-m", "pkg.train", "--shards", "/shared/d",
+        "--output", "/shared/runs/same/v2/2026-01-01/run-0/model.bin", "--init-from", "", "--epochs", "3",
+        "--heldout", "s3://b/heldout/v2/2026-01-01.csv"]
     assert rendered(typed)["env"] == {"FOO": "1"}
     assert typed.get_task("preprocess").partial_kwargs["pack"] == {"field": "input_ids", "block_size": 64,
                                                                     "separator": 1}
@@ -116,7 +117,8 @@ def test_the_publish_config_is_optional_and_the_gate_without_approval_publishes_
     ("raw", "s3://b/raw", "retraining_pipeline(raw=...) is deprecated: use data=DataConfig(raw=...)"),
     ("train_command", ["python", "t.py"],
      "retraining_pipeline(train_command=...) is deprecated: use training=TrainingConfig(command=...)"),
-    ("model_name", "m.pt", "retraining_pipeline(model_name=...) is deprecated: use publish=PublishConfig(model_name=...)"),
+    ("model_name", "m.pt",
+     "retraining_pipeline(model_name=...) is deprecated: use publish=PublishConfig(model_name=...)"),
     ("hang_timeout", 600, "retraining_pipeline(hang_timeout=...) is deprecated: use "
                           "training=TrainingConfig(operator_args={'hang_timeout': ...})"),
 ])

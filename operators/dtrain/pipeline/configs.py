@@ -94,7 +94,7 @@ class DataConfig:
         processed: URL the preprocessed shards are written under, as ``<processed>/<dag_id>/<version>/<partition>``.
         shared_fs: the filesystem every training node mounts (datasets, runs and, by default, models go there).
         transform: ``module:function`` applied to every raw record (a dict of arrays out, None to drop it).
-        pack: ``{"field": ..., "block_size": ..., "separator": ...}`` packs a token field into blocks; None: one sample a record.
+        pack: ``{"field", "block_size", "separator"}``: a token field packed into blocks (None: a sample a record).
         dataset_version: the ``dataset_version`` param's default (the raw data's ``<version>`` directory).
         aws_conn_id: Airflow connection for s3:// raw, processed and held-out locations (and the ranks' S3 access).
         epoch_seconds: staging sizes the shared filesystem for one epoch in this many seconds (None: no sizing).
@@ -132,7 +132,7 @@ class TrainingConfig:
     """How a pipeline's training runs: the command on every rank, its params, where the ranks run.
 
     Fields:
-        command: argv run on every rank, placeholders (``{shards}``, ``{output}``, ``{params.NAME}`` ...) filled per run; no shell.
+        command: argv run on every rank (no shell), placeholders (``{shards}``, ``{params.NAME}`` ...) filled.
         params: your own run params (name -> Param or default) beside the built-in ones, used as ``{params.NAME}``.
         nodes: the ``nodes`` param's default (a count, or ``"MIN:MAX"`` for an elastic job).
         procs_per_node: the ``procs_per_node`` param's default (the GPU count on GPU nodes).
@@ -142,7 +142,7 @@ class TrainingConfig:
         deepspeed_config: a DeepSpeed config; when given, a run may choose ``distribution=deepspeed``.
         env: extra environment for the ranks (added to what preflight recommends).
         min_free_gb: free space preflight requires on every node's run directory.
-        earlier_dates_check_seconds: how often a ``train`` task waiting for an earlier date's run looks again (1 to 3600).
+        earlier_dates_check_seconds: how often a ``train`` waiting for an earlier date looks again (1 to 3600).
         operator_args: further :class:`~dtrain.launch.airflow.operator.DistributedTrainingOperator` arguments.
 
     ``operator_args`` are the train task's own (``hang_timeout``, ``stop_grace``, ``max_restarts``,
@@ -199,8 +199,8 @@ class GateConfig(Gate):
         min_improvement: how much better than the published model the value must be (0: no worse; None: not compared).
         tolerance: how much worse than the published model the value may be, absolute (None: 0).
         relative_tolerance: the same as a fraction in [0, 1) of the published value (``0.005``: no worse than 0.5%).
-        evaluate: ``module:function`` called as ``evaluate(model_path, heldout)`` on the worker; returns a dict of metrics.
-        heldout: held-out data location passed to ``evaluate`` (``{version}``, ``{partition}``, ``{params.NAME}`` filled).
+        evaluate: ``module:function``, called as ``evaluate(model_path, heldout)`` on the worker: a dict of metrics.
+        heldout: the held-out data ``evaluate`` gets (``{version}``, ``{partition}``, ``{params.NAME}`` filled).
         approval: ask a person (Airflow's ApprovalOperator) before publishing a model the gate passed.
         approval_timeout: how long to wait for that answer (None: no limit); no answer, no publish.
     """
@@ -232,9 +232,9 @@ class PublishConfig:
     """Where a pipeline publishes its models, and what its gate compares with.
 
     Fields:
-        models: where the default registry publishes, as ``<models>/<dag_id>/<version>/<partition>/`` (None: ``<shared_fs>/models``).
+        models: the default registry's root, ``<models>/<dag_id>/<version>/<partition>/`` (None: <shared_fs>/models).
         model_name: the file or directory name ``{output}`` ends with and the published model has.
-        registry: a :class:`~dtrain.pipeline.registry.ModelRegistry` (None: :class:`~dtrain.pipeline.registry.DirectoryRegistry`).
+        registry: a :class:`~dtrain.pipeline.registry.ModelRegistry` (None: a ``DirectoryRegistry`` under ``models``).
 
     An MLflow model registry (``MlflowRegistry``) also makes every train task an MLflow run (docs/mlflow.md).
     """

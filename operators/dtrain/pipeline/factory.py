@@ -37,8 +37,9 @@ Guarantees, whatever the model:
 How it is built: :func:`retraining_pipeline` takes its configs (:mod:`dtrain.pipeline.configs`, each
 checked when built), resolves them once into a frozen :class:`PipelineArgs` (:func:`pipeline_args`),
 opens the DAG and calls one builder per step (``add_check_params`` ... ``add_publish``, each adding
-its own task), then chains them in one place: adding a step is one builder and one line there. Task ids and the XCom keys read across tasks are
-:mod:`dtrain.pipeline.task_ids`, which the UI reads runs by.
+its own task), then chains them in one place: adding a step is one builder and one line there.
+Task ids and the XCom keys read across tasks are :mod:`dtrain.pipeline.task_ids`, which the UI
+reads runs by.
 
 Parsing stays cheap: this module imports airflow.sdk and the operators' thin modules only;
 the user's transform, training and evaluate code is imported where it runs, never here.
@@ -166,7 +167,7 @@ class WarmStart:
 
 @dataclass(frozen=True, eq=False)
 class PipelineArgs:
-    """:func:`retraining_pipeline`'s arguments, checked once: the one value every step builder reads.
+    """:func:`retraining_pipeline`'s configs resolved once (:func:`pipeline_args`): what every step builder reads.
 
     Text fields marked Jinja are templates a task renders per run (paths keyed by version and partition)."""
 
@@ -193,7 +194,7 @@ class PipelineArgs:
     approval_timeout: dt.timedelta | None
     min_free_gb: float
     epoch_seconds: float | None
-    train_options: Mapping[str, Any]
+    operator_args: Mapping[str, Any]  # TrainingConfig.operator_args
     warm_start: WarmStart
 
     def __deepcopy__(self, memo) -> PipelineArgs:
@@ -324,7 +325,7 @@ def add_train(a: PipelineArgs):
         task_id=TRAIN, command=list(a.argv), distribution=param_jinja("distribution"),
         deepspeed_config="{{ dtrain_deepspeed_config(" + RUN_PARAMS + ") }}", env="{{ dtrain_train_env(ti) }}",
         run_dir=a.run_dir, aws_conn_id=a.aws_conn_id, pre_execute=a.warm_start.wait_for_earlier_dates,
-        **_placement(a), **tracked, **a.train_options,
+        **_placement(a), **tracked, **a.operator_args,
     )
 
 
@@ -447,7 +448,7 @@ def pipeline_args(dag_id: str, data: DataConfig, training: TrainingConfig, gate:
               for i, arg in enumerate(training.command)],
         aws_conn_id=data.aws_conn_id, approval=gate.approval, approval_timeout=gate.approval_timeout,
         min_free_gb=training.min_free_gb, epoch_seconds=data.epoch_seconds,
-        train_options=dict(training.operator_args or {}),
+        operator_args=dict(training.operator_args or {}),
         warm_start=WarmStart(registry, float(training.earlier_dates_check_seconds)),
     )
 
