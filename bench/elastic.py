@@ -69,9 +69,9 @@ from datetime import datetime
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
-from dtrain.launch.engine.elastic import latest_step  # noqa: E402
+from dtrain.launch.core.elastic import latest_step  # noqa: E402
+from dtrain.launch.core.spec import LaunchSpec  # noqa: E402
 from dtrain.launch.engine.launcher import Launcher, LaunchResult  # noqa: E402
-from dtrain.launch.engine.spec import LaunchSpec  # noqa: E402
 from tests.airflow_services import AirflowServices, bundle  # noqa: E402
 from tests.faults.airflow_fixtures import tries  # noqa: E402
 from tests.netcluster import PREFIX, NetCluster, leftovers  # noqa: E402

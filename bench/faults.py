@@ -77,8 +77,8 @@ MODES = ("attached", "durable", "slurm", "mpi")
 #: the durable mode's launcher, as the operator runs it (submit detached, then follow), for either checkout
 DURABLE = """
 import json, sys
+from dtrain.launch.core.spec import LaunchSpec
 from dtrain.launch.engine.launcher import Launcher
-from dtrain.launch.engine.spec import LaunchSpec
 launcher = Launcher(LaunchSpec(**json.loads(sys.argv[1])), sink=lambda line: print(line, flush=True))
 result = launcher.attach(launcher.submit_detached())
 print(f"[bench] exit {result.exit_code}: {(getattr(result, 'lost', None) or {}).get('message', '')}", flush=True)

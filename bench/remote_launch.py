@@ -24,8 +24,8 @@ import time
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
+from dtrain.launch.core.spec import LaunchSpec  # noqa: E402
 from dtrain.launch.engine.launcher import Launcher  # noqa: E402
-from dtrain.launch.engine.spec import LaunchSpec  # noqa: E402
 from tests.remote.sshd_cluster import start_cluster  # noqa: E402
 
 SCRIPT = os.path.join(REPO, "tests", "remote", "ddp_train.py")

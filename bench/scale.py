@@ -44,8 +44,8 @@ import psutil  # noqa: E402
 from dtrain.launch.airflow.trigger import DistributedJobTrigger  # noqa: E402
 from dtrain.launch.backends.base import run_async  # noqa: E402
 from dtrain.launch.backends.ssh import detached as nodes  # noqa: E402
+from dtrain.launch.core.spec import LaunchSpec  # noqa: E402
 from dtrain.launch.engine.launcher import Launcher  # noqa: E402
-from dtrain.launch.engine.spec import LaunchSpec  # noqa: E402
 from tests.remote.sshd_cluster import start_cluster  # noqa: E402
 from tests.support import poll_until  # noqa: E402
 

@@ -47,8 +47,8 @@ def test_dtrain_home_defaults_to_a_folder_in_the_users_home(monkeypatch):
 
 
 def test_a_job_without_a_run_dir_gets_its_run_directory_from_here(home):
-    from dtrain.launch.engine.job import prepare_job
-    from dtrain.launch.engine.spec import LaunchSpec
+    from dtrain.launch.core.job import prepare_job
+    from dtrain.launch.core.spec import LaunchSpec
 
     job = prepare_job(LaunchSpec(command=["true"], job_id="dtrain-fixed"), create=False)
     assert job.run_dir == paths.job_run_dir("dtrain-fixed")

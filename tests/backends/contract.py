@@ -25,9 +25,9 @@ import pytest
 
 from dtrain.errors import SpecError
 from dtrain.launch.backends import JobHandle, backend_for
-from dtrain.launch.engine.job import free_port, prepare_job
+from dtrain.launch.core.job import free_port, prepare_job
+from dtrain.launch.core.spec import LaunchSpec
 from dtrain.launch.engine.launcher import Launcher
-from dtrain.launch.engine.spec import LaunchSpec
 from tests.remote.conftest import job_processes, still_alive
 from tests.support import alive, poll_until, rank_records, wait_for
 

@@ -4,8 +4,8 @@ mpirun that outlives its ranks."""
 import pytest
 
 from dtrain.launch.backends.mpi.backend import MPIBackend, outcome_of
+from dtrain.launch.core.spec import LaunchSpec
 from dtrain.launch.engine.launcher import Launcher
-from dtrain.launch.engine.spec import LaunchSpec
 from tests.backends.contract import SCRIPT, BackendContract, ranks
 from tests.remote.conftest import job_processes, needs_mpirun, still_alive
 from tests.support import alive, wait_for
@@ -76,7 +76,7 @@ def test_outcome_of_the_records_is_the_first_rank_that_failed_on_its_own():
 def test_mpirun_over_ssh_asks_every_node_for_a_lease_on_the_hosts_login_ports(tmp_path):
     """Each node's local rank 0 holds the node's lease (dtrain.launch.node.lease.start_from_env): the launcher
     exports every node's login endpoint, in node order, and lost_after; on this host there is none."""
-    from dtrain.launch.engine.job import prepare_job
+    from dtrain.launch.core.job import prepare_job
     from dtrain.launch.node.lease import LEASE_ENV, PEERS_ENV
 
     spec = LaunchSpec(command=[SCRIPT], nodes=3, procs_per_node=1, backend="ssh", distribution="mpi",
@@ -112,7 +112,7 @@ def test_a_cancel_gives_mpirun_the_grace_it_is_given_once_then_stops_what_is_lef
     import threading
     import time
 
-    from dtrain.launch.engine.job import prepare_job
+    from dtrain.launch.core.job import prepare_job
 
     wrapper, pid_file = fake_mpirun(tmp_path, DEAF_MPIRUN)
     spec = LaunchSpec(command=[SCRIPT], nodes=1, procs_per_node=1, backend="mpi", distribution="mpi", device="cpu",

@@ -19,7 +19,7 @@ TOY = os.path.join(os.path.dirname(os.path.abspath(__file__)), "toy_pkg")
 
 def test_without_the_entry_point_the_name_is_refused():
     from dtrain.errors import SpecError
-    from dtrain.launch.engine.spec import LaunchSpec
+    from dtrain.launch.core.spec import LaunchSpec
 
     assert "toy" not in backend_names()  # first in this file: before the module's install
     with pytest.raises(SpecError) as err:

@@ -156,7 +156,7 @@ def test_the_cli_reports_bad_input_with_exit_2(tmp_path):
 
 def test_the_nodes_come_from_the_backend_registry():
     from dtrain.autotune.shape import device_and_hosts
-    from dtrain.launch.engine.placement import Placement
+    from dtrain.launch.core.placement import Placement
 
     def placed(backend, options, nodes, procs, device):
         return device_and_hosts(Placement(nodes=nodes, procs_per_node=procs, backend=backend, options=options,

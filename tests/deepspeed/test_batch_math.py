@@ -9,8 +9,8 @@ from __future__ import annotations
 import pytest
 
 from dtrain.errors import SpecError
-from dtrain.launch.engine.deepspeed_config import resolve_deepspeed_config
-from dtrain.launch.engine.spec import LaunchSpec
+from dtrain.launch.core.deepspeed_config import resolve_deepspeed_config
+from dtrain.launch.core.spec import LaunchSpec
 
 TBS, MICRO, GAS = "train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps"
 OK = ["python", "-c", "pass"]

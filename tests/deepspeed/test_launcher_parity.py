@@ -14,7 +14,7 @@ import sys
 import pytest
 
 from dtrain.errors import SpecError
-from dtrain.launch.engine.spec import LaunchSpec
+from dtrain.launch.core.spec import LaunchSpec
 from dtrain.launch.node import placeholders
 from dtrain.launch.node.env_contract import deepspeed_launcher_env
 from dtrain.launch.node.rank_entry import rank_command

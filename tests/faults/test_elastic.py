@@ -15,10 +15,10 @@ import threading
 import psutil
 import pytest
 
+from dtrain.launch.core.elastic import latest_step
+from dtrain.launch.core.spec import LaunchSpec
 from dtrain.launch.engine import retry
-from dtrain.launch.engine.elastic import latest_step
 from dtrain.launch.engine.launcher import Launcher
-from dtrain.launch.engine.spec import LaunchSpec
 from tests.remote.conftest import job_processes, needs_sshd, still_alive
 from tests.services import _net_ssh_cluster
 from tests.support import poll_until
@@ -87,7 +87,7 @@ def stores_here() -> list[psutil.Process]:
     found = []
     for proc in psutil.Process().children(recursive=True):
         try:
-            if "dtrain.launch.engine.rdzv_store" in " ".join(proc.cmdline()):
+            if "dtrain.launch.core.rdzv_store" in " ".join(proc.cmdline()):
                 found.append(proc)
         except (psutil.NoSuchProcess, psutil.ZombieProcess):
             continue

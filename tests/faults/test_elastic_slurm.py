@@ -12,8 +12,8 @@ import threading
 
 import pytest
 
+from dtrain.launch.core.elastic import latest_step
 from dtrain.launch.engine import retry
-from dtrain.launch.engine.elastic import latest_step
 from dtrain.launch.engine.launcher import Launcher
 from dtrain.launch.node.lease import read_fence
 from dtrain.rundir import RunDir

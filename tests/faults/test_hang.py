@@ -17,8 +17,8 @@ import sys
 import pytest
 
 from dtrain.errors import SpecError
+from dtrain.launch.core.spec import LaunchSpec
 from dtrain.launch.engine import hang
-from dtrain.launch.engine.spec import LaunchSpec
 from dtrain.launch.node import hang_files
 
 HERE = os.path.dirname(os.path.abspath(__file__))

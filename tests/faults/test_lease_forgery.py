@@ -15,8 +15,8 @@ import sys
 
 import pytest
 
+from dtrain.launch.core.spec import LaunchSpec
 from dtrain.launch.engine.launcher import Launcher
-from dtrain.launch.engine.spec import LaunchSpec
 from dtrain.launch.node.lease import beat_name, fenced_name
 from dtrain.rundir import LEASE
 from tests.remote.conftest import needs_mpirun, needs_sshd

@@ -15,9 +15,9 @@ import time
 
 import pytest
 
+from dtrain.launch.core.spec import LaunchSpec
 from dtrain.launch.engine import retry
 from dtrain.launch.engine.launcher import Launcher
-from dtrain.launch.engine.spec import LaunchSpec
 from tests.remote.conftest import job_processes, needs_sshd, reports, still_alive, train_command
 from tests.support import poll_until
 

@@ -18,9 +18,9 @@ import pytest
 from dtrain.errors import LaunchError
 from dtrain.launch.backends import get_backend_class
 from dtrain.launch.backends.ssh.detached_node import paths
+from dtrain.launch.core.spec import LaunchSpec
 from dtrain.launch.engine import retry
 from dtrain.launch.engine.launcher import Launcher
-from dtrain.launch.engine.spec import LaunchSpec
 from tests.faults.test_lost_node import SHORT_LOST_AFTER, finish, on_host
 from tests.remote.conftest import needs_sshd, reports, train_command
 from tests.support import poll_until
@@ -97,7 +97,7 @@ def submit_deferred(backend_name: str, spec: LaunchSpec):
     """Submit as the deferred operator does (detached, with its submission record); (backend, handle) once
     both ranks trained their steps."""
     from dtrain.launch.airflow.deferrable import write_submission
-    from dtrain.launch.engine.job import prepare_job
+    from dtrain.launch.core.job import prepare_job
 
     backend = get_backend_class(backend_name)(sink=lambda line: None)
     handle = backend.submit(prepare_job(spec), detached=True)

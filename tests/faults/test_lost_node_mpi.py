@@ -13,7 +13,7 @@ from __future__ import annotations
 import psutil
 import pytest
 
-from dtrain.launch.engine.spec import LaunchSpec
+from dtrain.launch.core.spec import LaunchSpec
 from dtrain.launch.node.lease import read_fence
 from dtrain.rundir import RunDir
 from tests.faults.test_lost_node import assert_lost, finish, freeze_and_thaw, launch, on_host, partitioned

@@ -19,7 +19,7 @@ import time
 import psutil
 import pytest
 
-from dtrain.launch.engine.spec import LaunchSpec
+from dtrain.launch.core.spec import LaunchSpec
 from dtrain.launch.node.lease import fenced_name, read_fence
 from dtrain.rundir import LEASE, RunDir
 from tests.faults.test_lost_node import assert_lost, finish, freeze_and_thaw, launch, on_host, partitioned

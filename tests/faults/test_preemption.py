@@ -29,7 +29,7 @@ import time
 
 import pytest
 
-from dtrain.launch.engine.spec import LaunchSpec
+from dtrain.launch.core.spec import LaunchSpec
 from tests.remote.conftest import needs_sshd  # the fixtures ssh_cluster and slurm: tests/services.py
 from tests.support import wait_for
 
@@ -260,7 +260,7 @@ def test_a_rank_whose_peer_is_gone_still_exits_at_once(tmp_path):
 
 def test_local_backend_gives_agents_and_supervisor_the_grace(tmp_path):
     from dtrain.launch.backends.local import LocalBackend
-    from dtrain.launch.engine.job import prepare_job
+    from dtrain.launch.core.job import prepare_job
 
     spec = LaunchSpec(command=["python", "-c", "pass"], nodes=2, stop_grace=12.5, run_dir=str(tmp_path / "run"))
     backend = LocalBackend(sink=lambda line: None)
@@ -275,7 +275,7 @@ def test_ssh_backend_renders_the_grace_into_both_node_commands(tmp_path):
     import shlex
 
     from dtrain.launch.backends.ssh import SSHBackend
-    from dtrain.launch.engine.job import prepare_job
+    from dtrain.launch.core.job import prepare_job
 
     spec = LaunchSpec(command=["train.py"], nodes=2, backend="ssh", device="cpu", stop_grace=45, rdzv_port=29500,
                       run_dir=str(tmp_path / "run"), backend_options={"hosts": ["h1 slots=1", "h2 slots=1"]})
@@ -294,7 +294,7 @@ def test_ssh_backend_renders_the_grace_into_both_node_commands(tmp_path):
 
 def test_slurm_script_exports_the_grace_and_cancel_signals_before_it_cancels(tmp_path):
     from dtrain.launch.backends.slurm import render as R
-    from dtrain.launch.engine.job import Job
+    from dtrain.launch.core.job import Job
 
     spec = LaunchSpec(command=["train.py"], nodes=2, backend="slurm", device="cpu", stop_grace=90)
     text = R.render_sbatch(Job(spec=spec, job_id="j", run_dir="/r/j", rank_env={}), R.SlurmOptions(python="/py"),
@@ -306,7 +306,7 @@ def test_slurm_script_exports_the_grace_and_cancel_signals_before_it_cancels(tmp
 
 
 def test_slurm_waits_for_new_exit_records_of_every_rank(tmp_path):
-    from dtrain.launch.engine.exits import exit_records, ranks_exited_since
+    from dtrain.launch.core.exits import exit_records, ranks_exited_since
 
     exits = tmp_path / "exits"
     exits.mkdir()
@@ -350,7 +350,7 @@ def test_cancel_with_a_short_grace_overrides_the_spec(tmp_path):
     import threading
 
     from dtrain.launch.backends.local import LocalBackend
-    from dtrain.launch.engine.job import prepare_job
+    from dtrain.launch.core.job import prepare_job
 
     script = tmp_path / "stubborn.py"
     script.write_text(HANG_IGNORING_TERM)

@@ -29,8 +29,8 @@ import threading
 
 import pytest
 
+from dtrain.launch.core.spec import LaunchSpec
 from dtrain.launch.engine.launcher import Launcher, LaunchResult
-from dtrain.launch.engine.spec import LaunchSpec
 from tests.faults.conftest import cpu_spec, needs_sshd, queue
 
 pytestmark = pytest.mark.timeout(300)

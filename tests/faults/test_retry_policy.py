@@ -10,7 +10,8 @@ import os
 import pytest
 
 from dtrain.errors import DTrainError, LaunchError, SpecError
-from dtrain.launch.engine.retry import DEFAULT, FAIL, RETRY, Verdict, classify, classify_launch, communication_error
+from dtrain.launch.core.exits import communication_error
+from dtrain.launch.engine.retry import DEFAULT, FAIL, RETRY, Verdict, classify, classify_launch
 
 GLOO = ("RuntimeError: [../third_party/gloo/gloo/transport/tcp/pair.cc:534] "
         "Gloo connectFullMesh failed with Connection reset by peer")

@@ -18,8 +18,8 @@ import threading
 
 import pytest
 
+from dtrain.launch.core.spec import LaunchSpec
 from dtrain.launch.engine.launcher import Launcher
-from dtrain.launch.engine.spec import LaunchSpec
 from dtrain.rundir import RunDir
 from tests.remote.conftest import needs_sshd
 

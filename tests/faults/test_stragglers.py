@@ -22,9 +22,9 @@ import threading
 
 import pytest
 
+from dtrain.launch.core.spec import LaunchSpec
 from dtrain.launch.engine import stragglers
 from dtrain.launch.engine.launcher import Launcher
-from dtrain.launch.engine.spec import LaunchSpec
 from dtrain.rundir import METRICS, RunDir
 from tests.remote.conftest import needs_sshd
 from tests.support import poll_until

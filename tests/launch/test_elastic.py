@@ -19,18 +19,18 @@ import pytest
 
 from dtrain.errors import SpecError
 from dtrain.launch.backends.ssh.backend import SSHBackend
-from dtrain.launch.engine.elastic import Membership, Rounds, latest_step
-from dtrain.launch.engine.job import prepare_job
+from dtrain.launch.core.elastic import Membership, Rounds, latest_step
+from dtrain.launch.core.job import prepare_job
+from dtrain.launch.core.lost import LostNode
+from dtrain.launch.core.placement import Placement
+from dtrain.launch.core.rdzv_store import RendezvousStore
+from dtrain.launch.core.spec import LaunchSpec
+from dtrain.launch.core.torchrun import Elastic, agent_argv
 from dtrain.launch.engine.launcher import LaunchResult, Launcher
-from dtrain.launch.engine.lost import LostNode
-from dtrain.launch.engine.net import free_port
-from dtrain.launch.engine.placement import Placement
-from dtrain.launch.engine.rdzv_store import RendezvousStore
-from dtrain.launch.engine.spec import LaunchSpec
-from dtrain.launch.engine.torchrun import Elastic, agent_argv
-from dtrain.pipeline.params import NODES_PATTERN, NODES_TYPE, _check_one
 from dtrain.launch.node.elastic_rdzv import NO_ROUND_EXIT_CODE
+from dtrain.launch.node.net import free_port
 from dtrain.launch.node.rdzv_auth import StoreKey
+from dtrain.pipeline.params import NODES_PATTERN, NODES_TYPE, _check_one
 from tests.support import poll_until
 
 KEY = StoreKey("ab" * 32)  # a job's rendezvous key: its agents sign their round lines with it
@@ -161,7 +161,7 @@ def test_rounds_are_told_by_every_member_on_its_own_stream(tmp_path):
 
 
 def test_round_lines_told_by_one_member_only_cannot_grow_the_launchers_memory(tmp_path):
-    from dtrain.launch.engine.elastic import MAX_OPEN_ROUNDS
+    from dtrain.launch.core.elastic import MAX_OPEN_ROUNDS
 
     rounds = Rounds(str(tmp_path), 1, ["h0", "h1"], lambda line: None, KEY)
     for number in range(10_000):  # a node's lines (signed: its agent's), each a round no other member tells
@@ -343,8 +343,8 @@ def test_a_failure_while_a_node_waits_to_join_is_the_memberships_restart(rendezv
 
 @pytest.mark.slow
 def test_the_store_process_dies_with_the_launcher(tmp_path):
-    code = ("import sys, time; from dtrain.launch.engine.rdzv_store import RendezvousStore; "
-            "from dtrain.launch.engine.net import free_port; s = RendezvousStore(); "
+    code = ("import sys, time; from dtrain.launch.core.rdzv_store import RendezvousStore; "
+            "from dtrain.launch.node.net import free_port; s = RendezvousStore(); "
             "print(s.start('127.0.0.1', free_port(), 'ab' * 32), flush=True); time.sleep(600)")
     launcher = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
     try:

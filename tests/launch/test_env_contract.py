@@ -7,8 +7,8 @@ import subprocess
 import sys
 import threading
 
+from dtrain.launch.core.spec import LaunchSpec
 from dtrain.launch.engine.launcher import Launcher
-from dtrain.launch.engine.spec import LaunchSpec
 from dtrain.launch.node.env_contract import contract_from_env
 
 from tests.support import rank_records

@@ -8,7 +8,7 @@ import os
 import subprocess
 import sys
 
-from dtrain.launch.engine.exits import exit_records, first_failure_of, ranks_exited_since, records_since
+from dtrain.launch.core.exits import exit_records, first_failure_of, ranks_exited_since, records_since
 
 BROKEN = "[rank0]: RuntimeError: [gloo/transport/tcp/pair.cc:553] Connection closed by peer [127.0.0.1]:28903."
 
@@ -61,7 +61,7 @@ def test_records_since_reads_only_new_or_rewritten_records_and_skips_what_is_not
     write(run_dir, "rank2.restart0.json", "{half a rec")
     write(run_dir, "rank3.restart0.json", "[1, 2]")
     write(run_dir, ".rank4.99.tmp", json.dumps(record(4, 9, 0.1, [])))
-    monkeypatch.setattr("dtrain.launch.engine.exits.MAX_RECORD_BYTES", 400)
+    monkeypatch.setattr("dtrain.launch.core.exits.MAX_RECORD_BYTES", 400)
     write(run_dir, "rank5.restart0.json", record(5, 7, 3.0, ["x" * 500]))
     now = exit_records(run_dir)
     assert sorted(now) == [f"rank{r}.restart0.json" for r in (0, 1, 2, 3, 5)]

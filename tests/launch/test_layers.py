@@ -3,7 +3,9 @@
 The folder of a module under ``dtrain/launch`` names the process it runs in, and so what it may
 import: ``node/`` runs beside the ranks, possibly on a host without Airflow; ``engine/`` is the
 launcher, which the ``dtrain`` CLI runs without Airflow; ``airflow/`` runs in a worker or the
-triggerer. Nothing in launch imports the packages built on top of it (the training helper, the UI,
+triggerer. ``core/`` (the job model, node supervision) is below the launcher and the backends'
+own folders; the backend contract and registry (``backends/__init__.py``, ``backends/base.py``) are
+below the job model, which checks itself against a backend's class. Nothing in launch imports the packages built on top of it (the training helper, the UI,
 the pipeline). Parsed, not imported: an import inside a function, or under ``if TYPE_CHECKING:``,
 counts like one at the top of the module.
 """
@@ -20,18 +22,27 @@ PACKAGE = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.a
 
 #: (folder under dtrain/launch, "" for all of it; imports it must not make; why)
 FORBIDDEN = (
-    ("node", ("dtrain.launch.engine", "dtrain.launch.airflow", "airflow"),
+    ("node", ("dtrain.launch.engine", "dtrain.launch.core", "dtrain.launch.airflow", "airflow"),
      "node/ runs beside the ranks, possibly on a host without Airflow"),
     ("engine", ("airflow", "dtrain.launch.airflow"),
      "engine/ is the launcher, which also runs without Airflow: dtrain launch"),
+    ("core", ("airflow", "dtrain.launch.airflow", "dtrain.launch.engine"),
+     "core/ is below the launcher: the launcher and the backends build on the job model"),
+    ("backends", ("dtrain.launch.engine", "dtrain.launch.airflow"),
+     "backends/ run jobs for the launcher: they build on core/ and node/, never on the launcher"),
+    ("backends/", ("dtrain.launch.core",),
+     "the backend contract and registry are below the job model (a spec checks itself against them)"),
     ("", ("dtrain.links", "dtrain.training", "dtrain.ui", "dtrain.pipeline", "dtrain.plugin"),
      "launch is below the training helper, the UI, the pipeline and the plugin"),
 )
+#: rules checked on the imports that run (the contract's method signatures name the job model's types,
+#: under ``if TYPE_CHECKING:``: an annotation is no dependency at import or run time)
+RUNTIME_ONLY = {"backends/"}
 #: the only dtrain modules a node-side module may import (besides the bare package): stdlib-only ones
 #: (the grammar checks a node's own arguments, as the launcher's)
 NODE_MAY_IMPORT = ("dtrain.launch.node", "dtrain.rundir", "dtrain.errors", "dtrain.grammar")
 #: the folders of dtrain/launch, and the modules directly in it: the stable public re-exports
-FOLDERS = {"airflow", "engine", "node", "backends"}
+FOLDERS = {"airflow", "core", "engine", "node", "backends"}
 PUBLIC_REEXPORTS = {
     "operator.py": ("dtrain.launch.airflow.operator", ["DistributedTrainingOperator"]),
     "trigger.py": ("dtrain.launch.airflow.trigger", ["DistributedJobTrigger"]),
@@ -52,11 +63,23 @@ def launch_modules():
                     yield rel, module, ast.parse(fh.read(), path)
 
 
-def imported(tree: ast.AST, module: str, is_package: bool) -> list[tuple[int, str]]:
-    """(line, name) for every import anywhere in ``tree``; ``from X import y`` gives X and X.y (y may
-    be a submodule); relative imports are resolved against ``module``."""
+def _runtime_nodes(tree: ast.AST):
+    """Every node of ``tree`` outside ``if TYPE_CHECKING:`` bodies."""
+    stack = [tree]
+    while stack:
+        node = stack.pop()
+        yield node
+        if isinstance(node, ast.If) and isinstance(node.test, ast.Name) and node.test.id == "TYPE_CHECKING":
+            stack.extend(node.orelse)
+        else:
+            stack.extend(ast.iter_child_nodes(node))
+
+
+def imported(tree: ast.AST, module: str, is_package: bool, runtime_only: bool = False) -> list[tuple[int, str]]:
+    """(line, name) for every import anywhere in ``tree`` (``runtime_only``: not under ``if TYPE_CHECKING:``);
+    ``from X import y`` gives X and X.y (y may be a submodule); relative imports are resolved against ``module``."""
     found = []
-    for node in ast.walk(tree):
+    for node in (_runtime_nodes(tree) if runtime_only else ast.walk(tree)):
         if isinstance(node, ast.Import):
             found += [(node.lineno, alias.name) for alias in node.names]
         elif isinstance(node, ast.ImportFrom):
@@ -71,6 +94,12 @@ def imported(tree: ast.AST, module: str, is_package: bool) -> list[tuple[int, st
     return found
 
 
+def _directly_in(rel: str, folder: str) -> bool:
+    """``folder`` ending in "/" names the modules directly in it (``backends/``: the contract and the
+    registry, not a backend's own folder)."""
+    return folder.endswith("/") and rel.startswith(folder) and "/" not in rel[len(folder):]
+
+
 def within(name: str, prefix: str) -> bool:
     return name == prefix or name.startswith(prefix + ".")
 
@@ -81,10 +110,11 @@ def violations() -> list[str]:
     for rel, module, tree in launch_modules():
         folder = rel.split("/")[0] if "/" in rel else ""
         names = imported(tree, module, rel.endswith("__init__.py"))
+        running = imported(tree, module, rel.endswith("__init__.py"), runtime_only=True)
         for applies_to, forbidden, why in FORBIDDEN:
-            if applies_to and folder != applies_to:
+            if applies_to and folder != applies_to and not _directly_in(rel, applies_to):
                 continue
-            for line, name in names:
+            for line, name in (running if applies_to in RUNTIME_ONLY else names):
                 hit = next((prefix for prefix in forbidden if within(name, prefix)), None)
                 if hit:
                     found.setdefault((rel, line, why), name)
@@ -104,7 +134,7 @@ def test_each_layer_imports_only_what_its_process_may():
 def test_the_check_catches_what_it_forbids(tmp_path, monkeypatch):
     """Not vacuous: each rule reports a planted import, at the top of a module or inside a function."""
     launch = tmp_path / "dtrain" / "launch"
-    for folder in ("node", "engine", "airflow"):
+    for folder in ("node", "engine", "airflow", "core", "backends/ssh"):
         (launch / folder).mkdir(parents=True)
     (launch / "node" / "a.py").write_text("from dtrain.launch.engine import hang\n"
                                           "def f():\n    import airflow.sdk\n"
@@ -116,11 +146,21 @@ def test_the_check_catches_what_it_forbids(tmp_path, monkeypatch):
                                              "def f():\n    from dtrain.training.stall_report import summarize\n"
                                              "from dtrain import ui\n")
     (launch / "d.py").write_text("import dtrain.pipeline.factory\n")
+    (launch / "node" / "e.py").write_text("from dtrain.launch.core import spec\n")
+    (launch / "core" / "f.py").write_text("from dtrain.launch.backends import backend_for\n"  # allowed: the registry
+                                          "def f():\n    from dtrain.launch.engine.launcher import Launcher\n")
+    (launch / "backends" / "base.py").write_text("from dtrain.launch.node.net import free_port\n"  # allowed
+                                                 "from dtrain.launch.core.processes import NodeSupervisor\n"
+                                                 "if TYPE_CHECKING:\n    from dtrain.launch.core.spec import X\n")
+    (launch / "backends" / "ssh" / "g.py").write_text("from dtrain.launch.core.job import Job\n"  # allowed
+                                                      "from dtrain.launch.backends.base import Backend\n"  # allowed
+                                                      "from ...engine import launcher\n")
     monkeypatch.setattr(sys.modules[__name__], "PACKAGE", str(tmp_path / "dtrain"))
     assert sorted({v.split(" ")[0] for v in violations()}) == [
-        "launch/airflow/c.py:1", "launch/airflow/c.py:3", "launch/airflow/c.py:4", "launch/d.py:1",
+        "launch/airflow/c.py:1", "launch/airflow/c.py:3", "launch/airflow/c.py:4",
+        "launch/backends/base.py:2", "launch/backends/ssh/g.py:3", "launch/core/f.py:3", "launch/d.py:1",
         "launch/engine/b.py:2", "launch/engine/b.py:4",
-        "launch/node/a.py:1", "launch/node/a.py:3", "launch/node/a.py:5", "launch/node/a.py:6",
+        "launch/node/a.py:1", "launch/node/a.py:3", "launch/node/a.py:5", "launch/node/a.py:6", "launch/node/e.py:1",
     ]
 
 

@@ -112,7 +112,7 @@ def test_a_holder_that_read_its_key_is_not_dumpable():
 
 def test_an_unsigned_fence_the_probe_contradicts_makes_a_suspect_named_once(tmp_path):
     """mpi's leases (key None): a fence record is a hint; every node answering the probe contradicts it."""
-    from dtrain.launch.engine.lost import TellOnce, lost_by_leases
+    from dtrain.launch.core.lost import TellOnce, lost_by_leases
 
     files = RunDir(str(tmp_path))
     files.write(LEASE, JOB, lease.fenced_name(1), data=json.dumps({"time": 1.0, "reason": "cut off"}).encode())

@@ -1,4 +1,4 @@
-"""The lost-node probe (dtrain.launch.engine.lost.fault_of) against real loopback sockets: each way a
+"""The lost-node probe (dtrain.launch.core.lost.fault_of) against real loopback sockets: each way a
 host's login port can answer, and the fault class it means."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import threading
 
 import pytest
 
-from dtrain.launch.engine.lost import fault_of
+from dtrain.launch.core.lost import fault_of
 
 PROBE_S = 0.5
 
@@ -83,7 +83,7 @@ def test_a_reset_during_the_handshake_is_gone_not_unreachable(monkeypatch, error
     timing cannot be forced, so connect() is replaced here by one that fails the way it then does."""
     def reset(address, timeout):
         raise error(104, "Connection reset by peer")
-    monkeypatch.setattr("dtrain.launch.engine.lost.socket.create_connection", reset)
+    monkeypatch.setattr("dtrain.launch.core.lost.socket.create_connection", reset)
     assert fault_of("127.0.0.1", 22, PROBE_S) == (
         "gone", "port 22 resets connections: its processes are gone (crashed or rebooted)")
 

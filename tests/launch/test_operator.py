@@ -109,7 +109,7 @@ def test_a_failed_elastic_jobs_rounds_go_to_xcom_before_the_task_fails():
     the Training tab shows), then the task fails with the lost-node verdict."""
     from dtrain.errors import LaunchError
     from dtrain.launch.airflow.operator import DistributedTrainingOperator
-    from dtrain.launch.engine.job import ROUNDS_KEY
+    from dtrain.launch.core.job import ROUNDS_KEY
     from dtrain.launch.engine.launcher import LaunchResult
 
     class TI:

@@ -1,5 +1,5 @@
 """An elastic job's rendezvous believes only what the job signed (dtrain.launch.node.rdzv_auth): on a real
-store process (dtrain.launch.engine.rdzv_store), a value planted by a client that reached its port is
+store process (dtrain.launch.core.rdzv_store), a value planted by a client that reached its port is
 refused before anything unpickles it, counted, named in the log, and replaced with the job's own; an
 older state played back is refused too; the store listens only at the address it was given; the
 secret reaches a process on its stdin, which then holds nothing for a child."""
@@ -17,9 +17,9 @@ from datetime import datetime, timedelta, timezone
 
 import pytest
 
-from dtrain.launch.engine.net import free_port
-from dtrain.launch.engine.rdzv_store import RendezvousStore
+from dtrain.launch.core.rdzv_store import RendezvousStore
 from dtrain.launch.node.elastic_rdzv import LOST_KEY, parse_lost, read_signed, signed_backend
+from dtrain.launch.node.net import free_port
 from dtrain.launch.node.rdzv_auth import StoreKey, Tampered, read_secret, secret_line
 from tests.support import poll_until
 

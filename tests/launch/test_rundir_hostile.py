@@ -14,9 +14,9 @@ import sys
 
 import pytest
 
-from dtrain.launch.engine.job import prepare_job
+from dtrain.launch.core.job import prepare_job
+from dtrain.launch.core.spec import LaunchSpec
 from dtrain.launch.engine.launcher import Launcher
-from dtrain.launch.engine.spec import LaunchSpec
 from dtrain.rundir import RunDir, UnsafeRunDir
 
 from .conftest import script

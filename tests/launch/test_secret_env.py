@@ -14,8 +14,8 @@ import pytest
 from dtrain.errors import SpecError
 from dtrain.launch.backends import _registered, backend_for, register_backend
 from dtrain.launch.backends.local import LocalBackend
-from dtrain.launch.engine.job import prepare_job
-from dtrain.launch.engine.spec import LaunchSpec
+from dtrain.launch.core.job import prepare_job
+from dtrain.launch.core.spec import LaunchSpec
 
 from .conftest import script
 

@@ -7,8 +7,8 @@ import json
 import pytest
 
 from dtrain.errors import SpecError
-from dtrain.launch.engine.deepspeed_config import resolve_deepspeed_config
-from dtrain.launch.engine.spec import LaunchSpec
+from dtrain.launch.core.deepspeed_config import resolve_deepspeed_config
+from dtrain.launch.core.spec import LaunchSpec
 
 from .conftest import script
 

@@ -13,8 +13,8 @@ import time
 import psutil
 import pytest
 
+from dtrain.launch.core.spec import LaunchSpec
 from dtrain.launch.engine.launcher import Launcher
-from dtrain.launch.engine.spec import LaunchSpec
 
 from .conftest import alive, script, wait_for
 
@@ -94,7 +94,7 @@ def test_failed_launch_cli_exit_code_is_the_ranks(out_dir):
 def test_a_failed_node_reports_its_last_lines_even_when_its_reader_lags():
     """The node exits before its reader thread has read its last lines (here a slow sink holds the
     reader back): the failure must still carry them, since they say why it failed."""
-    from dtrain.launch.engine.processes import NodeSupervisor
+    from dtrain.launch.core.processes import NodeSupervisor
 
     def slow_sink(line: str) -> None:
         time.sleep(0.5)

@@ -10,8 +10,8 @@ import sys
 
 import pytest
 
+from dtrain.launch.core.spec import LaunchSpec
 from dtrain.launch.engine.launcher import Launcher
-from dtrain.launch.engine.spec import LaunchSpec
 
 from .conftest import alive, wait_for
 

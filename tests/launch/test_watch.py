@@ -12,8 +12,8 @@ import pytest
 
 from dtrain.errors import DTrainError, LaunchError
 from dtrain.launch.backends.base import Backend, DryRunRequest, JobHandle, JobStatus
+from dtrain.launch.backends.base import STUCK_GRACE_S
 from dtrain.launch.engine.following import Following
-from dtrain.launch.engine.processes import STUCK_GRACE_S
 
 
 class Scripted(Backend):

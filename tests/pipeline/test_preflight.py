@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from dtrain.launch.engine.placement import Placement
+from dtrain.launch.core.placement import Placement
 from dtrain.preflight.checks import check_node, file_sha256, nccl_env
 from dtrain.preflight.runner import run_preflight
 

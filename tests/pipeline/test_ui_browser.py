@@ -216,7 +216,7 @@ def test_a_failed_and_a_hung_job_show_the_rank_its_tail_and_the_stacks(deploymen
     assert failed["rounds"] is None and failed["round_marks"] == []  # no result: no rounds
     shot(browser, "training-tab-failed.png")
 
-    # An elastic job's result names its rounds (dtrain.launch.engine.elastic.Rounds): given the failed job
+    # An elastic job's result names its rounds (dtrain.launch.core.elastic.Rounds): given the failed job
     # one through the REST API, its tab lists them and marks them on the plots.
     xcoms = f"/dags/ui_training/dagRuns/{quote('ui_failed_2x2', safe='')}/taskInstances/train/xcomEntries"
     rounds = [{"round": 0, "nodes": [0, 1], "world_size": 4, "resume_step": 0},

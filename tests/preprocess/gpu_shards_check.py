@@ -42,8 +42,8 @@ def main() -> int:
 
     run_dir = os.path.join(tmp, "run")
     from dtrain.launch.engine.launcher import Launcher
-    from dtrain.launch.engine.placement import visible_gpu_count
-    from dtrain.launch.engine.spec import LaunchSpec
+    from dtrain.launch.core.placement import visible_gpu_count
+    from dtrain.launch.core.spec import LaunchSpec
 
     # gpus_per_node stated: the spec's own detection reads /proc/driver/nvidia/gpus, absent in some sandboxes.
     print("visible_gpu_count() from /proc:", visible_gpu_count(), "torch:", torch.cuda.device_count())

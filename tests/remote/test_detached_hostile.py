@@ -23,8 +23,8 @@ import pytest
 from dtrain.launch.backends import JobHandle
 from dtrain.launch.backends.ssh import detached as nodes
 from dtrain.launch.backends.ssh.detached_node import MODULE, paths, status_from_files
+from dtrain.launch.core.spec import LaunchSpec
 from dtrain.launch.engine.launcher import Launcher
-from dtrain.launch.engine.spec import LaunchSpec
 from dtrain.launch.node.records import JobKey, RecordError, parse
 from tests.remote.conftest import job_processes, needs_sshd, still_alive
 from tests.support import poll_until, wait_for

@@ -22,8 +22,8 @@ from dtrain.launch.backends.ssh import detached as nodes
 from dtrain.launch.backends.ssh.detached_node import paths, status_from_files
 from dtrain.launch.backends.ssh.fanout import NOT_RUN, run_bounded, run_bounded_async
 from dtrain.launch.backends.ssh.hostfile import SSHSettings, coerce_hosts, ssh_argv
+from dtrain.launch.core.spec import LaunchSpec
 from dtrain.launch.engine.launcher import Launcher
-from dtrain.launch.engine.spec import LaunchSpec
 from dtrain.launch.node.records import JobKey
 from tests.remote.conftest import job_processes, needs_sshd, still_alive, wait_for
 

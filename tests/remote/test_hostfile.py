@@ -10,7 +10,7 @@ import pytest
 from dtrain.errors import SpecError
 from dtrain.launch.backends.ssh.hostfile import (HostEntry, SSHSettings, coerce_hosts, from_airflow_connection,
                                        parse_hostfile_text, read_hostfile)
-from dtrain.launch.engine.spec import LaunchSpec
+from dtrain.launch.core.spec import LaunchSpec
 
 
 def test_deepspeed_lines_and_the_user_port_extension():

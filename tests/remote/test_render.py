@@ -16,8 +16,8 @@ from dtrain.launch.backends.mpi.backend import mpi_hostfile_text
 from dtrain.launch.backends.mpi.render import coerce_mpi_options, mpirun_argv, mpirun_env
 from dtrain.launch.backends.ssh.backend import remote_agent_command, ssh_argv, ssh_config_text
 from dtrain.launch.backends.ssh.hostfile import HostEntry, SSHSettings
-from dtrain.launch.engine.spec import LaunchSpec
-from dtrain.launch.engine.torchrun import Static, agent_argv
+from dtrain.launch.core.spec import LaunchSpec
+from dtrain.launch.core.torchrun import Static, agent_argv
 from dtrain.launch.node.tf_config import cluster_spec, tf_config_env, tf_config_for_rank
 
 PY = "/opt/venv/bin/python"

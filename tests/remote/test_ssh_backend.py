@@ -15,8 +15,8 @@ import uuid
 
 import pytest
 
+from dtrain.launch.core.spec import LaunchSpec
 from dtrain.launch.engine.launcher import Launcher
-from dtrain.launch.engine.spec import LaunchSpec
 from tests.remote.conftest import (job_processes, needs_sshd, reports, run_within, still_alive, train_command,
                                    wait_for)
 

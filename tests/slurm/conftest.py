@@ -16,7 +16,7 @@ from tests.support import alive, wait_for  # noqa: E402,F401 (re-exported to the
 def cpu_spec(command, nodes=2, procs_per_node=2, **kwargs):
     """A LaunchSpec for the test cluster, on CPU. No GLOO_SOCKET_IFNAME: each node finds the interface
     that reaches the rendezvous host (node 1's first interface is a decoy)."""
-    from dtrain.launch.engine.spec import LaunchSpec
+    from dtrain.launch.core.spec import LaunchSpec
 
     return LaunchSpec(command=command, nodes=nodes, procs_per_node=procs_per_node, backend="slurm", device="cpu",
                       workdir=REPO, **kwargs)

@@ -136,7 +136,7 @@ def test_unreachable_controller_is_an_error_not_a_verdict(slurm, tmp_path, monke
 
     from dtrain.errors import DTrainError
     from dtrain.launch.backends.slurm.backend import query
-    from dtrain.launch.engine.job import free_port
+    from dtrain.launch.core.job import free_port
 
     conf = tmp_path / "slurm.conf"
     text = open(slurm.conf).read()

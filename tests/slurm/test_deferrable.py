@@ -12,7 +12,7 @@ import pytest
 
 from dtrain.launch.backends import JobHandle
 from dtrain.launch.backends.slurm import SlurmBackend
-from dtrain.launch.engine.job import prepare_job
+from dtrain.launch.core.job import prepare_job
 
 from .conftest import DDP_REPORT, cpu_spec, queue, wait_for
 
@@ -172,7 +172,7 @@ def test_trigger_on_kill_cancels_the_job(slurm, tmp_path):
 def test_trigger_gives_up_with_an_error_event_when_slurm_cannot_be_asked(slurm, tmp_path, monkeypatch):
     """A controller that does not answer is retried, then reported as an error (not as a failed job)."""
     from dtrain.launch.airflow.trigger import MAX_POLL_ERRORS, DistributedJobTrigger
-    from dtrain.launch.engine.job import free_port
+    from dtrain.launch.core.job import free_port
 
     text = open(slurm.conf).read()
     port = [line for line in text.splitlines() if line.startswith("SlurmctldPort=")][0]

@@ -16,7 +16,7 @@ import time
 import pytest
 
 from dtrain.launch.backends.slurm import lost
-from dtrain.launch.engine.lost import shows_a_lost_node
+from dtrain.launch.core.lost import shows_a_lost_node
 from dtrain.launch.node import lease
 from dtrain.launch.node.lease import BEAT, FENCE, beat_name, fenced_name, record
 from dtrain.rundir import LEASE, RunDir

@@ -17,8 +17,8 @@ import time
 import psutil
 
 from dtrain.launch.backends.slurm.render import NODE_SHELL, node_argv
-from dtrain.launch.engine.job import Job, free_port
-from dtrain.launch.engine.spec import LaunchSpec
+from dtrain.launch.core.job import Job, free_port
+from dtrain.launch.core.spec import LaunchSpec
 from dtrain.launch.node.proctree import kill_processes
 from tests.support import wait_for
 

@@ -16,8 +16,8 @@ from dtrain.launch.backends.slurm.render import (
     EXTRA_SBATCH_ALLOWED, SBATCH_LONG_OPTIONS, SlurmOptions, coerce_options, decide, parse_job_id, parse_sacct,
     parse_scontrol_job, render_sbatch,
 )
-from dtrain.launch.engine.job import Job
-from dtrain.launch.engine.spec import LaunchSpec
+from dtrain.launch.core.job import Job
+from dtrain.launch.core.spec import LaunchSpec
 
 HOSTILE = "$(touch /tmp/pwned); `id` 'quoted' \"dq\" \n next"
 
@@ -92,7 +92,7 @@ def test_an_elastic_script_keeps_its_allocation_and_meets_at_the_launchers_store
     --kill-on-bad-exit), the agents meet at the launcher's store, each node leases against that store
     and records its end; no node rank from Slurm (each round gives its own)."""
     from dtrain.launch.backends.slurm.render import ELASTIC_NODE_SHELL
-    from dtrain.launch.engine.torchrun import Elastic
+    from dtrain.launch.core.torchrun import Elastic
 
     spec = LaunchSpec(command=["train.py"], nodes="2:3", procs_per_node=4, backend="slurm", gpus_per_node=4)
     job = Job(spec=spec, job_id="dtrain-el1", run_dir="/shared/runs/dtrain-el1", rank_env={"DTRAIN_JOB_ID": "dtrain-el1"})

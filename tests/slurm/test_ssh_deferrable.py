@@ -21,7 +21,7 @@ import psutil
 import pytest
 
 from dtrain.launch.backends import JobHandle
-from dtrain.launch.engine.spec import LaunchSpec
+from dtrain.launch.core.spec import LaunchSpec
 
 from .conftest import DDP_REPORT, REPO, wait_for
 

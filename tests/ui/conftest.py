@@ -91,7 +91,7 @@ def patch_run_record(api, failed_run):
     """``patch(run_dir)``: point the failed run's training record at ``run_dir`` with a real REST
     PATCH of its XCom (what anyone who may edit that DAG's task instances can do). The original record
     is put back at the end, pass or fail."""
-    from dtrain.launch.engine.job import RUN_RECORD_KEY
+    from dtrain.launch.core.job import RUN_RECORD_KEY
     from tests.ui.client import rest, xcom_entries
 
     path = xcom_entries("ui_training", failed_run.run_id, "train", RUN_RECORD_KEY)

@@ -45,7 +45,7 @@ def test_a_run_under_the_root_its_dag_declares_is_shown(api, own_root_run):
 def test_an_edited_xcom_cannot_widen_the_declared_root(api, own_root_run, tmp_path):
     """The run record's XCom, PATCHed through the REST API, pointing elsewhere under the declared root
     (another DAG's folder) or at a copy outside it: refused, the marker and the DAG folder checked."""
-    from dtrain.launch.engine.job import RUN_RECORD_KEY
+    from dtrain.launch.core.job import RUN_RECORD_KEY
     from tests.ui.client import rest, xcom_entries
     from tests.ui.conftest import mark
 

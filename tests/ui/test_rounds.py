@@ -1,5 +1,5 @@
 """An elastic job's rounds on the Training tab: from the training task's result XCom (``return_value["rounds"]``,
-the launcher's dtrain.launch.engine.elastic.Rounds), or for a job that failed its rounds XCom, validated (the XCom is anyone's who may edit the task
+the launcher's dtrain.launch.core.elastic.Rounds), or for a job that failed its rounds XCom, validated (the XCom is anyone's who may edit the task
 instance: a value that is not the launcher's is dropped, never shown), listed in the summary and marked on each
 per-rank plot at the round's resume step; none while the job runs (it has no result yet)."""
 
@@ -9,7 +9,7 @@ import json
 
 import pytest
 
-from dtrain.launch.engine.job import ROUNDS_KEY
+from dtrain.launch.core.job import ROUNDS_KEY
 from dtrain.ui import metrics_cache, plots, training
 from tests.ui.client import get, rest, ti_query, xcom_entries
 

@@ -118,7 +118,7 @@ class AutotuneSpec:
     config: dict[str, Any] = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
-        from dtrain.launch.engine.deepspeed_config import load_deepspeed_config
+        from dtrain.launch.core.deepspeed_config import load_deepspeed_config
 
         self.command = coerce_argv("command", self.command)
         script = self.command[1] if self.command[0] in ("python", "python3", sys.executable) and \
@@ -279,7 +279,7 @@ def run_autotune(spec: AutotuneSpec, sink: Callable[[str], None] = print,
                  started: Callable[[subprocess.Popen], None] | None = None) -> dict[str, Any]:
     """Write the config (and hostfile), run DeepSpeed's autotuner in ``work_dir``, return its results."""
     from dtrain.autotune.results import read_results
-    from dtrain.launch.engine.net import free_port
+    from dtrain.launch.node.net import free_port
 
     write_inputs(spec)
     argv = build_argv(spec, spec.config_path, spec.hostfile, free_port(),

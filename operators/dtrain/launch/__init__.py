@@ -15,12 +15,20 @@ these rules (one inside a function counts too).
     absolute, so ``import airflow`` anywhere in this package is Airflow itself.
 
 ``engine/``
-    The launcher: checks the spec, prepares the job, starts it through a backend, follows it
-    (output, exit records, the hang watch), stops it and builds the result; also the CLI, the
-    torchrun argv, the retry classification. Runs inside the worker's task for the operator and
-    the trigger, and alone under ``dtrain launch``, outside any Airflow deployment: may import
-    ``node/``, the backend registry (``dtrain.launch.backends``) and dtrain's shared modules
-    (errors, args, grammar, rundir, stall_report), never Airflow nor ``airflow/``.
+    The launcher: starts a job through a backend, follows it (output, the hang watch), stops it
+    and builds the result; also the CLI, the retry classification, the stragglers' watch. Runs
+    inside the worker's task for the operator and the trigger, and alone under ``dtrain launch``,
+    outside any Airflow deployment: may import ``core/``, ``node/``, the backend registry
+    (``dtrain.launch.backends``) and dtrain's shared modules (errors, args, grammar, rundir,
+    stall_report), never Airflow nor ``airflow/``.
+
+``core/``
+    The job model and what runs a job's processes, shared by the launcher and every backend: the
+    spec and its placement, the prepared job, DeepSpeed's config, the torchrun argv, node
+    supervision, elastic membership and rounds, the rendezvous store, lost nodes, exit records,
+    log tails. Runs in the launcher's process (the rendezvous store in one of its own): may import
+    ``node/``, the backend contract and registry (a spec and a placement check themselves against
+    the backend's class) and dtrain's shared modules, never ``engine/``, ``airflow/`` nor Airflow.
 
 ``node/``
     Runs beside the ranks on every node, on hosts where Airflow is neither configured nor wanted
@@ -32,12 +40,16 @@ these rules (one inside a function counts too).
     from dtrain, only ``node/``, dtrain.rundir and dtrain.errors.
 
 ``backends/``
-    The registry and one folder per backend; code outside ``backends/<name>/`` reaches a backend
-    only through the registry (tests/backends/test_layout.py). A backend's folder holds its code
-    for every process: what the launcher calls, its operator option resolution (which may read an
-    Airflow connection) and its own node-side agents (ssh: remote_agent, detached_node).
+    The registry (``__init__.py``), the backend contract (``base.py``) and one folder per backend;
+    code outside ``backends/<name>/`` reaches a backend only through the registry
+    (tests/backends/test_layout.py). A backend's folder holds its code for every process: what the
+    launcher calls, its operator option resolution (which may read an Airflow connection) and its
+    own node-side agents (ssh: remote_agent, detached_node); it may import ``core/`` and ``node/``,
+    never ``engine/``. The registry and the contract are below the job model: they import ``node/``
+    and the job model's types only for annotations.
 
-The arrows point one way, ``airflow/`` -> ``engine/`` -> ``node/``; nothing here imports the
+The arrows point one way, ``airflow/`` -> ``engine/`` -> ``backends/<name>/`` -> ``core/`` ->
+``backends/`` (the registry and the contract) -> ``node/``; nothing here imports the
 packages built on launch (dtrain.training, dtrain.ui, dtrain.pipeline, dtrain.plugin and its
 macros): the launcher's data-stall report is dtrain.stall_report, beside dtrain.rundir.
 

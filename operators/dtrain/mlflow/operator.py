@@ -46,7 +46,7 @@ class TrackedTrainingOperator(DistributedTrainingOperator):
     def _record_run(self, spec, context) -> None:
         """Start (or resume) the run before the job starts, and hand its id to the ranks."""
         super()._record_run(spec, context)
-        from dtrain.launch.engine.job import run_record
+        from dtrain.launch.core.job import run_record
         from dtrain.mlflow.tracking import log_params, run_env, run_key, start_or_resume
 
         server = self.registry.server()

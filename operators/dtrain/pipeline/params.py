@@ -81,7 +81,7 @@ def local_rank_limit(environ: Mapping[str, str] | None = None, *, cpus: int | No
     if cpus is None:
         cpus = usable_cpus()
     if gpus is None:
-        from dtrain.launch.engine.placement import visible_gpu_count
+        from dtrain.launch.core.placement import visible_gpu_count
 
         gpus = visible_gpu_count()
     limit = max(cpus, gpus) * OVERSUBSCRIPTION
@@ -180,10 +180,10 @@ def check_launch(values: Mapping[str, Any], backend_options: Mapping[str, Any],
     the run before any data is touched: the placement (procs_per_node above this host's GPUs with
     backend=local, fewer ssh hosts than nodes, a bad backend option), the distribution on that
     backend, and the DeepSpeed config against the world size. Raises :class:`SpecError`; returns
-    the :class:`~dtrain.launch.engine.placement.Placement`."""
-    from dtrain.launch.engine.deepspeed_config import resolve_deepspeed_config
-    from dtrain.launch.engine.placement import Placement
-    from dtrain.launch.engine.spec import check_distribution
+    the :class:`~dtrain.launch.core.placement.Placement`."""
+    from dtrain.launch.core.deepspeed_config import resolve_deepspeed_config
+    from dtrain.launch.core.placement import Placement
+    from dtrain.launch.core.spec import check_distribution
 
     placement = Placement.for_operator(nodes=values["nodes"], procs_per_node=values["procs_per_node"],
                                        backend=values["backend"], backend_options=backend_options)

@@ -47,7 +47,7 @@ from airflow.api_fastapi.common.db.common import SessionDep
 from airflow.api_fastapi.core_api.security import GetUserDep, requires_access_dag, requires_authenticated
 
 from dtrain.errors import SpecError
-from dtrain.launch.engine.job import ROUNDS_KEY, RUN_RECORD_KEY
+from dtrain.launch.core.job import ROUNDS_KEY, RUN_RECORD_KEY
 from dtrain.hooks.mlflow import server_ui_url
 from dtrain.mlflow import links as mlflow_links
 from dtrain.mlflow.tracking import RUN_XCOM_KEY as MLFLOW_RUN_KEY

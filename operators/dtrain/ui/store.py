@@ -15,7 +15,7 @@ from typing import Any, Iterable
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from dtrain.launch.engine.job import RUN_RECORD_KEY
+from dtrain.launch.core.job import RUN_RECORD_KEY
 from dtrain.pipeline.config import partition_of
 from dtrain.pipeline.task_ids import DECISION_KEY, EVALUATE, GATE, LIST_RAW_INPUTS, PUBLISH
 

@@ -11,7 +11,7 @@ import os
 from typing import Any, Mapping
 
 from dtrain.curves import CURVES, curves, thin  # noqa: F401 (CURVES, curves: the tab's views use them as training.*)
-from dtrain.launch.engine.exits import first_failure_of
+from dtrain.launch.core.exits import first_failure_of
 from dtrain.rundir import RunDir, Unread
 from dtrain.stall_report import summarize_records
 from dtrain.ui.metrics_cache import MAX_STEP

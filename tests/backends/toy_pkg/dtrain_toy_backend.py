@@ -18,7 +18,7 @@ import time
 import psutil
 
 from dtrain.launch.backends import Backend, DryRunRequest, JobHandle, JobStatus
-from dtrain.launch.engine.torchrun import RANK_ENTRY
+from dtrain.launch.core.torchrun import RANK_ENTRY
 
 
 def _records(run_dir: str) -> dict[int, dict]:

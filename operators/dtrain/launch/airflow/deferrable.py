@@ -23,11 +23,12 @@ from typing import Any, Mapping
 
 from dtrain.errors import DTrainError, LaunchError, SpecError
 from dtrain.launch.backends import JobHandle, backend_for, detachable_backend_names, get_backend_class
+from dtrain.launch.backends.base import STUCK_GRACE_S
+from dtrain.launch.core.lost import FAULTS, LostNode
+from dtrain.launch.core.spec import LaunchSpec
 from dtrain.launch.engine.hang import HANG_EXIT_CODE
-from dtrain.launch.engine.lost import FAULTS, LOST_EXIT_CODE, LostNode
-from dtrain.launch.engine.processes import STUCK_GRACE_S
-from dtrain.launch.engine.spec import LaunchSpec
 from dtrain.launch.engine.submission import DEFAULT_POLL_INTERVAL, check_submitted, write_submission
+from dtrain.launch.node.lease import LOST_EXIT_CODE
 
 SUBMISSION_KEY = "_dtrain_submission"  # attribute on the operator: the handle on_kill cancels
 FOLLOWER_KEY = "_dtrain_follower"  # attribute on the operator: its task instance, once it follows a durable job

@@ -166,7 +166,7 @@ class DistributedTrainingOperator(PlacementArgs, ResumableJobMixin, BaseOperator
         return task_run_dir(self.dag_id, run_id, self.task_id)
 
     def build_spec(self, context):
-        from dtrain.launch.engine.spec import LaunchSpec
+        from dtrain.launch.core.spec import LaunchSpec
 
         return LaunchSpec(
             command=self.command, placement=self.resolve_placement(),
@@ -224,7 +224,7 @@ class DistributedTrainingOperator(PlacementArgs, ResumableJobMixin, BaseOperator
 
         An XCom can be PATCHed by anyone who may edit the task instance, so the directory is marked
         first (dtrain.rundir.write_marker; the UI's check: dtrain.ui.provenance): the UI shows it only while the marker names this task instance."""
-        from dtrain.launch.engine.job import RUN_RECORD_KEY, run_record
+        from dtrain.launch.core.job import RUN_RECORD_KEY, run_record
         from dtrain.rundir import write_marker
 
         ti = (context or {}).get("ti")
@@ -309,7 +309,7 @@ class DistributedTrainingOperator(PlacementArgs, ResumableJobMixin, BaseOperator
         """Fail the task if the job failed; a hang's verdict (stuck ranks, stack dump paths) and an
         elastic job's rounds go to XCom first, where a downstream task, a person or the Training tab
         can read them (a job that succeeded has its rounds in its result)."""
-        from dtrain.launch.engine.job import ROUNDS_KEY
+        from dtrain.launch.core.job import ROUNDS_KEY
 
         ti = (context or {}).get("ti")
         if result.hang and ti is not None:

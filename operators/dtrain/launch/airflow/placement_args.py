@@ -1,12 +1,12 @@
 """The placement arguments every operator that places work shares (train, preflight, autotune):
 one mixin for the arguments, their templating and their resolution into a
-:class:`~dtrain.launch.engine.placement.Placement` when the task runs."""
+:class:`~dtrain.launch.core.placement.Placement` when the task runs."""
 
 from __future__ import annotations
 
 from typing import Any, Mapping, Sequence
 
-from dtrain.launch.engine.placement import Placement
+from dtrain.launch.core.placement import Placement
 
 #: the templated arguments of :class:`PlacementArgs`
 PLACEMENT_FIELDS: Sequence[str] = ("nodes", "procs_per_node", "backend", "backend_options")
@@ -15,7 +15,7 @@ PLACEMENT_FIELDS: Sequence[str] = ("nodes", "procs_per_node", "backend", "backen
 class PlacementArgs:
     """The placement arguments of every operator that places work (train, preflight, autotune):
     stored at parse time (no I/O, no check: they may be templates), resolved into one
-    :class:`~dtrain.launch.engine.placement.Placement` when the task runs. List
+    :class:`~dtrain.launch.core.placement.Placement` when the task runs. List
     :data:`PLACEMENT_FIELDS` in ``template_fields``."""
 
     def init_placement(self, *, nodes: int | str = 1, procs_per_node: int | str = 1, backend: str = "local",

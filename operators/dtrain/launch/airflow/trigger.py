@@ -38,8 +38,8 @@ from airflow.triggers.base import BaseTrigger, TriggerEvent
 from dtrain.errors import DTrainError
 from dtrain.launch.backends import JobHandle, JobStatus, get_backend_class
 from dtrain.launch.backends.base import MAX_POLL_ERRORS
+from dtrain.launch.backends.base import STUCK_GRACE_S
 from dtrain.launch.engine import hang
-from dtrain.launch.engine.processes import STUCK_GRACE_S
 
 
 def event_payload(handle: JobHandle, status: JobStatus) -> dict[str, Any]:

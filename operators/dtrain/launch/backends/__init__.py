@@ -24,7 +24,7 @@ from dtrain.errors import DTrainError, SpecError
 from dtrain.launch.backends.base import Backend, BackendOutcome, DryRunRequest, JobHandle, JobStatus
 
 if TYPE_CHECKING:
-    from dtrain.launch.engine.spec import LaunchSpec
+    from dtrain.launch.core.spec import LaunchSpec
 
 __all__ = ["Backend", "BackendOutcome", "DryRunRequest", "JobHandle", "JobStatus", "ENTRY_POINT_GROUP",
            "backend_names", "get_backend_class", "backend_for", "runner_for", "register_backend", "reload_entry_points"]

@@ -5,7 +5,7 @@ registered through the ``dtrain.backends`` entry-point group) holding a :class:`
 subclass. Nothing outside that folder knows the backend's name or options:
 
 * validation: :meth:`Backend.resolve_placement` checks the backend's options when a
-  :class:`~dtrain.launch.engine.placement.Placement` is built and returns what it resolved from them,
+  :class:`~dtrain.launch.core.placement.Placement` is built and returns what it resolved from them,
   typed, kept as ``placement.resolved`` (``spec.resolved``; read from there on, the options
   themselves stay as given); :meth:`Backend.validate` checks the rest of a job before anything starts;
 * node access: :meth:`Backend.node_access`, :meth:`Backend.node_commands`, :meth:`Backend.node_fanout`
@@ -35,25 +35,58 @@ import asyncio
 import dataclasses
 import hashlib
 import importlib
+import sys
 import threading
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, ClassVar, Mapping, Sequence
 
 from dtrain.errors import DTrainError, SpecError
-from dtrain.launch.engine.net import free_port
-from dtrain.launch.engine.processes import STUCK_GRACE_S, LineSink, print_sink, stop_grace_env
+from dtrain.launch.node.lease import LOST_EXIT_CODE
+from dtrain.launch.node.net import free_port
 
 if TYPE_CHECKING:  # imported for annotations only: the spec imports the registry
-    from dtrain.launch.engine.job import Job
-    from dtrain.launch.engine.lost import LostNode
-    from dtrain.launch.engine.placement import Placement
-    from dtrain.launch.engine.spec import LaunchSpec
+    from dtrain.launch.core.job import Job
+    from dtrain.launch.core.lost import LostNode
+    from dtrain.launch.core.placement import Placement
+    from dtrain.launch.core.spec import LaunchSpec
 
 Primitive = (str, int, float, bool, type(None))
 #: the key of a job handle's ``data`` that holds a per-job secret (see JobHandle.public)
 SECRET_KEY = "secret"
 # Consecutive polls that could not reach the backend before a job is given up (and cancelled).
 MAX_POLL_ERRORS = 5
+
+#: where a job's output goes, one whole line at a time (a backend's ``sink``; node supervision's too)
+LineSink = Callable[[str], None]
+
+
+_STDOUT_LOCK = threading.Lock()
+
+
+def print_sink(line: str) -> None:
+    """Write one whole line to stdout. Every node has its own reader thread, and ``print`` writes
+    the text and the newline separately: without one locked write per line, two ranks' lines glue."""
+    with _STDOUT_LOCK:
+        sys.stdout.write(line + "\n")
+        sys.stdout.flush()
+
+
+#: seconds ranks get after SIGTERM when none of them can reach a checkpoint: a hung job's (their stacks
+#: are on disk), and the reachable ranks of a job that lost a node (every collective, the checkpoint's
+#: agreement too, waits on the lost node's ranks). ``stop_grace`` is for ranks that can save; this is
+#: enough to finish a file write already under way.
+STUCK_GRACE_S = 5.0
+
+
+def stop_grace_env(grace: float) -> dict[str, str]:
+    """What a node's torchrun agent and its ranks get so that a stop gives each rank ``grace``
+    seconds. On SIGTERM the agent forwards it to its workers and SIGKILLs them after
+    TORCH_ELASTIC_SHUTDOWN_TIMEOUT whole seconds (read since pytorch/pytorch#172596, 2026; torch
+    2.13 here; older torchrun waits a fixed 30 s). The ranks read ``DTRAIN_STOP_GRACE``
+    (:mod:`dtrain.training.preemption`)."""
+    import math
+
+    return {"TORCH_ELASTIC_SHUTDOWN_TIMEOUT": str(math.ceil(grace)), "DTRAIN_STOP_GRACE": f"{grace:g}"}
 
 
 def check_primitive(name: str, value: Any) -> Any:
@@ -134,7 +167,7 @@ class JobStatus:
     reason: str = ""
     tail: Sequence[str] = ()
     reachable: bool = True
-    #: a node the backend lost (dtrain.launch.engine.lost.LostNode.to_dict: primitives, for a trigger's event)
+    #: a node the backend lost (dtrain.launch.core.lost.LostNode.to_dict: primitives, for a trigger's event)
     lost: Mapping[str, Any] | None = None
 
     @property
@@ -145,8 +178,6 @@ class JobStatus:
     def of_lost_node(cls, node: "LostNode", tail: Sequence[str] = ()) -> "JobStatus":
         """The lost-node verdict (done, LOST_EXIT_CODE, the message first in the tail): the caller then
         cancels the job, which stops its reachable nodes (a cut-off one fences itself)."""
-        from dtrain.launch.engine.lost import LOST_EXIT_CODE
-
         message = node.message()
         return cls("LOST", True, LOST_EXIT_CODE, node.node, message, [message, *tail], lost=node.to_dict())
 
@@ -220,7 +251,7 @@ class Backend(abc.ABC):
     option_names: ClassVar[tuple[str, ...]] = ()
     #: submit(detached=True) gives a job that outlives this process (deferrable mode)
     supports_detached: ClassVar[bool] = False
-    #: runs elastic jobs (``nodes="MIN:MAX"``: :mod:`dtrain.launch.engine.elastic`)
+    #: runs elastic jobs (``nodes="MIN:MAX"``: :mod:`dtrain.launch.core.elastic`)
     supports_elastic: ClassVar[bool] = False
     #: nodes are simulated on this host (preflight then checks one host)
     single_host: ClassVar[bool] = False
@@ -234,7 +265,7 @@ class Backend(abc.ABC):
     #: another backend (:meth:`runner`) is that backend's to serve
     distributions: ClassVar[tuple[str, ...]] = ("pytorch", "deepspeed", "tensorflow")
     poll_interval: float = 0.02
-    #: an elastic job's rounds as this backend saw them form (dtrain.launch.engine.elastic.Rounds); None otherwise
+    #: an elastic job's rounds as this backend saw them form (dtrain.launch.core.elastic.Rounds); None otherwise
     rounds: Any = None
     #: called with each round of an elastic job as it forms (the launcher's hang watch follows the world size)
     on_round: Callable[[Any], None] | None = None

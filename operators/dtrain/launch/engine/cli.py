@@ -11,7 +11,7 @@ import argparse
 import signal
 import sys
 
-from dtrain.launch.engine.spec import DISTRIBUTIONS
+from dtrain.launch.core.spec import DISTRIBUTIONS
 
 
 def register(subparsers) -> None:
@@ -86,7 +86,7 @@ def backend_options(args: argparse.Namespace) -> dict:
 
 def run(args: argparse.Namespace) -> int:
     from dtrain.launch.engine.launcher import Launcher
-    from dtrain.launch.engine.spec import LaunchSpec
+    from dtrain.launch.core.spec import LaunchSpec
 
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
     spec = LaunchSpec(
@@ -124,7 +124,7 @@ def run(args: argparse.Namespace) -> int:
 def dry_run(spec) -> int:
     """Print what the backend would run (its dry-run request); start and write nothing."""
     from dtrain.launch.backends import backend_for
-    from dtrain.launch.engine.job import prepare_job
+    from dtrain.launch.core.job import prepare_job
 
     backend = backend_for(spec)(sink=lambda line: print(line, file=sys.stderr))
     request = backend.dryrun(prepare_job(spec, create=False))

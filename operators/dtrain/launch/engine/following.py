@@ -12,8 +12,8 @@ from typing import Any, Callable
 
 from dtrain.errors import DTrainError, LaunchError
 from dtrain.launch.backends import Backend, BackendOutcome, JobHandle
-from dtrain.launch.engine.lost import LOST_EXIT_CODE
 from dtrain.launch.engine.submission import DEFAULT_POLL_INTERVAL, taken_over
+from dtrain.launch.node.lease import LOST_EXIT_CODE
 
 TAIL_LINES = 40
 

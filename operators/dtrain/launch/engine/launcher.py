@@ -10,14 +10,14 @@ from typing import Any
 
 from dtrain.errors import LaunchError
 from dtrain.launch.backends import Backend, BackendOutcome, JobHandle, backend_for
+from dtrain.launch.backends.base import STUCK_GRACE_S, LineSink, print_sink
+from dtrain.launch.core.exits import first_failure
+from dtrain.launch.core.job import Job, prepare_job
+from dtrain.launch.core.spec import LaunchSpec
 from dtrain.launch.engine import hang
-from dtrain.launch.engine.exits import first_failure
 from dtrain.launch.engine.following import Following
-from dtrain.launch.engine.job import Job, prepare_job
-from dtrain.launch.engine.lost import LOST_EXIT_CODE
-from dtrain.launch.engine.processes import STUCK_GRACE_S, LineSink, print_sink
-from dtrain.launch.engine.spec import LaunchSpec
 from dtrain.launch.engine.stragglers import StragglerWatch
+from dtrain.launch.node.lease import LOST_EXIT_CODE
 from dtrain.rundir import CHECKPOINTS, METRICS, RunDir, UnsafeRunDir
 
 STOPPED_EXIT_CODE = 143  # 128 + SIGTERM, as a shell reports a job stopped by SIGTERM
@@ -39,7 +39,7 @@ class LaunchResult:
     stall: dict[str, Any] = field(default_factory=dict)
     stopped: bool = False
     hang: dict[str, Any] = field(default_factory=dict)
-    lost: dict[str, Any] = field(default_factory=dict)  # the node the job lost (dtrain.launch.engine.lost)
+    lost: dict[str, Any] = field(default_factory=dict)  # the node the job lost (dtrain.launch.core.lost)
     state: str = ""  # the backend's final job state when it reports one (PREEMPTED, NODE_FAIL...)
     #: an elastic job's rounds: {round, nodes (node indexes by group rank), world_size, resume_step}
     rounds: list[dict[str, Any]] = field(default_factory=list)

@@ -24,8 +24,9 @@ from dataclasses import dataclass
 from typing import Sequence
 
 from dtrain.errors import LaunchError, SpecError
+from dtrain.launch.core.exits import communication_error  # the one list of those patterns
 from dtrain.launch.engine.hang import HANG_EXIT_CODE  # a hung job torn down (also Slurm's TIMEOUT: a time limit)
-from dtrain.launch.engine.lost import LOST_EXIT_CODE  # ssh's code for a lost connection, and a lost node's
+from dtrain.launch.node.lease import LOST_EXIT_CODE  # ssh's code for a lost connection, and a lost node's
 
 FAIL, RETRY, DEFAULT = "fail", "retry", "default"
 
@@ -35,26 +36,6 @@ PREEMPTED_STATES = frozenset({"PREEMPTED"})
 LOST_NODE_STATES = frozenset({"NODE_FAIL", "BOOT_FAIL", "LOST"})
 # A person (or an admin script) cancelled it: not a fault of the infrastructure.
 CANCELLED_STATES = frozenset({"CANCELLED"})
-
-# Lines a rank prints when a collective or its transport broke (torch, gloo, NCCL spellings).
-COMMUNICATION_ERRORS: tuple[str, ...] = (
-    "Gloo connectFullMesh failed",
-    "Connection reset by peer",
-    "Connection closed by peer",
-    "NCCL error",
-    "ncclRemoteError",
-    "ncclSystemError",
-    "ncclInternalError",
-    "ProcessGroupGloo",
-    "ProcessGroupNCCL",
-    "DistBackendError",
-    "DistNetworkError",
-    "Watchdog caught collective operation timeout",
-)
-# How far back in the tail to look: the error is among the rank's last lines.
-TAIL_LINES_READ = 40
-# A rank's line longer than this is cut before matching (matching stays cheap whatever it prints).
-MAX_LINE_CHARS = 4096
 
 
 @dataclass(frozen=True)
@@ -96,15 +77,6 @@ def classify_launch(exit_code: int | None, state: str | None, tail: Sequence[str
     return Verdict(DEFAULT, f"no transient cause recognised ({_where(exit_code, state)})")
 
 
-def communication_error(tail: Sequence[str]) -> str | None:
-    """The last line of ``tail`` that shows a gloo/NCCL communication error, if any."""
-    for line in reversed(list(tail)[-TAIL_LINES_READ:]):
-        text = str(line)[:MAX_LINE_CHARS]
-        if any(pattern in text for pattern in COMMUNICATION_ERRORS):
-            return text.strip()
-    return None
-
-
 def _where(exit_code: int | None, state: str) -> str:
     return f"exit {exit_code}" + (f", state {state}" if state else "")
 
@@ -122,5 +94,4 @@ def _find(error: BaseException, kind: type) -> BaseException | None:
     return None
 
 
-__all__ = ["Verdict", "classify", "classify_launch", "communication_error", "FAIL", "RETRY", "DEFAULT",
-           "COMMUNICATION_ERRORS"]
+__all__ = ["Verdict", "classify", "classify_launch", "FAIL", "RETRY", "DEFAULT"]

@@ -11,7 +11,7 @@ torchrun's c10d rendezvous, with two things torch 2.13 does not do:
   (not counted against ``--max-restarts``).
 * **The launcher's word is taken at once.** The launcher knows a node is lost long before the
   keep-alive lapses (its ssh session ended, its Slurm lease went stale): it lists the node's index
-  under :data:`LOST_KEY` in the store (:mod:`dtrain.launch.engine.rdzv_store`). Each agent publishes
+  under :data:`LOST_KEY` in the store (:mod:`dtrain.launch.core.rdzv_store`). Each agent publishes
   which rendezvous member it is under :func:`node_key` (its ``DTRAIN_NODE_INDEX``), so the survivors
   mark that member's keep-alive as lapsed and the round re-forms without the wait. A node the
   launcher starts again is taken off the list first.
@@ -47,7 +47,7 @@ Rounds after the first complete :data:`REFORM_LAST_CALL_S` after MIN nodes are b
 the rendered ``last_call_timeout`` for slow starters): every node that can take part is already
 running and reacts within a monitor interval.
 
-The store lives outside the training nodes (:mod:`dtrain.launch.engine.rdzv_store`, started by the
+The store lives outside the training nodes (:mod:`dtrain.launch.core.rdzv_store`, started by the
 launcher): ``is_host=0`` on every node, so the loss of any node leaves it.
 
 Stdlib at import; torch is imported only by the functions, on the node.

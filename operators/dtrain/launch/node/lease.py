@@ -13,7 +13,7 @@ meanwhile, the watcher has given the node up).
 * mpi (mpirun over ssh): the rank wrapper of each node's local rank 0 holds it in a thread
   (:func:`start_from_env`), its peer the next node's login port, from the variables the launcher
   exported (:func:`lease_env`); it beats like Slurm's nodes, below, and the launcher probes the nodes'
-  login ports on a sign (:func:`dtrain.launch.engine.lost.lost_by_leases`).
+  login ports on a sign (:func:`dtrain.launch.core.lost.lost_by_leases`).
 * Slurm: each node shell starts it beside the node's agent
   (:mod:`dtrain.launch.backends.slurm.node_lease`), its peer the next node's slurmd and its own
   slurmd checked too: Slurm notices a silent node only after its SlurmdTimeout (minutes), and then
@@ -34,7 +34,7 @@ never read as the holder's. A beat's age is its file's status-change time (ctime
 sets to now on every change: ``os.utime`` back-dates the mtime a watcher would otherwise read, not the
 ctime. Without a key (mpi: the holder is a thread of a rank) the records are unsigned hints, and the
 launcher takes no verdict from a fence record that its own probe contradicts
-(:func:`dtrain.launch.engine.lost.lost_by_leases`).
+(:func:`dtrain.launch.core.lost.lost_by_leases`).
 
 Stdlib and psutil only (it runs on every node, before and beside the ranks).
 """
@@ -59,6 +59,9 @@ from dtrain.launch.node.proctree import kill_job
 from dtrain.launch.node.records import FENCE_REASON_LIMIT, JobKey, RecordError, check, parse
 from dtrain.rundir import LEASE, RunDir, UnsafeRunDir
 
+#: the exit status of a launch that lost a node (dtrain.launch.engine.retry: a lost node, retried), and
+#: of a node that fenced itself (ssh's own code for a lost connection)
+LOST_EXIT_CODE = 255
 #: seconds a node that fences itself gives its ranks between SIGTERM and SIGKILL (not the stop
 #: grace): cut off from its peers, they cannot reach a checkpoint, and every second they live is a
 #: second they may hold GPUs the retry needs

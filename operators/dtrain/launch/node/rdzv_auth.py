@@ -1,6 +1,6 @@
 """What an elastic job's rendezvous believes: only values signed with the job's secret.
 
-The rendezvous store (:mod:`dtrain.launch.engine.rdzv_store`) is a TCPStore: it has no access
+The rendezvous store (:mod:`dtrain.launch.core.rdzv_store`) is a TCPStore: it has no access
 control, and anyone who reaches its port can read and write any key. So nothing read there is
 believed, or unpickled, unless it carries a MAC that verifies:
 

@@ -1,7 +1,7 @@
 """The torchrun agent: ``python -m dtrain.launch.node.torchrun_agent TORCHRUN_ARGS...``.
 
 Runs on every node (started by the ssh, slurm and local backends with the argv that
-:mod:`dtrain.launch.engine.torchrun` renders): torchrun itself, with the ``dtrain-static``
+:mod:`dtrain.launch.core.torchrun` renders): torchrun itself, with the ``dtrain-static``
 rendezvous registered (torchrun's static one, restartable: see :func:`restartable_static_handler`)
 for fixed membership, and ``dtrain-c10d`` for elastic jobs (:mod:`dtrain.launch.node.elastic_rdzv`;
 its agent reads the job's secret on stdin first: :func:`dtrain.launch.node.rdzv_auth.read_secret`),

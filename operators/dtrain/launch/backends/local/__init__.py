@@ -5,8 +5,8 @@ teardown of every rank on any failure, stop, or signal. The agents are children 
 process (they die with it: parent-death signal), so a local job cannot be detached.
 
 An elastic job (``nodes="MIN:MAX"``) simulates node loss: its rendezvous store is a process of
-its own (:mod:`dtrain.launch.engine.rdzv_store`), so any agent may go; an agent that ends by a signal
-this backend did not send is a lost node (:mod:`dtrain.launch.engine.elastic`).
+its own (:mod:`dtrain.launch.core.rdzv_store`), so any agent may go; an agent that ends by a signal
+this backend did not send is a lost node (:mod:`dtrain.launch.core.elastic`).
 
 A stop gives every rank the spec's ``stop_grace`` between SIGTERM and SIGKILL (to save a
 checkpoint: :mod:`dtrain.training.preemption`): the supervisor waits that long, but only while a
@@ -25,13 +25,13 @@ from typing import Sequence
 
 from dtrain.errors import SpecError
 from dtrain.launch.backends.base import Backend, DryRunRequest, JobHandle, JobStatus
-from dtrain.launch.engine.elastic import Membership, Rounds
-from dtrain.launch.engine.job import Job
-from dtrain.launch.engine.lost import LostNode
-from dtrain.launch.engine.placement import Placement
-from dtrain.launch.engine.processes import AgentLogs, NodeProcess, NodeSupervisor
-from dtrain.launch.engine.rdzv_store import RendezvousStore
-from dtrain.launch.engine.torchrun import C10d, Elastic, agent_argv
+from dtrain.launch.core.elastic import Membership, Rounds
+from dtrain.launch.core.job import Job
+from dtrain.launch.core.lost import LostNode
+from dtrain.launch.core.placement import Placement
+from dtrain.launch.core.processes import AgentLogs, NodeProcess, NodeSupervisor
+from dtrain.launch.core.rdzv_store import RendezvousStore
+from dtrain.launch.core.torchrun import C10d, Elastic, agent_argv
 from dtrain.launch.node.rdzv_auth import StoreKey, secret_line
 
 LOOPBACK = "127.0.0.1"

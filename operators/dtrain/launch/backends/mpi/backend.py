@@ -20,7 +20,7 @@ holds the node's lease (:mod:`dtrain.launch.node.lease`, its peer the next node'
 launcher exports the endpoints and ``lost_after``): a node cut off from its peer fences itself,
 and every node beats in ``lease/<job id>/``. Each poll reads the leases (once a second) and, on a
 sign (a fence, a stale beat, or mpirun failing), probes every node's login port
-(:func:`dtrain.launch.engine.lost.lost_by_leases`): the job then ends with the lost-node verdict,
+(:func:`dtrain.launch.core.lost.lost_by_leases`): the job then ends with the lost-node verdict,
 not with mpirun's own account of a lost daemon (or none: a partitioned node's orted can keep its
 ranks waiting for minutes).
 
@@ -41,12 +41,12 @@ from dtrain.errors import LaunchError, SpecError
 from dtrain.launch.backends import get_backend_class
 from dtrain.launch.backends.base import Backend, DryRunRequest, JobHandle, JobStatus, NodeAccess
 from dtrain.launch.backends.mpi.render import check_export_names, coerce_mpi_options, mpirun_argv, mpirun_env
-from dtrain.launch.engine.exits import exit_records, first_failure_of, ranks_exited_since, records_since
-from dtrain.launch.engine.job import Job
-from dtrain.launch.engine.lost import PROBE_TIMEOUT_S, LostNode, TellOnce, fault_of, lost_by_leases
-from dtrain.launch.engine.placement import Placement
-from dtrain.launch.engine.processes import NodeSupervisor
-from dtrain.launch.engine.spec import LaunchSpec
+from dtrain.launch.core.exits import exit_records, first_failure_of, ranks_exited_since, records_since
+from dtrain.launch.core.job import Job
+from dtrain.launch.core.lost import PROBE_TIMEOUT_S, LostNode, TellOnce, fault_of, lost_by_leases
+from dtrain.launch.core.placement import Placement
+from dtrain.launch.core.processes import NodeSupervisor
+from dtrain.launch.core.spec import LaunchSpec
 from dtrain.launch.node.lease import lease_env
 from dtrain.rundir import RunDir
 

@@ -27,7 +27,7 @@ from typing import Any, Sequence
 
 from dtrain import grammar
 from dtrain.errors import SpecError
-from dtrain.launch.engine.torchrun import RANK_ENTRY
+from dtrain.launch.core.torchrun import RANK_ENTRY
 
 MPIRUN = "mpirun"
 

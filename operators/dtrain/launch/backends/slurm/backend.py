@@ -10,7 +10,7 @@ srun's exit status. The pure part (options, script, parsing) is :mod:`.render`.
 An elastic job (``nodes="MIN:MAX"``, blocking mode) keeps its allocation when a node fails
 (``--no-kill`` on sbatch and srun, no ``--kill-on-bad-exit``); its rendezvous store runs with the
 launcher, and each node leases against it. A lost node (its lease: :mod:`.lost`) ends the job only
-when fewer than MIN nodes are left (:class:`~dtrain.launch.engine.elastic.Membership`); the others
+when fewer than MIN nodes are left (:class:`~dtrain.launch.core.elastic.Membership`); the others
 record their end per node. Slurm's srun waits for a lost node until SlurmdTimeout declares it down
 (minutes), so once every node left has finished the launcher reports the result and cancels what
 Slurm still holds. The batch script's own node is the exception: its loss ends the job (Slurm's).
@@ -39,18 +39,18 @@ from dtrain.launch.backends.base import SECRET_KEY, Backend, DryRunRequest, JobH
 from dtrain.launch.backends.slurm import lost
 from dtrain.launch.backends.slurm import render as R
 from dtrain.launch.backends.slurm.render import SlurmOptions
-from dtrain.launch.engine.elastic import Membership, Rounds
-from dtrain.launch.engine.exits import exit_records, ranks_exited_since
-from dtrain.launch.engine.job import Job
-from dtrain.launch.engine.lost import LostNode, TellOnce, fenced, shows_a_lost_node
-from dtrain.launch.engine.net import free_port
-from dtrain.launch.engine.rdzv_store import RendezvousStore, store_address
-from dtrain.launch.engine.torchrun import Elastic
-from dtrain.launch.node.rdzv_auth import StoreKey
-from dtrain.launch.engine.placement import Placement
-from dtrain.launch.engine.spec import LaunchSpec
-from dtrain.launch.engine.tailfile import TAIL_LINES, LogFollower, read_tail
+from dtrain.launch.core.elastic import Membership, Rounds
+from dtrain.launch.core.exits import exit_records, ranks_exited_since
+from dtrain.launch.core.job import Job
+from dtrain.launch.core.lost import LostNode, TellOnce, fenced, shows_a_lost_node
+from dtrain.launch.core.placement import Placement
+from dtrain.launch.core.rdzv_store import RendezvousStore, store_address
+from dtrain.launch.core.spec import LaunchSpec
+from dtrain.launch.core.tailfile import TAIL_LINES, LogFollower, read_tail
+from dtrain.launch.core.torchrun import Elastic
 from dtrain.launch.node.lease import lease_key
+from dtrain.launch.node.net import free_port
+from dtrain.launch.node.rdzv_auth import StoreKey
 from dtrain.rundir import RunDir
 
 

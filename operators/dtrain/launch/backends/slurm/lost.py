@@ -2,7 +2,7 @@
 
 Slurm marks a silent node DOWN only after its SlurmdTimeout (300 s by default), and a job whose
 node is cut off or frozen just waits meanwhile. So every poll of a running job also looks at the
-nodes' leases in the run directory (:func:`dtrain.launch.engine.lost.lost_by_leases`); on a sign,
+nodes' leases in the run directory (:func:`dtrain.launch.core.lost.lost_by_leases`); on a sign,
 every node's slurmd port is probed with a TCP handshake, each node's NodeAddr and Port from
 ``scontrol``:
 
@@ -27,7 +27,7 @@ from typing import Any, Callable, Collection, Mapping
 from dtrain.grammar import SECRET
 from dtrain.launch.backends.base import SECRET_KEY
 from dtrain.launch.backends.slurm import render as R
-from dtrain.launch.engine.lost import PROBE_TIMEOUT_S, LostNode, handshake_fault, lost_by_leases
+from dtrain.launch.core.lost import PROBE_TIMEOUT_S, LostNode, handshake_fault, lost_by_leases
 from dtrain.launch.node.lease import lease_key
 from dtrain.launch.node.records import JobKey
 

@@ -3,7 +3,7 @@
 Split torchx-style into this pure module and :mod:`.backend`, which talks to Slurm:
 
 * :class:`SlurmOptions` (validated: partition, time limit, account, ...) and
-  :func:`render_sbatch` turn a prepared :class:`~dtrain.launch.engine.job.Job` into the exact
+  :func:`render_sbatch` turn a prepared :class:`~dtrain.launch.core.job.Job` into the exact
   sbatch script (tested by string comparison; ``dtrain launch --dry-run`` prints it);
   :func:`parse_scontrol_job` and :func:`decide` turn Slurm's answers into a status.
 
@@ -30,9 +30,9 @@ from dtrain import grammar
 from dtrain.args import coerce_float, coerce_int, mapping_arg
 from dtrain.errors import DTrainError, LaunchError, SpecError
 from dtrain.launch.backends.base import JobStatus, contract_node_env
-from dtrain.launch.engine.job import Job
-from dtrain.launch.engine.lost import DEFAULT_LOST_AFTER_S, MIN_LOST_AFTER_S
-from dtrain.launch.engine.torchrun import Elastic, Static, agent_argv
+from dtrain.launch.core.job import Job
+from dtrain.launch.core.lost import DEFAULT_LOST_AFTER_S, MIN_LOST_AFTER_S
+from dtrain.launch.core.torchrun import Elastic, Static, agent_argv
 from dtrain.rundir import RunDir
 
 SCRIPT_NAME = "slurm-job.sh"

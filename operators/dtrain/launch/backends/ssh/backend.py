@@ -21,8 +21,8 @@
   to the watcher in the job handle (``data["secret"]``), never to the ranks.
 * Elastic jobs (``nodes="MIN:MAX"``, blocking mode): every host of the hostfile runs an agent, those
   beyond MAX as spares waiting in the rendezvous; the rendezvous store runs on this host
-  (:mod:`dtrain.launch.engine.rdzv_store`). A lost node (its ssh client ends with 255) ends the job
-  only when fewer than MIN nodes are left (:mod:`dtrain.launch.engine.elastic`); otherwise the
+  (:mod:`dtrain.launch.core.rdzv_store`). A lost node (its ssh client ends with 255) ends the job
+  only when fewer than MIN nodes are left (:mod:`dtrain.launch.core.elastic`); otherwise the
   survivors re-form the round, and once the lost host's lease has surely lapsed (``lost_after`` plus
   the stop grace) this backend asks its login port every few seconds and starts its agent again
   when it answers: it rejoins at the next round.
@@ -59,16 +59,17 @@ from dtrain.launch.backends.ssh import detached as nodes
 from dtrain.launch.backends.ssh.fanout import run_bounded, run_bounded_async
 from dtrain.launch.backends.ssh.hostfile import (HOST_OPTIONS, KEEPALIVE_S, SETTINGS_OPTIONS, HostEntry,
                                                  SSHPlacement, SSHSettings, resolve_options, ssh_argv)
-from dtrain.launch.engine.elastic import Membership, Rounds
-from dtrain.launch.engine.job import Job
-from dtrain.launch.engine.lost import LOST_EXIT_CODE, PROBE_TIMEOUT_S, LostNode, fault_of, lost_node
-from dtrain.launch.engine.net import free_port
-from dtrain.launch.engine.placement import Placement
-from dtrain.launch.engine.processes import NodeProcess, NodeSupervisor
-from dtrain.launch.engine.rdzv_store import RendezvousStore, store_address
+from dtrain.launch.core.elastic import Membership, Rounds
+from dtrain.launch.core.job import Job
+from dtrain.launch.core.lost import PROBE_TIMEOUT_S, LostNode, fault_of, lost_node
+from dtrain.launch.core.placement import Placement
+from dtrain.launch.core.processes import NodeProcess, NodeSupervisor
+from dtrain.launch.core.rdzv_store import RendezvousStore, store_address
+from dtrain.launch.core.spec import LaunchSpec
+from dtrain.launch.core.torchrun import Elastic, Static, agent_argv
+from dtrain.launch.node.lease import LOST_EXIT_CODE
+from dtrain.launch.node.net import free_port
 from dtrain.launch.node.rdzv_auth import StoreKey
-from dtrain.launch.engine.spec import LaunchSpec
-from dtrain.launch.engine.torchrun import Elastic, Static, agent_argv
 
 REMOTE_AGENT = "dtrain.launch.backends.ssh.remote_agent"
 # The remote agent's announcement, as the supervisor tags it (node index from the ssh client's

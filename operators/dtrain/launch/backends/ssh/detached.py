@@ -35,8 +35,8 @@ from dtrain.launch.backends.ssh.detached_node import (MODULE, STATES, TAIL_LINES
                                                       log_tail, status_from_files)
 from dtrain.launch.backends.ssh.fanout import run_bounded, run_bounded_async
 from dtrain.launch.backends.ssh.hostfile import HostEntry, SSHSettings, coerce_hosts, ssh_argv
-from dtrain.launch.engine.lost import LOST_EXIT_CODE, PROBE_TIMEOUT_S, LostNode, fault_of
-from dtrain.launch.node.lease import HEARTBEAT_S, STALE_BEATS
+from dtrain.launch.core.lost import PROBE_TIMEOUT_S, LostNode, fault_of
+from dtrain.launch.node.lease import HEARTBEAT_S, LOST_EXIT_CODE, STALE_BEATS
 from dtrain.launch.node.records import FENCE_REASON_LIMIT, FIELDS, JobKey
 from dtrain.rundir import RunDir
 
@@ -249,7 +249,7 @@ def lost_node_of(target: Target, run_dir: str, nodes: Sequence[dict[str, Any]], 
     reach its peer, or was frozen, for the lease), a node failed (its peers' ranks fail when one host
     crashes), or a node's heartbeat is stale and its host does not answer over ssh. Then every node
     that did not end well has its login port probed (in parallel, a few seconds at most): the first
-    that shows a fault (:func:`dtrain.launch.engine.lost.fault_of`) is the lost one, except that a
+    that shows a fault (:func:`dtrain.launch.core.lost.fault_of`) is the lost one, except that a
     host that merely does not answer while nothing else went wrong is lost only once its heartbeat is
     older than the lease (``lost_after``: a network blip is not a lost node); if none is, the first
     fenced node, with its own reason. None: no node was lost."""

@@ -56,8 +56,8 @@ from typing import Any, Callable
 
 from dtrain import grammar
 from dtrain.errors import SpecError
-from dtrain.launch.engine.lost import LOST_EXIT_CODE  # a fenced node's exit code: the lost-node code (stdlib only)
-from dtrain.launch.node.lease import FENCE_GRACE_S, HEARTBEAT_S, LEASE_CHECK_S, age_of, hold_lease, parse_peer
+from dtrain.launch.node.lease import (FENCE_GRACE_S, HEARTBEAT_S, LEASE_CHECK_S, LOST_EXIT_CODE,  # a fenced node's exit code
+                                      age_of, hold_lease, parse_peer)
 from dtrain.launch.node.proctree import environ_of, kill_job, kill_tree, of_job
 from dtrain.launch.node.records import FENCE_REASON_LIMIT, JobKey, RecordError, check, parse
 from dtrain.rundir import DETACHED, RunDir, UnsafeRunDir

@@ -4,7 +4,7 @@ A placement is nodes x procs_per_node on a backend, with that backend's options 
 Building one checks all of it (a :class:`SpecError` naming field, value and what is allowed) and
 keeps what the backend resolved from its options, typed, in :attr:`Placement.resolved` (the ssh
 backend's host entries and settings, Slurm's :class:`SlurmOptions`); everything after reads that
-value, never the options again. A :class:`~dtrain.launch.engine.spec.LaunchSpec` is a job on a placement;
+value, never the options again. A :class:`~dtrain.launch.core.spec.LaunchSpec` is a job on a placement;
 preflight and autotuning need only the placement, so they never build a spec. The operators that
 place work take their placement arguments through :class:`dtrain.launch.airflow.placement_args.PlacementArgs`.
 

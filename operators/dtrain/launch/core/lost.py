@@ -13,7 +13,7 @@ connection closed under it) asks the host's login port what happened, once, in a
   switch port, a host that is off), or the host answers again now (a blip that outlasted the
   keepalive).
 
-The job then ends with :data:`LOST_EXIT_CODE` (ssh's own code for a lost connection), which the
+The job then ends with :data:`~dtrain.launch.node.lease.LOST_EXIT_CODE` (ssh's own code for a lost connection), which the
 retry policy reads as a lost node (transient: the Airflow retry resumes from the last checkpoint).
 """
 
@@ -31,8 +31,6 @@ from dtrain.rundir import LEASE, RunDir
 if TYPE_CHECKING:
     from dtrain.launch.node.records import JobKey
 
-#: the exit status of a launch that lost a node (dtrain.launch.engine.retry: a lost node, retried)
-LOST_EXIT_CODE = 255
 #: a node silent this long is lost (the ssh and slurm options' ``lost_after``): detection within it plus
 #: the probe, the node's own fence within it plus the fence grace; both stay within 60 s
 DEFAULT_LOST_AFTER_S = 30.0

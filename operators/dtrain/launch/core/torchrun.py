@@ -6,7 +6,7 @@ Every backend that starts torchrun agents renders them here; only the rendezvous
   assigned by the rendezvous.
 * :class:`Elastic` (an elastic job, ``nodes="MIN:MAX"``): ``dtrain-c10d``
   (:mod:`dtrain.launch.node.elastic_rdzv`) at the store the launcher hosts, never on a node
-  (:mod:`dtrain.launch.engine.rdzv_store`); node ranks are assigned by each round, and each node
+  (:mod:`dtrain.launch.core.rdzv_store`); node ranks are assigned by each round, and each node
   names its own address (``--local-addr``: nodes on hosts of their own share no hostname to go by).
 * :class:`Static` (ssh, slurm): membership is fixed by the backend, so a static rendezvous
   with ``--node-rank`` makes NODE_RANK (and so RANK) follow the backend's node order.
@@ -37,7 +37,7 @@ from dtrain.launch.node.elastic_rdzv import ELASTIC, KEEP_ALIVE_ATTEMPTS, KEEP_A
 from dtrain.launch.node.torchrun_agent import RESTARTABLE_STATIC
 
 if TYPE_CHECKING:
-    from dtrain.launch.engine.spec import LaunchSpec
+    from dtrain.launch.core.spec import LaunchSpec
 
 RANK_ENTRY = ("-m", "dtrain.launch.node.rank_entry")
 AGENT = ("-m", "dtrain.launch.node.torchrun_agent")  # torchrun, with RESTARTABLE_STATIC and its clean-ups

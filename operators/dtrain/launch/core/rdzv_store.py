@@ -4,7 +4,7 @@ An elastic job (``nodes="MIN:MAX"``) must survive the loss of any node, so its c
 store cannot live on one of them (torchrun's default: node 0's agent hosts it, and the job dies
 with node 0). The launcher starts this small process next to itself::
 
-    python -m dtrain.launch.engine.rdzv_store HOST PORT
+    python -m dtrain.launch.core.rdzv_store HOST PORT
 
 It reads the job's secret on stdin first (one line: :func:`~dtrain.launch.node.rdzv_auth.read_secret`),
 then hosts a TCPStore on PORT (chosen free by the backend's dry run), listening on HOST only: the

@@ -13,7 +13,6 @@ import collections
 import os
 import signal
 import subprocess
-import sys
 import threading
 import time
 from dataclasses import dataclass, field
@@ -23,6 +22,7 @@ import ctypes
 
 import psutil
 
+from dtrain.launch.backends.base import LineSink, print_sink  # the output contract every backend shares
 from dtrain.launch.node.proctree import kill_job, wait_gone
 
 PR_SET_PDEATHSIG = 1
@@ -36,19 +36,7 @@ def _die_with_launcher() -> None:
     if _PRCTL is not None:
         _PRCTL(PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
 
-LineSink = Callable[[str], None]
 TAIL_LINES = 40
-
-
-_STDOUT_LOCK = threading.Lock()
-
-
-def print_sink(line: str) -> None:
-    """Write one whole line to stdout. Every node has its own reader thread, and ``print`` writes
-    the text and the newline separately: without one locked write per line, two ranks' lines glue."""
-    with _STDOUT_LOCK:
-        sys.stdout.write(line + "\n")
-        sys.stdout.flush()
 
 
 @dataclass
@@ -251,24 +239,6 @@ class AgentLogs:
             pass
         finally:
             os.close(fd)
-
-
-#: seconds ranks get after SIGTERM when none of them can reach a checkpoint: a hung job's (their stacks
-#: are on disk), and the reachable ranks of a job that lost a node (every collective, the checkpoint's
-#: agreement too, waits on the lost node's ranks). ``stop_grace`` is for ranks that can save; this is
-#: enough to finish a file write already under way.
-STUCK_GRACE_S = 5.0
-
-
-def stop_grace_env(grace: float) -> dict[str, str]:
-    """What a node's torchrun agent and its ranks get so that a stop gives each rank ``grace``
-    seconds. On SIGTERM the agent forwards it to its workers and SIGKILLs them after
-    TORCH_ELASTIC_SHUTDOWN_TIMEOUT whole seconds (read since pytorch/pytorch#172596, 2026; torch
-    2.13 here; older torchrun waits a fixed 30 s). The ranks read ``DTRAIN_STOP_GRACE``
-    (:mod:`dtrain.training.preemption`)."""
-    import math
-
-    return {"TORCH_ELASTIC_SHUTDOWN_TIMEOUT": str(math.ceil(grace)), "DTRAIN_STOP_GRACE": f"{grace:g}"}
 
 
 def _pgid(pid: int) -> int | None:

@@ -6,9 +6,9 @@ import os
 import uuid
 from dataclasses import dataclass, field
 
-from dtrain.launch.engine.net import free_port  # noqa: F401 (re-exported: where callers look for it)
-from dtrain.launch.engine.spec import LaunchSpec
-from dtrain.launch.engine.torchrun import AGENT_ENV
+from dtrain.launch.core.spec import LaunchSpec
+from dtrain.launch.core.torchrun import AGENT_ENV
+from dtrain.launch.node.net import free_port  # noqa: F401 (re-exported: where callers look for it)
 from dtrain.paths import job_run_dir
 from dtrain.rundir import CHECKPOINTS, DEEPSPEED_CONFIG, EXITS, METRICS, RunDir, UnsafeRunDir
 

@@ -37,13 +37,13 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 from dtrain.launch.backends.base import JobStatus
-from dtrain.launch.engine.lost import LostNode
+from dtrain.launch.core.lost import LostNode
 from dtrain.launch.node.elastic_rdzv import NO_ROUND_EXIT_CODE, ROUND_TAG
 from dtrain.launch.node.rdzv_auth import StoreKey
 from dtrain.rundir import RunDir, UnsafeRunDir
 
 if TYPE_CHECKING:
-    from dtrain.launch.engine.processes import NodeProcess
+    from dtrain.launch.core.processes import NodeProcess
 
 #: a round line as the supervisor passes it on: ``[node<stream>] [dtrain-round] node=N round=R ...``; a
 #: backend whose nodes' output is one stream (Slurm's output file) passes it on untagged

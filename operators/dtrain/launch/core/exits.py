@@ -8,10 +8,38 @@ exit records.
 
 from __future__ import annotations
 
-from typing import Any, Iterable
+from typing import Any, Iterable, Sequence
 
-from dtrain.launch.engine.retry import communication_error  # the one list of those patterns
 from dtrain.rundir import EXIT_FILE, EXITS, MAX_RECORD_BYTES, RunDir, UnsafeRunDir
+
+# Lines a rank prints when a collective or its transport broke (torch, gloo, NCCL spellings).
+COMMUNICATION_ERRORS: tuple[str, ...] = (
+    "Gloo connectFullMesh failed",
+    "Connection reset by peer",
+    "Connection closed by peer",
+    "NCCL error",
+    "ncclRemoteError",
+    "ncclSystemError",
+    "ncclInternalError",
+    "ProcessGroupGloo",
+    "ProcessGroupNCCL",
+    "DistBackendError",
+    "DistNetworkError",
+    "Watchdog caught collective operation timeout",
+)
+# How far back in the tail to look: the error is among the rank's last lines.
+TAIL_LINES_READ = 40
+# A rank's line longer than this is cut before matching (matching stays cheap whatever it prints).
+MAX_LINE_CHARS = 4096
+
+
+def communication_error(tail: Sequence[str]) -> str | None:
+    """The last line of ``tail`` that shows a gloo/NCCL communication error, if any."""
+    for line in reversed(list(tail)[-TAIL_LINES_READ:]):
+        text = str(line)[:MAX_LINE_CHARS]
+        if any(pattern in text for pattern in COMMUNICATION_ERRORS):
+            return text.strip()
+    return None
 
 
 def _run(run_dir: str) -> RunDir | None:

@@ -18,8 +18,8 @@ from dtrain import grammar
 from dtrain.args import coerce_argv, coerce_env, coerce_int
 from dtrain.errors import SpecError
 from dtrain.launch.backends import backend_for, get_backend_class, runner_for
-from dtrain.launch.engine.deepspeed_config import resolve_deepspeed_config
-from dtrain.launch.engine.placement import Placement
+from dtrain.launch.core.deepspeed_config import resolve_deepspeed_config
+from dtrain.launch.core.placement import Placement
 
 DISTRIBUTIONS = ("pytorch", "deepspeed", "mpi", "tensorflow")
 PYTHON_NAMES = ("python", "python3")
@@ -42,7 +42,7 @@ class LaunchSpec:
     """What to run, on how many nodes and processes, with which distribution.
 
     The placement (nodes, procs_per_node, backend, backend_options, device, gpus_per_node) is a
-    :class:`~dtrain.launch.engine.placement.Placement`: give its fields, or ``placement=`` one already
+    :class:`~dtrain.launch.core.placement.Placement`: give its fields, or ``placement=`` one already
     built (an operator's), whose values then fill them.
 
     Args:
@@ -89,7 +89,7 @@ class LaunchSpec:
         secret_env: environment for every rank that is a secret (an Airflow connection's AWS
             credentials): given to the ranks as ``env`` is, never shown in the spec's repr; a backend
             that would write it into an argv, a script or the dry-run output refuses it.
-        placement: a checked :class:`~dtrain.launch.engine.placement.Placement` (see above).
+        placement: a checked :class:`~dtrain.launch.core.placement.Placement` (see above).
     """
 
     command: Sequence[str]
