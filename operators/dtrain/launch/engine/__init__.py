@@ -1,2 +1,2 @@
-"""The launcher, with or without Airflow: spec, job, launcher, exits, hang watch, torchrun argv,
-node supervision, CLI (the rules: dtrain/launch/__init__.py)."""
+"""The launcher, with or without Airflow: launcher, following a submitted job, hang watch, retry
+classification, stragglers, CLI; it builds on core/ (the rules: dtrain/launch/__init__.py)."""
