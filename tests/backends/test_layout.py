@@ -10,6 +10,8 @@ import sys
 
 import pytest
 
+from tests.import_scan import runtime_nodes
+
 PACKAGE = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
                        "operators", "dtrain")
 BACKENDS = ("local", "ssh", "slurm", "mpi")
@@ -77,15 +79,6 @@ def test_the_check_catches_what_it_forbids(tmp_path, monkeypatch):
                                          "def f(spec):\n    return spec.backend == 'slurm'\n")
     monkeypatch.setattr(sys.modules[__name__], "PACKAGE", str(bad))
     assert sorted({v.split()[0] for v in violations()}) == ["launch/x.py:1", "launch/x.py:3"]
-
-
-def runtime_nodes(tree: ast.AST):
-    """Every node except those under ``if TYPE_CHECKING:`` (imports for annotations never run)."""
-    for node in ast.iter_child_nodes(tree):
-        if isinstance(node, ast.If) and ast.unparse(node.test).endswith("TYPE_CHECKING"):
-            continue
-        yield node
-        yield from runtime_nodes(node)
 
 
 def import_graph(prefix: str) -> dict[str, set[str]]:

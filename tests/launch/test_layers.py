@@ -17,6 +17,8 @@ import importlib
 import os
 import sys
 
+from tests.import_scan import runtime_nodes
+
 PACKAGE = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
                        "operators", "dtrain")
 
@@ -63,23 +65,11 @@ def launch_modules():
                     yield rel, module, ast.parse(fh.read(), path)
 
 
-def _runtime_nodes(tree: ast.AST):
-    """Every node of ``tree`` outside ``if TYPE_CHECKING:`` bodies."""
-    stack = [tree]
-    while stack:
-        node = stack.pop()
-        yield node
-        if isinstance(node, ast.If) and isinstance(node.test, ast.Name) and node.test.id == "TYPE_CHECKING":
-            stack.extend(node.orelse)
-        else:
-            stack.extend(ast.iter_child_nodes(node))
-
-
 def imported(tree: ast.AST, module: str, is_package: bool, runtime_only: bool = False) -> list[tuple[int, str]]:
     """(line, name) for every import anywhere in ``tree`` (``runtime_only``: not under ``if TYPE_CHECKING:``);
     ``from X import y`` gives X and X.y (y may be a submodule); relative imports are resolved against ``module``."""
     found = []
-    for node in (_runtime_nodes(tree) if runtime_only else ast.walk(tree)):
+    for node in (runtime_nodes(tree) if runtime_only else ast.walk(tree)):
         if isinstance(node, ast.Import):
             found += [(node.lineno, alias.name) for alias in node.names]
         elif isinstance(node, ast.ImportFrom):
