@@ -66,12 +66,12 @@ def test_an_s3_endpoint_in_service_config_is_the_endpoint(reader, monkeypatch):
 
 
 def test_a_missing_connection_fails_except_aws_default(reader, monkeypatch):
-    from dtrain.staging.errors import StagingError
+    from dtrain.hooks import ConnectionNotFound
 
     monkeypatch.delenv("AIRFLOW_CONN_AWS_DEFAULT", raising=False)
     monkeypatch.delenv("AIRFLOW_CONN_DTRAIN_NO_SUCH_AWS", raising=False)
     assert aws_storage_options("aws_default") == {} and aws_environment("aws_default") == {}
-    with pytest.raises(StagingError, match="'dtrain_no_such_aws' not found"):
+    with pytest.raises(ConnectionNotFound, match="'dtrain_no_such_aws' not found"):
         aws_storage_options("dtrain_no_such_aws")
 
 

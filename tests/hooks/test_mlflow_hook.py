@@ -50,3 +50,37 @@ def test_run_metrics_are_computed_without_importing_the_ui():
     series, ui_modules = json.loads(out.stdout.strip().splitlines()[-1])
     assert series == {"loss": [[1, 0.5]], "samples_per_s": [[1, 10.0]], "data_wait_fraction": []}
     assert ui_modules == []
+
+
+def test_the_earlier_registry_path_still_gives_the_registry_with_a_warning():
+    from dtrain.mlflow.registry import MlflowRegistry
+
+    with pytest.warns(DeprecationWarning, match="from dtrain.mlflow.registry import MlflowRegistry"):
+        from dtrain.pipeline.registry_mlflow import MlflowRegistry as old_path
+    assert old_path is MlflowRegistry
+
+
+def test_a_tracking_registry_names_its_train_operator():
+    from dtrain.mlflow.operator import TrackedTrainingOperator
+    from dtrain.mlflow.registry import MlflowRegistry
+
+    registry = MlflowRegistry("m", conn_id=None, tracking_uri="http://127.0.0.1:5000")
+    assert registry.tracks_runs and registry.train_operator_class() is TrackedTrainingOperator
+
+
+def test_a_pipeline_with_an_mlflow_registry_trains_with_the_tracked_operator():
+    import datetime as dt
+
+    from dtrain.mlflow.operator import TrackedTrainingOperator
+    from dtrain.mlflow.registry import MlflowRegistry
+    from dtrain.pipeline import DataConfig, GateConfig, PublishConfig, TrainingConfig, retraining_pipeline
+
+    dag = retraining_pipeline(
+        "dtrain_hooks_mlflow_pipeline",
+        data=DataConfig(raw="s3://b/raw", processed="s3://b/processed", shared_fs="/shared",
+                        transform="pkg.prep:transform"),
+        training=TrainingConfig(command=["python", "-m", "pkg.train", "--output", "{output}"]),
+        gate=GateConfig(evaluate="pkg.eval:evaluate", metric="rmse", goal="minimize"),
+        publish=PublishConfig(registry=MlflowRegistry("m", conn_id=None, tracking_uri="http://127.0.0.1:5000")),
+        schedule=None, start_date=dt.datetime(2026, 1, 1, tzinfo=dt.timezone.utc))
+    assert type(dag.get_task("train")) is TrackedTrainingOperator

@@ -1,4 +1,5 @@
-"""dtrain.hooks.ssh: an Airflow SSH connection (given as AIRFLOW_CONN_<ID>) as the ssh backend's hosts."""
+"""dtrain.hooks.ssh: an Airflow SSH connection (given as AIRFLOW_CONN_<ID>), read for the ssh backend,
+which turns it into hosts and settings (dtrain.launch.backends.ssh.connection)."""
 
 from __future__ import annotations
 
@@ -6,7 +7,8 @@ import json
 
 import pytest
 
-from dtrain.hooks.ssh import resolve_connection
+from dtrain.hooks.ssh import ssh_connection
+from dtrain.launch.backends.ssh.connection import resolve_connection
 
 
 @pytest.fixture
@@ -15,6 +17,11 @@ def gpu_hosts(monkeypatch):
         "conn_type": "ssh", "host": "gpu-a, gpu-b", "login": "trainer", "port": 2222,
         "extra": {"key_file": "/etc/dtrain/id_ed25519", "no_host_key_check": "true"}}))
     return "dtrain_gpu_hosts"
+
+
+def test_the_hook_reads_the_connection(gpu_hosts):
+    conn = ssh_connection(gpu_hosts)
+    assert (conn.host, conn.login, conn.port) == ("gpu-a, gpu-b", "trainer", 2222)
 
 
 def test_the_connection_gives_hosts_and_settings(gpu_hosts):

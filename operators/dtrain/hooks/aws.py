@@ -19,6 +19,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from dtrain.hooks import ConnectionNotFound
+
 DEFAULT_CONN_ID = "aws_default"
 #: storage options' keys -> the standard variables botocore and s3fs read
 AWS_ENV_NAMES = {"key": "AWS_ACCESS_KEY_ID", "secret": "AWS_SECRET_ACCESS_KEY", "token": "AWS_SESSION_TOKEN",
@@ -44,10 +46,8 @@ def _missing(conn_id: str, log: Any, error: BaseException | None) -> dict[str, A
         if log is not None:
             log.info("no connection %r: using the worker's AWS environment", conn_id)
         return {}
-    from dtrain.staging.errors import StagingError
-
     reason = f": {type(error).__name__}" if error is not None else ""
-    raise StagingError(f"Airflow connection {conn_id!r} not found{reason}") from error
+    raise ConnectionNotFound(f"Airflow connection {conn_id!r} not found{reason}") from error
 
 
 def _through_provider(conn_id: str, log: Any) -> dict[str, Any] | None:

@@ -1,29 +1,17 @@
-"""An Airflow SSH connection as the ssh backend's hosts and settings: where the operators get SSH hosts.
+"""An Airflow SSH connection, read at execute time: where the operators' SSH hosts come from.
 
-Explicit options come first (``hostfile`` or ``hosts``); only without them is the connection named
-by ``conn_id`` read (its host, port, login and extra, as ``from_airflow_connection`` in
-dtrain.launch.backends.ssh.hostfile reads them). Airflow is imported inside the function: at
-execute time, never at DAG parse.
+The ssh backend turns it into hosts and settings (dtrain.launch.backends.ssh.connection, with
+``from_airflow_connection`` in dtrain.launch.backends.ssh.hostfile reading its host, port, login
+and extra). Airflow is imported inside the function, never at DAG parse.
 """
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+from typing import Any
 
 
-def resolve_connection(options: Mapping[str, Any]) -> dict[str, Any]:
-    """The ssh backend's options with ``conn_id`` replaced by what the connection gives.
-
-    The connection is read only when no ``hostfile`` or ``hosts`` were given; explicit
-    settings win over the connection's.
-    """
-    options = {k: v for k, v in options.items() if v not in (None, "", [], {})}
-    conn_id = options.pop("conn_id", None)
-    if not conn_id or "hostfile" in options or "hosts" in options:
-        return options
+def ssh_connection(conn_id: str) -> Any:
+    """Airflow connection ``conn_id`` (Airflow's not-found error when there is none)."""
     from airflow.sdk import BaseHook
 
-    from dtrain.launch.backends.ssh.hostfile import from_airflow_connection
-
-    hosts, settings = from_airflow_connection(BaseHook.get_connection(conn_id))
-    return {"hosts": hosts, **settings, **options}
+    return BaseHook.get_connection(conn_id)

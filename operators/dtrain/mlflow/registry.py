@@ -235,6 +235,14 @@ class MlflowRegistry(ModelRegistry):
     def tracks_runs(self) -> bool:
         return True
 
+    def train_operator_class(self) -> type:
+        """The pipeline's train task for this registry: one MLflow run per train task
+        (dtrain.mlflow.operator). The factory asks the registry, so the pipeline package never
+        imports this one."""
+        from dtrain.mlflow.operator import TrackedTrainingOperator
+
+        return TrackedTrainingOperator
+
     @property
     def experiment_name(self) -> str:
         return self.experiment or self.pipeline.dag_id

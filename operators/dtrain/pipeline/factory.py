@@ -320,7 +320,7 @@ def add_train(a: PipelineArgs):
     tracked = {"registry": a.registry, "run_params": a.run_params} if a.registry.tracks_runs else {}
     train_class = DistributedTrainingOperator
     if tracked:
-        from dtrain.mlflow.operator import TrackedTrainingOperator as train_class
+        train_class = a.registry.train_operator_class()  # the registry's own (dtrain.mlflow.operator)
     return train_class(
         task_id=TRAIN, command=list(a.argv), distribution=param_jinja("distribution"),
         deepspeed_config="{{ dtrain_deepspeed_config(" + RUN_PARAMS + ") }}", env="{{ dtrain_train_env(ti) }}",

@@ -261,7 +261,7 @@ class SSHBackend(Backend):
 
     @classmethod
     def resolve_operator_options(cls, options: Mapping[str, Any]) -> dict[str, Any]:
-        from dtrain.hooks.ssh import resolve_connection
+        from dtrain.launch.backends.ssh.connection import resolve_connection
 
         return resolve_connection(options)
 
