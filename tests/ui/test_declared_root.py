@@ -71,13 +71,16 @@ def test_the_pipeline_factory_declares_its_shared_fs_runs_in_the_serialized_dag(
     """What the API server reads: the factory's train task's run_dir, through Airflow's own serializer."""
     from airflow.serialization.serialized_objects import DagSerialization
 
-    from dtrain.pipeline import retraining_pipeline
+    from dtrain.pipeline import DataConfig, GateConfig, TrainingConfig, retraining_pipeline
     from dtrain.ui.provenance import declared_root
     from dtrain.ui.store import _task_run_dirs
 
-    dag = retraining_pipeline(dag_id="team_text", raw="s3://team/raw", processed="s3://team/processed",
-                              shared_fs="/fsx", transform="team.data:features", train_command=["python", "-c", "pass"],
-                              evaluate="team.eval:evaluate", metric="perplexity", goal="minimize")
+    dag = retraining_pipeline(
+        "team_text",
+        data=DataConfig(raw="s3://team/raw", processed="s3://team/processed", shared_fs="/fsx",
+                        transform="team.data:features"),
+        training=TrainingConfig(command=["python", "-c", "pass"]),
+        gate=GateConfig(metric="perplexity", goal="minimize", evaluate="team.eval:evaluate"))
     run_dirs = _task_run_dirs(DagSerialization.to_dict(dag))
     assert declared_root(run_dirs["train"], "team_text") == "/fsx/runs"
 

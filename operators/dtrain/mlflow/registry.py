@@ -2,8 +2,8 @@
 
     from dtrain.mlflow.registry import MlflowRegistry
 
-    dag = retraining_pipeline(..., registry=MlflowRegistry("tabular-rmse", conn_id="mlflow_default",
-                                                           load_model="tabular_pipeline.evaluate:load_model"))
+    dag = retraining_pipeline(..., publish=PublishConfig(registry=MlflowRegistry(
+        "tabular-rmse", conn_id="mlflow_default", load_model="tabular_pipeline.evaluate:load_model")))
 
 The rules (docs/mlflow.md):
 

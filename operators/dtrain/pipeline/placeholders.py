@@ -1,4 +1,4 @@
-"""``{shards}``, ``{output}``, ``{init_from}``... in a pipeline's ``train_command`` and ``heldout``.
+"""``{shards}``, ``{output}``, ``{init_from}``... in a pipeline's training ``command`` and ``heldout``.
 
 The factory replaces each placeholder with the Jinja template that yields its value for the
 run, once, when the DAG is built; Airflow renders it when the task runs, so the task's
