@@ -318,9 +318,8 @@ def add_preflight(a: PipelineArgs):
 def add_train(a: PipelineArgs):
     """train: the distributed job (an MLflow run too when the registry tracks runs); waits for earlier dates."""
     tracked = {"registry": a.registry, "run_params": a.run_params} if a.registry.tracks_runs else {}
-    train_class = DistributedTrainingOperator
-    if tracked:
-        train_class = a.registry.train_operator_class()  # the registry's own (dtrain.mlflow.operator)
+    # the registry's own class where it has one (dtrain.mlflow.operator): the pipeline never imports it
+    train_class = a.registry.train_operator_class() or DistributedTrainingOperator
     return train_class(
         task_id=TRAIN, command=list(a.argv), distribution=param_jinja("distribution"),
         deepspeed_config="{{ dtrain_deepspeed_config(" + RUN_PARAMS + ") }}", env="{{ dtrain_train_env(ti) }}",

@@ -74,8 +74,14 @@ class ModelRegistry(ABC):
 
     @property
     def tracks_runs(self) -> bool:
-        """Whether the train task records an experiment run (:meth:`track_training`)."""
+        """Whether the train task records an experiment run (with :meth:`train_operator_class`'s
+        operator, which then gets the registry and the run's params)."""
         return False
+
+    def train_operator_class(self) -> type | None:
+        """The pipeline's train task class for this registry; None: the plain
+        :class:`~dtrain.launch.airflow.operator.DistributedTrainingOperator`."""
+        return None
 
     @abstractmethod
     def warm_start(self, version: str, partition: str) -> str:
