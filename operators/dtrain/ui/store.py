@@ -1,7 +1,7 @@
 """What the pages read from Airflow's metadata database: task instances, DAG runs and XComs.
 
 Every location the API opens comes from here, from a task instance's recorded XCom: the
-training task's run record (dtrain.launch.engine.job.RUN_RECORD_KEY) and the publish task's result.
+training task's run record (dtrain.launch.core.job.RUN_RECORD_KEY) and the publish task's result.
 Read-only queries through the API server's own session.
 """
 

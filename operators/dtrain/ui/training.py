@@ -20,12 +20,12 @@ from dtrain.ui.metrics_cache import MAX_STEP
 MAX_PLOT_POINTS = 500
 #: log lines per rank in the live tails
 TAIL_LINES = 20
-#: an elastic job's rounds shown (the launcher keeps its last 1000: dtrain.launch.engine.elastic); a
+#: an elastic job's rounds shown (the launcher keeps its last 1000: dtrain.launch.core.elastic); a
 #: longer list is no launcher's and is dropped whole
 MAX_ROUNDS = 1000
 #: rounds marked on a plot, the latest ones (the table lists them all)
 MAX_MARKED_ROUNDS = 20
-#: bounds of one round, as wide as the agents' round lines can say (dtrain.launch.engine.elastic.ROUND_LINE)
+#: bounds of one round, as wide as the agents' round lines can say (dtrain.launch.core.elastic.ROUND_LINE)
 MAX_ROUND_NUMBER = 999_999_999
 MAX_ROUND_NODES = 4096
 MAX_NODE_INDEX = 99_999

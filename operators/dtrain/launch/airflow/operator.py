@@ -60,7 +60,7 @@ class DistributedTrainingOperator(PlacementArgs, ResumableJobMixin, BaseOperator
         run_dir: checkpoints/metrics directory (templated). Default
             ``$DTRAIN_HOME/runs/<dag_id>/<run_id>/<task_id>``, so an Airflow retry of the same
             run resumes from its checkpoint and other runs never share it.
-        device, gpus_per_node, rdzv_timeout, workdir: as in :class:`dtrain.launch.engine.spec.LaunchSpec`.
+        device, gpus_per_node, rdzv_timeout, workdir: as in :class:`dtrain.launch.core.spec.LaunchSpec`.
         hang_timeout: seconds a rank may show no progress (a printed line, a metrics record, a
             ``heartbeat()``) before the job is declared hung: every rank's stack is dumped, the job
             stopped, and the task fails naming the stuck rank(s), with the verdict in XCom (key
