@@ -32,7 +32,7 @@ def reader(request, monkeypatch, tmp_path):
     """Which way the connection is read: through AwsBaseHook, or directly (the provider made
     unimportable). Nothing ambient: no AWS variables, no shared credentials files."""
     if request.param == "provider" and not provider_installed():
-        pytest.skip("apache-airflow-providers-amazon is not installed (the `amazon` extra)")
+        pytest.skip("apache-airflow-providers-amazon is not installed: `pip install -e \".[test,amazon]\"` runs this path")
     if request.param == "fallback":
         monkeypatch.setitem(sys.modules, PROVIDER_MODULE, None)  # `import` of it raises ImportError
     for name in AWS_VARS:
