@@ -634,6 +634,15 @@ def _has_step(record: dict[str, Any]) -> bool:
 
 # -- the run directory's marker: who launched it (the UI's check: dtrain.ui.provenance) ------------
 
+def run_dir_or_none(run_dir: str) -> "RunDir | None":
+    """``RunDir(run_dir)``, or None when it is not a safe run directory (a reader that has nothing to
+    say about such a directory: hang and exit records)."""
+    try:
+        return RunDir(run_dir)
+    except UnsafeRunDir:
+        return None
+
+
 def marker_of(ti: Any, run_dir: str) -> dict[str, Any]:
     """What the training operator writes: the task instance's identity and try, and the directory's path."""
     map_index = getattr(ti, "map_index", None)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any, Iterable, Sequence
 
-from dtrain.rundir import EXIT_FILE, EXITS, MAX_RECORD_BYTES, RunDir, UnsafeRunDir
+from dtrain.rundir import EXIT_FILE, EXITS, MAX_RECORD_BYTES, run_dir_or_none
 
 # Lines a rank prints when a collective or its transport broke (torch, gloo, NCCL spellings).
 COMMUNICATION_ERRORS: tuple[str, ...] = (
@@ -42,17 +42,10 @@ def communication_error(tail: Sequence[str]) -> str | None:
     return None
 
 
-def _run(run_dir: str) -> RunDir | None:
-    try:
-        return RunDir(run_dir)
-    except UnsafeRunDir:
-        return None
-
-
 def exit_records(run_dir: str) -> dict[str, int]:
     """The rank exit records now: file name -> mtime (ns). Regular files only (a directory or a
     link a rank planted in ``exits/`` is not a record)."""
-    run = _run(run_dir)
+    run = run_dir_or_none(run_dir)
     if run is None:
         return {}
     return {entry.name: entry.mtime_ns for entry in run.list(EXITS)
@@ -68,7 +61,7 @@ def ranks_exited_since(before: dict[str, int], now: dict[str, int], world_size: 
 def records_since(run_dir: str, before: dict[str, int], now: dict[str, int]) -> list[dict[str, Any]]:
     """The records written since ``before`` (``now`` from :func:`exit_records`), parsed; a record
     that cannot be read (half-written, too large, not JSON, a link) is skipped."""
-    run = _run(run_dir)
+    run = run_dir_or_none(run_dir)
     out = []
     for name, mtime in sorted(now.items()):
         if before.get(name) == mtime or run is None:

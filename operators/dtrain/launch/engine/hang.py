@@ -45,7 +45,7 @@ from dtrain.launch.node.hang_files import (
     HANG_DIR_ENV, MAX_STACK_CHARS, flight_recorder_path, hang_dir, request_path, stack_path, started_name,
     write_private,
 )
-from dtrain.rundir import HANG, METRICS, PROGRESS, STACK_FILE, RunDir, UnsafeRunDir
+from dtrain.rundir import HANG, METRICS, PROGRESS, STACK_FILE, RunDir, UnsafeRunDir, run_dir_or_none
 
 #: exit code of a launch torn down because it hung (as timeout(1) reports a command it stopped)
 HANG_EXIT_CODE = 124
@@ -100,12 +100,12 @@ def last_progress(run_dir: str, rank: int) -> float | None:
     The status-change time (ctime), not the modification time: any process of the job can set a
     file's mtime to the past (``os.utime``) and so get another rank blamed for a hang, but the
     kernel sets ctime to now on every change, that one included."""
-    return _latest(_run(run_dir), (PROGRESS, f"rank{rank}"), (METRICS, f"rank{rank}.jsonl"))
+    return _latest(run_dir_or_none(run_dir), (PROGRESS, f"rank{rank}"), (METRICS, f"rank{rank}.jsonl"))
 
 
 def last_start(run_dir: str, rank: int) -> float | None:
     """When the rank's wrapper last (re)started it (a ctime, as :func:`last_progress`), None before."""
-    return _latest(_run(run_dir), (PROGRESS, started_name(rank)))
+    return _latest(run_dir_or_none(run_dir), (PROGRESS, started_name(rank)))
 
 
 def _latest(run: RunDir | None, *files: tuple[str, str]) -> float | None:
@@ -116,13 +116,6 @@ def _latest(run: RunDir | None, *files: tuple[str, str]) -> float | None:
             continue
         latest = info.st_ctime if latest is None else max(latest, info.st_ctime)
     return latest
-
-
-def _run(run_dir: str) -> RunDir | None:
-    try:
-        return RunDir(run_dir)
-    except UnsafeRunDir:
-        return None
 
 
 @dataclass(frozen=True)
@@ -308,7 +301,7 @@ class HangDetector:
             return False
 
     def dumped(self) -> set[int]:
-        run = _run(self.run_dir)
+        run = run_dir_or_none(self.run_dir)
         ranks = run.ranked(HANG, STACK_FILE) if run is not None else {}
         return {r for r in ranks if r < self.world_size}
 
