@@ -12,7 +12,7 @@ hosts, one rank each, and one host made slow while it trains.
 The sweep of slowdowns (quotas, ranks per host, job lengths): tests/faults/test_straggler_sweep.py.
 
 The stall report's rules themselves: tests/training/test_straggler_report.py; the watch:
-tests/launch/test_straggler_watch.py."""
+tests/launch/engine/test_straggler_watch.py."""
 
 from __future__ import annotations
 

@@ -3,7 +3,7 @@ leases in the run directory and one TCP handshake with each suspect's slurmd por
 (``scontrol``: their NodeAddr and Port) is replaced by local ports here -- one listening, one closed,
 one that answers nothing -- the only stand-in; tests/faults/test_lost_node_slurm.py runs the real faults.
 The records are signed with the job's lease key, as the nodes' lease holders sign them; a beat's age is
-planted (the kernel sets a file's ctime, which a test cannot back-date: tests/launch/test_lease_forgery.py
+planted (the kernel sets a file's ctime, which a test cannot back-date: tests/launch/node/test_lease_forgery.py
 checks that reading)."""
 
 from __future__ import annotations

@@ -13,7 +13,7 @@ from dtrain.launch.node.env_contract import contract_from_env
 
 from tests.support import rank_records
 
-from .conftest import script
+from ..conftest import script
 
 
 def test_env_contract_two_nodes_by_two(out_dir):

@@ -19,7 +19,7 @@ from dtrain.launch.core.spec import LaunchSpec
 from dtrain.launch.engine.launcher import Launcher
 from dtrain.rundir import RunDir, UnsafeRunDir
 
-from .conftest import script
+from ..conftest import script
 
 PLANT = script("plant.py")
 

@@ -17,7 +17,7 @@ from dtrain.launch.backends.local import LocalBackend
 from dtrain.launch.core.job import prepare_job
 from dtrain.launch.core.spec import LaunchSpec
 
-from .conftest import script
+from ..conftest import script
 
 SECRET = "wJalrXUtnFEMI-secret-value"
 CREDENTIALS = {"AWS_ACCESS_KEY_ID": "AKIAEXAMPLE", "AWS_SECRET_ACCESS_KEY": SECRET}

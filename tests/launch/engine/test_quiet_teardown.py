@@ -14,7 +14,7 @@ import sys
 
 from dtrain.launch.engine import hang
 
-REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 HANG_TRAIN = os.path.join(REPO, "tests", "faults", "scripts", "hang_train.py")
 
 

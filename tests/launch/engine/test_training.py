@@ -13,7 +13,7 @@ import pytest
 from dtrain.launch.core.spec import LaunchSpec
 from dtrain.launch.engine.launcher import Launcher
 
-from .conftest import alive, wait_for
+from ..conftest import alive, wait_for
 
 DTRAIN = os.path.join(os.path.dirname(sys.executable), "dtrain")
 TRAIN = ["python", "-m", "dtrain.training.reference.train_digits"]

@@ -365,7 +365,8 @@ def test_the_store_process_dies_with_the_launcher(tmp_path):
 
 # -- the local backend: simulated nodes ---------------------------------------------------------------
 
-ELASTIC_SCRIPT = os.path.join(os.path.dirname(os.path.dirname(__file__)), "faults", "scripts", "elastic_train.py")
+ELASTIC_SCRIPT = os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir, os.pardir, "faults", "scripts",
+                              "elastic_train.py")
 
 
 def start_local(tmp_path, *extra: str, nodes: str = "2:3", hang_timeout: float | None = None):
