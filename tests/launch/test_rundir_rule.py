@@ -62,6 +62,7 @@ ALLOWED = {
     "launch/core/spec.py:LaunchSpec.__post_init__": "the user's workdir exists (a spec check)",
     "launch/core/spec.py:LaunchSpec._check_command": "the user's script exists (a spec check)",
     "launch/core/deepspeed_config.py:load_deepspeed_config": "the user's DeepSpeed config file named in the spec",
+    "launch/engine/options_doc.py:main": "the Markdown file holding the options tables (docs/backends.md)",
     "launch/node/ranklog.py:_open_append": "relative to the logs directory fd opened O_NOFOLLOW|O_DIRECTORY, O_NOFOLLOW",
     "launch/node/ranklog.py:RankLog.__init__": "opens the logs directory O_NOFOLLOW|O_DIRECTORY (fd-relative after)",
     "launch/node/ranklog.py:RankLog._rotate": "rename relative to the logs directory fd (never through a link)",

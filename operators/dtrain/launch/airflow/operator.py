@@ -27,18 +27,23 @@ from airflow.sdk import BaseOperator, ResumableJobMixin
 
 from dtrain.errors import SpecError
 from dtrain.launch.airflow.links import LINKS
-from dtrain.launch.airflow.placement_args import PLACEMENT_FIELDS, PlacementArgs
+from dtrain.launch.airflow.placement_args import PLACEMENT_TABLE, PlacementArgs
 from dtrain.launch.airflow.retry_policy import TrainingRetryPolicy
+from dtrain.launch.core.spec_options import JOB_OPTIONS, OPERATOR_HANG_TIMEOUT
 from dtrain.paths import task_run_dir
 
 _DEFAULT_POLICY: Any = object()  # tells "no retry_policy given" from an explicit None
-# Half an hour without a printed line, a metrics record or a heartbeat from a rank: almost
-# always stuck, and gloo's/NCCL's own collective timeout is as long (docs/hangs.md).
-DEFAULT_HANG_TIMEOUT = 1800.0
+DEFAULT_HANG_TIMEOUT = OPERATOR_HANG_TIMEOUT
+#: the job's options this operator takes as keyword parameters (its placement's through PlacementArgs)
+JOB_PARAMETERS = JOB_OPTIONS.subset([o.name for o in JOB_OPTIONS if o.operator and o.name not in PLACEMENT_TABLE])
 
 
 class DistributedTrainingOperator(PlacementArgs, ResumableJobMixin, BaseOperator):
     """Run a training command on ``nodes`` x ``procs_per_node`` ranks with the env contract.
+
+    The job's keyword parameters, their defaults and which are templated come from
+    :data:`~dtrain.launch.core.spec_options.JOB_OPTIONS` (the table in docs/backends.md); the signature
+    Airflow and ``help()`` read lists them all.
 
     Args:
         command: argv run on every rank (templated; no shell).
@@ -95,10 +100,7 @@ class DistributedTrainingOperator(PlacementArgs, ResumableJobMixin, BaseOperator
             (default): the ranks use their own environment.
     """
 
-    template_fields: Sequence[str] = (
-        "command", *PLACEMENT_FIELDS, "distribution", "env", "deepspeed_config", "run_dir",
-        "max_restarts", "mpi_options", "hang_timeout", "model_parallel_size", "pipeline_parallel_size",
-    )
+    template_fields: Sequence[str] = ("command", *JOB_OPTIONS.templated)
     template_fields_renderers = {"env": "json", "deepspeed_config": "json", "command": "py", "backend_options": "json"}
     ui_color = "#d7e9f7"
     operator_extra_links = tuple(LINKS)  # checkpoints, metrics, TensorBoard (dtrain.launch.airflow.links)
@@ -106,30 +108,11 @@ class DistributedTrainingOperator(PlacementArgs, ResumableJobMixin, BaseOperator
     # retries already in flight (their value is stored under the old key).
     external_id_key = "dtrain_job"
 
+    @JOB_OPTIONS.keywords  # one keyword parameter per job option: Airflow's default_args reach them
     def __init__(
         self,
         *,
         command: Sequence[str] | str,
-        nodes: int | str = 1,
-        procs_per_node: int | str = 1,
-        distribution: str = "pytorch",
-        backend: str = "local",
-        backend_options: dict[str, dict[str, Any]] | str | None = None,
-        env: dict[str, str] | None = None,
-        deepspeed_config: str | dict | None = None,
-        max_restarts: int | str = 0,
-        run_dir: str | None = None,
-        device: str = "auto",
-        gpus_per_node: int | None = None,
-        rdzv_timeout: float = 300.0,
-        hang_timeout: float | str | None = DEFAULT_HANG_TIMEOUT,
-        stop_grace: float = 30.0,
-        workdir: str | None = None,
-        mpi_options: Sequence[str] | str | None = None,
-        parameter_servers: int = 0,
-        model_parallel_size: int | str = 1,
-        pipeline_parallel_size: int | str = 1,
-        pass_local_rank: bool = False,
         deferrable: bool = conf.getboolean("operators", "default_deferrable", fallback=False),
         retry_policy: Any = _DEFAULT_POLICY,
         aws_conn_id: str | None = None,
@@ -137,24 +120,14 @@ class DistributedTrainingOperator(PlacementArgs, ResumableJobMixin, BaseOperator
     ) -> None:
         if retry_policy is _DEFAULT_POLICY:
             retry_policy = TrainingRetryPolicy()
-        super().__init__(retry_policy=retry_policy, **kwargs)
+        job = JOB_PARAMETERS.operator_values(kwargs)
+        placement = PLACEMENT_TABLE.operator_values(kwargs)
+        super().__init__(retry_policy=retry_policy, **kwargs)  # refuses an unknown keyword
         self.command = command
-        self.init_placement(nodes=nodes, procs_per_node=procs_per_node, backend=backend,
-                            backend_options=backend_options, device=device, gpus_per_node=gpus_per_node)
-        self.distribution = distribution
-        self.env = env or {}
-        self.deepspeed_config = deepspeed_config
-        self.max_restarts = max_restarts
-        self.run_dir = run_dir
-        self.rdzv_timeout = rdzv_timeout
-        self.hang_timeout = hang_timeout
-        self.stop_grace = stop_grace
-        self.workdir = workdir
-        self.mpi_options = mpi_options
-        self.parameter_servers = parameter_servers
-        self.model_parallel_size = model_parallel_size
-        self.pipeline_parallel_size = pipeline_parallel_size
-        self.pass_local_rank = pass_local_rank
+        self.init_placement(**placement)
+        for name, value in job.items():
+            setattr(self, name, value)
+        self.env = self.env or {}
         self.deferrable = deferrable
         self.aws_conn_id = aws_conn_id
         self._launcher = None
@@ -168,17 +141,13 @@ class DistributedTrainingOperator(PlacementArgs, ResumableJobMixin, BaseOperator
     def build_spec(self, context):
         from dtrain.launch.core.spec import LaunchSpec
 
-        return LaunchSpec(
-            command=self.command, placement=self.resolve_placement(),
-            distribution=self.distribution, env=self.env,
-            deepspeed_config=self.deepspeed_config or None, max_restarts=self.max_restarts,
-            run_dir=self.run_dir or self.default_run_dir(context), rdzv_timeout=self.rdzv_timeout, workdir=self.workdir,
-            mpi_options=self.mpi_options or None, parameter_servers=self.parameter_servers,
-            hang_timeout=None if self.hang_timeout in (None, "", "None") else self.hang_timeout,
-            stop_grace=self.stop_grace, model_parallel_size=self.model_parallel_size,
-            pipeline_parallel_size=self.pipeline_parallel_size, pass_local_rank=self.pass_local_rank,
-            secret_env=self._connection_env(),
-        )
+        values = {name: getattr(self, name) for name in JOB_PARAMETERS.names}
+        # Rendered templates and UI Params: an empty string or "None" is no value.
+        values.update(deepspeed_config=self.deepspeed_config or None, mpi_options=self.mpi_options or None,
+                      run_dir=self.run_dir or self.default_run_dir(context),
+                      hang_timeout=None if self.hang_timeout in (None, "", "None") else self.hang_timeout)
+        return LaunchSpec(command=self.command, placement=self.resolve_placement(), secret_env=self._connection_env(),
+                          **values)
 
     def _connection_env(self) -> dict[str, str]:
         """The AWS connection's credentials for the ranks, read here on the worker at execute time."""

@@ -4,12 +4,15 @@ one mixin for the arguments, their templating and their resolution into a
 
 from __future__ import annotations
 
-from typing import Any, Mapping, Sequence
+from typing import Any, Sequence
 
 from dtrain.launch.core.placement import Placement
+from dtrain.launch.core.spec_options import JOB_OPTIONS, PLACEMENT_OPTIONS
 
+#: the placement's options, as :data:`~dtrain.launch.core.spec_options.JOB_OPTIONS` declares them
+PLACEMENT_TABLE = JOB_OPTIONS.subset(PLACEMENT_OPTIONS)
 #: the templated arguments of :class:`PlacementArgs`
-PLACEMENT_FIELDS: Sequence[str] = ("nodes", "procs_per_node", "backend", "backend_options")
+PLACEMENT_FIELDS: Sequence[str] = PLACEMENT_TABLE.templated
 
 
 class PlacementArgs:
@@ -18,15 +21,15 @@ class PlacementArgs:
     :class:`~dtrain.launch.core.placement.Placement` when the task runs. List
     :data:`PLACEMENT_FIELDS` in ``template_fields``."""
 
-    def init_placement(self, *, nodes: int | str = 1, procs_per_node: int | str = 1, backend: str = "local",
-                       backend_options: Mapping[str, Any] | str | None = None, device: str = "auto",
-                       gpus_per_node: int | None = None) -> None:
-        self.nodes, self.procs_per_node, self.backend = nodes, procs_per_node, backend
-        self.backend_options = backend_options or {}
-        self.device, self.gpus_per_node = device, gpus_per_node
+    def init_placement(self, **values: Any) -> None:
+        """Store the placement arguments given (``nodes``, ``procs_per_node``, ``backend``,
+        ``backend_options``, ``device``, ``gpus_per_node``); the others get their operator default."""
+        for name, value in PLACEMENT_TABLE.operator_values(values).items():
+            setattr(self, name, value)
+        if values:
+            raise TypeError(f"init_placement() got an unexpected keyword argument {sorted(values)[0]!r}")
+        self.backend_options = self.backend_options or {}
 
     def resolve_placement(self) -> Placement:
         """The rendered arguments, checked, with the backend's options completed (once per task)."""
-        return Placement.for_operator(nodes=self.nodes, procs_per_node=self.procs_per_node, backend=self.backend,
-                                      backend_options=self.backend_options, device=self.device,
-                                      gpus_per_node=self.gpus_per_node)
+        return Placement.for_operator(**{name: getattr(self, name) for name in PLACEMENT_TABLE.names})

@@ -20,8 +20,9 @@ from typing import Any, Mapping
 from dtrain import grammar
 from dtrain.args import coerce_int, mapping_arg, node_range
 from dtrain.errors import SpecError
+from dtrain.launch.core.spec_options import DEVICES, JOB_OPTIONS
 
-DEVICES = ("auto", "cpu", "gpu")
+__all__ = ["DEVICES", "Placement", "visible_gpu_count"]
 
 
 def visible_gpu_count() -> int:
@@ -72,15 +73,12 @@ class Placement:
         set_(self, "backend", str(self.backend).strip().lower())
         backend_cls = get_backend_class(self.backend)  # SpecError naming the installed ones
         self._set_nodes(backend_cls)
-        set_(self, "procs_per_node", coerce_int("procs_per_node", self.procs_per_node, minimum=1, maximum=1024))
+        set_(self, "procs_per_node", JOB_OPTIONS.check("procs_per_node", self.procs_per_node))
         set_(self, "options", dict(mapping_arg("backend_options", self.options,
                                                not_json="a mapping (or a JSON object string)",
                                                not_mapping="a mapping of the backend's options")))
-        set_(self, "device", str(self.device).strip().lower())
-        if self.device not in DEVICES:
-            raise SpecError("device", self.device, f"one of {', '.join(DEVICES)}")
-        if self.gpus_per_node is not None:
-            set_(self, "gpus_per_node", coerce_int("gpus_per_node", self.gpus_per_node, minimum=0))
+        set_(self, "device", JOB_OPTIONS.check("device", self.device))
+        set_(self, "gpus_per_node", JOB_OPTIONS.check("gpus_per_node", self.gpus_per_node))
         self._check_gpus(backend_cls.single_host)
         set_(self, "resolved", backend_cls.resolve_placement(self))
 

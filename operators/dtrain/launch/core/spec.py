@@ -14,14 +14,14 @@ import shutil
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
 
-from dtrain import grammar
-from dtrain.args import coerce_argv, coerce_env, coerce_int
+from dtrain.args import coerce_argv, coerce_env
 from dtrain.errors import SpecError
 from dtrain.launch.backends import backend_for, get_backend_class, runner_for
 from dtrain.launch.core.deepspeed_config import resolve_deepspeed_config
 from dtrain.launch.core.placement import Placement
+from dtrain.launch.core.spec_options import DISTRIBUTIONS, JOB_OPTIONS
 
-DISTRIBUTIONS = ("pytorch", "deepspeed", "mpi", "tensorflow")
+__all__ = ["DISTRIBUTIONS", "JOB_OPTIONS", "LaunchSpec", "check_distribution", "script_of"]
 PYTHON_NAMES = ("python", "python3")
 
 
@@ -41,6 +41,9 @@ def script_of(command: Sequence[str]) -> str | None:
 class LaunchSpec:
     """What to run, on how many nodes and processes, with which distribution.
 
+    Every field but ``command`` and ``secret_env`` is an option declared in
+    :data:`~dtrain.launch.core.spec_options.JOB_OPTIONS`, where the CLI's flags, the operator's
+    parameters and the per-field checks come from.
     The placement (nodes, procs_per_node, backend, backend_options, device, gpus_per_node) is a
     :class:`~dtrain.launch.core.placement.Placement`: give its fields, or ``placement=`` one already
     built (an operator's), whose values then fill them.
@@ -133,20 +136,13 @@ class LaunchSpec:
         self.min_nodes = placement.min_nodes
         self.distribution = check_distribution(placement, self.distribution)
         backend_cls = get_backend_class(self.backend)
-        self.env = coerce_env("env", self.env)
+        self.env = JOB_OPTIONS.check("env", self.env)
         self.secret_env = coerce_env("secret_env", self.secret_env)  # messages name keys, never values
         both = sorted(set(self.env) & set(self.secret_env))
         if both:
             raise SpecError("env", both, "no variable the connection's credentials set (aws_conn_id)")
-        if self.job_id is not None:  # the rendezvous id, a Slurm job name, part of file names
-            self.job_id = grammar.check("job_id", self.job_id, grammar.NAME, "letters, digits and _ . + - (1-128)")
-        self.rdzv_port = coerce_int("rdzv_port", self.rdzv_port, minimum=0, maximum=65535)
-        # torchrun takes whole seconds: below 1 it would be 0 and fail late in the rendezvous.
-        self.rdzv_timeout = grammar.finite("rdzv_timeout", self.rdzv_timeout, minimum=1, maximum=7 * 86400)
-        self.max_restarts = coerce_int("max_restarts", self.max_restarts, minimum=0, maximum=100)
-        if self.hang_timeout is not None:
-            self.hang_timeout = grammar.finite("hang_timeout", self.hang_timeout, minimum=1, maximum=7 * 86400)
-        self.stop_grace = grammar.finite("stop_grace", self.stop_grace, minimum=0, maximum=3600)
+        for name in ("job_id", "rdzv_port", "rdzv_timeout", "max_restarts", "hang_timeout", "stop_grace"):
+            setattr(self, name, JOB_OPTIONS.check(name, getattr(self, name)))
         if self.workdir is not None and not os.path.isdir(self.workdir):
             raise SpecError("workdir", self.workdir, "an existing directory")
         self._check_command(backend_cls.single_host)
@@ -158,11 +154,8 @@ class LaunchSpec:
             runner.validate(self)
         if self.deepspeed_config is not None and self.distribution != "deepspeed":
             raise SpecError("deepspeed_config", self.deepspeed_config, "only allowed with distribution='deepspeed'")
-        self.model_parallel_size = coerce_int("model_parallel_size", self.model_parallel_size, minimum=1, maximum=4096)
-        self.pipeline_parallel_size = coerce_int("pipeline_parallel_size", self.pipeline_parallel_size, minimum=1,
-                                                 maximum=4096)
-        if not isinstance(self.pass_local_rank, bool):
-            raise SpecError("pass_local_rank", self.pass_local_rank, "true or false")
+        for name in ("model_parallel_size", "pipeline_parallel_size", "pass_local_rank"):
+            setattr(self, name, JOB_OPTIONS.check(name, getattr(self, name)))
         if self.distribution == "deepspeed":
             self.resolved_deepspeed_config = resolve_deepspeed_config(
                 self.deepspeed_config, self.world_size, self.model_parallel_size, self.pipeline_parallel_size)
@@ -208,7 +201,7 @@ class LaunchSpec:
     def _check_distribution_options(self) -> None:
         if self.mpi_options is not None and self.distribution != "mpi":
             raise SpecError("mpi_options", self.mpi_options, "only used with distribution='mpi'")
-        self.parameter_servers = coerce_int("parameter_servers", self.parameter_servers, minimum=0)
+        self.parameter_servers = JOB_OPTIONS.check("parameter_servers", self.parameter_servers)
         if self.parameter_servers:
             if self.distribution != "tensorflow":
                 raise SpecError("parameter_servers", self.parameter_servers, "only used with distribution='tensorflow'")
@@ -241,9 +234,7 @@ class LaunchSpec:
 def check_distribution(placement: Placement, distribution: Any) -> str:
     """``distribution`` converted and checked against the backend that would run it on ``placement``
     (the named one, or the one it hands the distribution to: local and ssh hand mpi to mpirun)."""
-    name = str(distribution).strip().lower()
-    if name not in DISTRIBUTIONS:
-        raise SpecError("distribution", name, f"one of {', '.join(DISTRIBUTIONS)}")
+    name = JOB_OPTIONS.check("distribution", distribution)
     runner = runner_for(placement.backend, name)
     if name not in runner.distributions:
         raise SpecError("distribution", name,

@@ -1,0 +1,160 @@
+"""Options declared once (dtrain.launch.core.options): the job's table is what the spec's fields, the
+``dtrain launch`` flags, the operator's parameters and ``template_fields``, the checks and the docs'
+table are; and one option added to a table shows up in all of them."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import inspect
+import os
+
+import pytest
+
+from dtrain.errors import SpecError
+from dtrain.launch.core.options import Option, Options, integer
+from dtrain.launch.core.spec_options import JOB_OPTIONS
+from tests.conftest import REPO
+
+DOC = os.path.join(REPO, "docs", "backends.md")
+#: an option a test adds: the table is the only place it is declared
+WARMUP = Option("warmup_steps", int, 3, "optimizer steps before the learning rate peaks", templated=True,
+                check=integer(0, 1000))
+
+
+def launch_parser() -> argparse.ArgumentParser:
+    from dtrain.launch.engine import cli
+
+    parser = argparse.ArgumentParser()
+    cli.register(parser.add_subparsers())
+    return parser
+
+
+def parse_launch(*argv: str) -> argparse.Namespace:
+    return launch_parser().parse_args(["launch", *argv, "--", "train.py"])
+
+
+def test_the_spec_has_one_field_per_option_with_its_default():
+    from dtrain.launch.core.spec import LaunchSpec
+
+    fields = {f.name: f for f in dataclasses.fields(LaunchSpec)}
+    for option in JOB_OPTIONS:
+        f = fields[option.name]
+        default = f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
+        assert default == option.default, option.name
+    # what is no option: the command, what the operator's connection fills, and what the spec derives
+    assert set(fields) - set(JOB_OPTIONS.names) == {"command", "secret_env", "placement", "min_nodes",
+                                                    "resolved_deepspeed_config"}
+
+
+def test_the_launch_flags_are_the_tables_with_its_defaults():
+    args = parse_launch()
+    values = JOB_OPTIONS.from_args(args)
+    flagged = [o for o in JOB_OPTIONS if o.cli_flag]
+    assert set(values) == {o.name for o in flagged}
+    for option in flagged:
+        assert values[option.name] == option.default, option.name
+    values = JOB_OPTIONS.from_args(parse_launch("--env", "A=1", "--mpi-option=-x B", "--mpi-option=-x C",
+                                                "--hang-timeout", "60", "--procs-per-node", "2"))
+    assert values["env"] == {"A": "1"} and values["mpi_options"] == ["-x B", "-x C"]
+    assert values["hang_timeout"] == 60.0 and values["procs_per_node"] == 2
+
+
+def test_the_operators_parameters_and_template_fields_are_the_tables():
+    from dtrain.launch.airflow.operator import DistributedTrainingOperator as Op
+
+    params = inspect.signature(Op.__init__).parameters
+    for option in JOB_OPTIONS:
+        if option.operator:
+            assert params[option.name].default == option.keyword_default, option.name
+            assert params[option.name].kind is inspect.Parameter.KEYWORD_ONLY
+        else:
+            assert option.name not in params
+    assert set(params) - set(JOB_OPTIONS.names) == {"self", "command", "deferrable", "retry_policy", "aws_conn_id",
+                                                    "kwargs"}
+    # the templated arguments, as DAGs rely on them (a UI param in any of these renders)
+    assert set(Op.template_fields) == {
+        "command", "nodes", "procs_per_node", "backend", "backend_options", "distribution", "env", "deepspeed_config",
+        "run_dir", "max_restarts", "mpi_options", "hang_timeout", "model_parallel_size", "pipeline_parallel_size"}
+    op = Op(task_id="t", command=["train.py"])
+    for option in JOB_OPTIONS:
+        if option.operator:
+            expected = {} if option.name in ("env", "backend_options") else option.keyword_default
+            assert getattr(op, option.name) == expected, option.name
+
+
+def test_airflow_default_args_reach_the_job_options_and_unknown_keywords_are_refused():
+    """Airflow fills an operator's arguments from ``default_args`` by its signature: the job options are in it."""
+    from airflow.sdk import DAG
+
+    from dtrain.launch.airflow.operator import DistributedTrainingOperator as Op
+
+    with DAG("options_default_args", schedule=None, default_args={"hang_timeout": 60, "stop_grace": 5}):
+        op = Op(task_id="t", command=["train.py"], stop_grace=7)
+    assert op.hang_timeout == 60 and op.stop_grace == 7
+    with pytest.raises(Exception, match="Invalid arguments were passed to DistributedTrainingOperator"):
+        Op(task_id="u", command=["train.py"], hang_timout=60)
+
+
+@pytest.mark.parametrize("name, value, allowed", [
+    ("procs_per_node", 0, "must be at least 1"), ("rdzv_port", 70000, "must be at most 65535"),
+    ("hang_timeout", "nan", "a finite number between 1 and 604800"), ("device", "tpu", "one of auto, cpu, gpu"),
+    ("pass_local_rank", "yes", "true or false"), ("job_id", "a b", "letters, digits"),
+])
+def test_the_tables_checks_name_the_field_the_value_and_what_is_allowed(name, value, allowed):
+    with pytest.raises(SpecError) as e:
+        JOB_OPTIONS.check(name, value)
+    assert e.value.field == name and allowed in str(e.value)
+
+
+def test_a_new_option_is_one_line_in_the_table():
+    """The option added to the table alone is a flag, an operator keyword (Airflow's default_args reach it), a
+    template field, checked with a message naming it, and a row of the docs' table."""
+    from airflow.sdk import DAG, BaseOperator
+
+    table = JOB_OPTIONS.plus(WARMUP)
+    parser = argparse.ArgumentParser()
+    table.add_arguments(parser, context={"backends": "local"})
+    assert table.from_args(parser.parse_args(["--warmup-steps", "7"]))["warmup_steps"] == 7
+    assert "--warmup-steps" in parser.format_help() and WARMUP.help in " ".join(parser.format_help().split())
+    assert table.from_args(parser.parse_args([]))["warmup_steps"] == 3
+
+    class TrainOp(BaseOperator):
+        template_fields = ("command", *table.templated)
+
+        @table.keywords
+        def __init__(self, *, command, **kwargs):
+            values = table.operator_values(kwargs)
+            super().__init__(**kwargs)
+            self.command = command
+            for name, value in values.items():
+                setattr(self, name, value)
+
+    assert "warmup_steps" in TrainOp.template_fields
+    assert inspect.signature(TrainOp.__init__).parameters["warmup_steps"].default == 3
+    with DAG("options_new_option", schedule=None, default_args={"warmup_steps": 11}):
+        assert TrainOp(task_id="a", command=["x"]).warmup_steps == 11
+        assert TrainOp(task_id="b", command=["x"], warmup_steps="{{ params.w }}").warmup_steps == "{{ params.w }}"
+    with pytest.raises(SpecError) as e:
+        table.check("warmup_steps", "2000")
+    assert (e.value.field, e.value.value) == ("warmup_steps", 2000) and "must be at most 1000" in str(e.value)
+    assert table.check("warmup_steps", "12") == 12
+    row = table.markdown({"backends": "local"}).splitlines()[-1]
+    assert row == "| `warmup_steps` | int | `3` | yes | `--warmup-steps` | " + WARMUP.help + " |"
+
+
+def test_a_table_refuses_an_option_declared_twice():
+    with pytest.raises(ValueError, match="'warmup_steps' declared twice"):
+        Options([WARMUP, WARMUP])
+
+
+def test_the_docs_tables_are_what_the_tables_generate():
+    from dtrain.launch.engine import options_doc
+
+    with open(DOC, encoding="utf-8") as fh:
+        text = fh.read()
+    assert "<!-- options: job -->" in text
+    assert options_doc.render(text) == text, "run: python -m dtrain.launch.engine.options_doc docs/backends.md"
+    assert "python -m dtrain.launch.engine.options_doc docs/backends.md" in text  # the doc says how
+    stale = text.replace("| `rdzv_port` | int | `0`", "| `rdzv_port` | int | `1`")
+    assert options_doc.render(stale) == text  # a stale row is regenerated, so the comparison can fail
