@@ -158,3 +158,56 @@ def test_the_docs_tables_are_what_the_tables_generate():
     assert "python -m dtrain.launch.engine.options_doc docs/backends.md" in text  # the doc says how
     stale = text.replace("| `rdzv_port` | int | `0`", "| `rdzv_port` | int | `1`")
     assert options_doc.render(stale) == text  # a stale row is regenerated, so the comparison can fail
+
+
+# -- the ssh backend's table ---------------------------------------------------------------------------
+
+def test_the_ssh_settings_are_the_ssh_tables_options():
+    from dtrain.launch.backends import get_backend_class
+    from dtrain.launch.backends.ssh.hostfile import SSH_OPTIONS, SSHSettings
+
+    settings = {f.name: f.default for f in dataclasses.fields(SSHSettings)}
+    assert settings == {o.name: o.default for o in SSH_OPTIONS if o.name not in ("hostfile", "hosts", "conn_id")}
+    assert get_backend_class("ssh").option_names == SSH_OPTIONS.names
+
+
+def test_the_ssh_flags_are_the_ssh_tables():
+    from dtrain.launch.backends import get_backend_class
+
+    ssh = get_backend_class("ssh")
+    args = parse_launch("--backend", "ssh", "--hostfile", "h.txt", "--ssh-port", "2222", "--ssh-key", "k",
+                        "--ssh-strict-host-key-checking", "no", "--ssh-poll-interval", "1.5")
+    assert ssh.options_from_cli(args) == {"hostfile": "h.txt", "port": 2222, "key_file": "k",
+                                          "strict_host_key_checking": "no", "poll_interval": 1.5}
+    assert ssh.options_from_cli(parse_launch()) == {}  # an unset flag is no option: the defaults apply later
+
+
+@pytest.mark.parametrize("options, field, allowed", [
+    ({"port": 0}, "ssh.port", "must be at least 1"), ({"connect_timeout": "x"}, "ssh.connect_timeout", "integer"),
+    ({"strict_host_key_checking": "maybe"}, "ssh.strict_host_key_checking", "one of yes, accept-new, no"),
+    ({"fanout": 0}, "ssh.fanout", "must be at least 1"), ({"lost_after": 5}, "ssh.lost_after", "between 10 and 3600"),
+    ({"user": "a b"}, "ssh.user", "a login name"), ({"python": "python3"}, "ssh.python", "an absolute path"),
+    ({"poll_interval": 5, "max_poll_interval": 1}, "ssh.max_poll_interval", "at least poll_interval (5 s)"),
+    ({"prot": 22}, "ssh", "one of user, port, key_file"),
+])
+def test_the_ssh_checks_name_the_option_the_value_and_what_is_allowed(options, field, allowed):
+    from dtrain.launch.backends.ssh.hostfile import SSHSettings
+
+    with pytest.raises(SpecError) as e:
+        SSHSettings.from_mapping(options)
+    assert e.value.field == field and allowed in str(e.value)
+
+
+def test_a_new_ssh_option_is_one_line_in_its_table():
+    from dtrain.launch.backends.ssh.hostfile import SSH_OPTIONS
+
+    table = SSH_OPTIONS.plus(Option("compression", str, None, "ssh -C level", choices=("yes", "no"),
+                                    flag="--ssh-compression"))
+    parser = argparse.ArgumentParser()
+    table.add_arguments(parser, defaults=False)
+    assert "ssh backend (--backend ssh)" in parser.format_help() and "--ssh-compression" in parser.format_help()
+    assert table.from_args(parser.parse_args(["--ssh-compression", "yes"]))["compression"] == "yes"
+    with pytest.raises(SpecError) as e:
+        table.check("compression", "Maybe")
+    assert (e.value.field, e.value.value, e.value.allowed) == ("ssh.compression", "maybe", "one of yes, no")
+    assert "| `compression` | str: yes, no | `None` | `--ssh-compression` | ssh -C level |" in table.markdown()

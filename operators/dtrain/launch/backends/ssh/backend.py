@@ -57,8 +57,8 @@ from dtrain.launch.backends.base import SECRET_KEY, Backend, DryRunRequest, JobH
 from dtrain.launch.backends.ssh import control
 from dtrain.launch.backends.ssh import detached as nodes
 from dtrain.launch.backends.ssh.fanout import run_bounded, run_bounded_async
-from dtrain.launch.backends.ssh.hostfile import (HOST_OPTIONS, KEEPALIVE_S, SETTINGS_OPTIONS, HostEntry,
-                                                 SSHPlacement, SSHSettings, resolve_options, ssh_argv)
+from dtrain.launch.backends.ssh.hostfile import (KEEPALIVE_S, SSH_OPTIONS, HostEntry, SSHPlacement, SSHSettings,
+                                                 resolve_options, ssh_argv)
 from dtrain.launch.core.elastic import Membership, Rounds
 from dtrain.launch.core.job import Job
 from dtrain.launch.core.lost import PROBE_TIMEOUT_S, LostNode, fault_of, lost_node
@@ -216,7 +216,8 @@ class SSHBackend(Backend):
     name = "ssh"
     description = "one torchrun agent per host, started over OpenSSH"
     install_hint = "apt-get install openssh-client"
-    option_names = (*HOST_OPTIONS, *SETTINGS_OPTIONS, "conn_id")
+    options = SSH_OPTIONS  # its backend_options, declared once (flags, checks, docs/backends.md)
+    option_names = SSH_OPTIONS.names
     supports_detached = True
     supports_elastic = True
     cli_module = "dtrain.launch.backends.ssh.cli"

@@ -20,13 +20,14 @@ from __future__ import annotations
 import math
 import os
 from dataclasses import dataclass
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any, ClassVar, Iterable, Mapping, Sequence
 
 from dtrain import grammar
-from dtrain.args import coerce_float, coerce_int, mapping_arg, read_input_file
+from dtrain.args import coerce_float, mapping_arg, read_input_file
 from dtrain.errors import SpecError
 from dtrain.launch.backends.ssh.fanout import DEFAULT_FANOUT, MAX_FANOUT
 from dtrain.launch.core.lost import DEFAULT_LOST_AFTER_S, MIN_LOST_AFTER_S
+from dtrain.launch.core.options import Option, Options, integer
 
 TARGET_RE = grammar.HOST_TARGET  # the one copy: autotune's hosts follow it too
 USER_RE = grammar.HOST_USER
@@ -120,6 +121,61 @@ def coerce_hosts(value: Any) -> list[HostEntry]:
 KEEPALIVE_S = 5
 
 
+def _seconds(minimum: float):
+    """Seconds in (minimum, 3600]."""
+    return lambda name, value: coerce_float(name, value, minimum=minimum, maximum=3600.0)
+
+
+def _user(name: str, value: Any) -> Any:
+    if not USER_RE.match(str(value)):
+        raise SpecError(name, value, "a login name of letters, digits, '.', '_' or '-'")
+    return value
+
+
+def _python(name: str, value: Any) -> Any:
+    if not str(value).startswith("/") or "\0" in str(value):
+        raise SpecError(name, value, "an absolute path to the interpreter on the hosts")
+    return value
+
+
+#: the ssh backend's options (its ``backend_options``), declared once: its ``dtrain launch`` flags, the
+#: checks of :class:`SSHSettings` and the ssh table of docs/backends.md come from here
+SSH_OPTIONS = Options([
+    Option("hostfile", str, None, "hosts, one per line: '[user@]host[:port] slots=N' (DeepSpeed's 'host slots=N' "
+                                  "works); the first --nodes hosts run the job, node rank in line order",
+           cli={"metavar": "FILE"}),
+    Option("hosts", list[str], None, "the hostfile's lines themselves (instead of hostfile)", flag=None),
+    Option("user", str, None, "login name (a user@ on a hostfile line wins)", check=_user, flag="--ssh-user"),
+    Option("port", int, None, "sshd port (a :port on a hostfile line wins)", check=integer(1, 65535),
+           flag="--ssh-port"),
+    Option("key_file", str, None, "private key file (ssh -i)", flag="--ssh-key", cli={"metavar": "FILE"}),
+    Option("known_hosts_file", str, None, "known_hosts file to check host keys against", flag="--ssh-known-hosts",
+           cli={"metavar": "FILE"}),
+    Option("strict_host_key_checking", str, "accept-new", "host-key policy (default accept-new: trust on first use, "
+                                                          "refuse a changed key)", choices=STRICT_CHOICES,
+           flag="--ssh-strict-host-key-checking"),
+    Option("connect_timeout", int, 10, "seconds per ssh connection (default 10)", check=integer(1, 600),
+           flag="--ssh-connect-timeout"),
+    Option("python", str, None, "interpreter on the hosts (default: this one's path)", check=_python,
+           flag="--ssh-python", cli={"metavar": "PATH"}),
+    Option("fanout", int, DEFAULT_FANOUT, "at most N ssh clients at once for start, status, stop and preflight "
+                                          "(default 32, like pdsh -f)", check=integer(1, MAX_FANOUT),
+           flag="--ssh-fanout", cli={"metavar": "N"}),
+    Option("poll_interval", float, 2.0, "seconds before the first poll of a detached job (default 2)",
+           check=_seconds(0.0), flag="--ssh-poll-interval", cli={"metavar": "S"}),
+    Option("max_poll_interval", float, 30.0, "the poll interval grows by half each poll up to this (default 30)",
+           check=_seconds(0.0), flag="--ssh-max-poll-interval", cli={"metavar": "S"}),
+    Option("lost_after", float, DEFAULT_LOST_AFTER_S, "a host silent this long is lost, and a node cut off from the "
+                                                      "launcher this long fences itself (default 30, more than 10)",
+           check=_seconds(MIN_LOST_AFTER_S), flag="--ssh-lost-after", cli={"metavar": "S"}),
+    Option("conn_id", str, None, "operators only: an Airflow SSH connection giving the hosts and settings",
+           flag=None),
+], title="ssh backend (--backend ssh)", prefix="ssh.")
+HOST_OPTIONS = ("hostfile", "hosts")
+#: the options that are :class:`SSHSettings`' fields
+SETTINGS_TABLE = SSH_OPTIONS.subset([name for name in SSH_OPTIONS.names if name not in (*HOST_OPTIONS, "conn_id")])
+
+
 @dataclass(frozen=True)
 class SSHSettings:
     """How to reach the hosts. Per-host ``user@``/``:port`` in the hostfile win over ``user``/``port``.
@@ -158,8 +214,7 @@ class SSHSettings:
     max_poll_interval: float = 30.0
     lost_after: float = DEFAULT_LOST_AFTER_S
 
-    FIELDS = ("user", "port", "key_file", "known_hosts_file", "strict_host_key_checking", "connect_timeout", "python",
-              "fanout", "poll_interval", "max_poll_interval", "lost_after")
+    FIELDS: ClassVar[tuple[str, ...]] = SETTINGS_TABLE.names
 
     @property
     def keepalive_count(self) -> int:
@@ -179,37 +234,27 @@ class SSHSettings:
 
     @classmethod
     def _validated(cls, v: dict[str, Any]) -> "SSHSettings":
+        def option(name: str, default: Any = None) -> Any:  # checked as SSH_OPTIONS declares it
+            return SETTINGS_TABLE.check(name, v.get(name, SETTINGS_TABLE[name].default if default is None else default))
 
-        user = v.get("user")
-        if user is not None and not USER_RE.match(str(user)):
-            raise SpecError("ssh.user", user, "a login name of letters, digits, '.', '_' or '-'")
-        port = coerce_int("ssh.port", v["port"], minimum=1, maximum=65535) if "port" in v else None
+        user, port = option("user"), option("port")
         key_file = v.get("key_file")
         if key_file is not None and not os.path.isfile(os.path.expanduser(str(key_file))):
             raise SpecError("ssh.key_file", key_file, "an existing private key file")
         known = v.get("known_hosts_file")
         if known is not None and not os.path.isdir(os.path.dirname(os.path.abspath(os.path.expanduser(str(known))))):
             raise SpecError("ssh.known_hosts_file", known, "a path in an existing directory")
-        strict = str(v.get("strict_host_key_checking", "accept-new")).strip().lower()
-        if strict not in STRICT_CHOICES:
-            raise SpecError("ssh.strict_host_key_checking", strict, f"one of {', '.join(STRICT_CHOICES)}")
-        timeout = coerce_int("ssh.connect_timeout", v.get("connect_timeout", 10), minimum=1, maximum=600)
+        strict, timeout = option("strict_host_key_checking"), option("connect_timeout")
         for name, path in (("ssh.key_file", key_file), ("ssh.known_hosts_file", known)):
             # ssh -o values and ssh_config lines split on blanks and quotes: refuse rather than mis-split.
             if path is not None and any(c.isspace() or c in "\"'" for c in str(path)):
                 raise SpecError(name, path, "a path without blanks or quotes")
-        python = v.get("python")
-        if python is not None and (not str(python).startswith("/") or "\0" in str(python)):
-            raise SpecError("ssh.python", python, "an absolute path to the interpreter on the hosts")
-        fanout = coerce_int("ssh.fanout", v.get("fanout", DEFAULT_FANOUT), minimum=1, maximum=MAX_FANOUT)
-        poll = coerce_float("ssh.poll_interval", v.get("poll_interval", 2.0), minimum=0.0, maximum=3600.0)
-        max_poll = coerce_float("ssh.max_poll_interval", v.get("max_poll_interval", max(30.0, poll)),
-                                minimum=0.0, maximum=3600.0)
+        python, fanout, poll = option("python"), option("fanout"), option("poll_interval")
+        max_poll = option("max_poll_interval", max(SETTINGS_TABLE["max_poll_interval"].default, poll))
         if max_poll < poll:
             raise SpecError("ssh.max_poll_interval", v.get("max_poll_interval"),
                             f"at least poll_interval ({poll:g} s)")
-        lost_after = coerce_float("ssh.lost_after", v.get("lost_after", DEFAULT_LOST_AFTER_S),
-                                  minimum=MIN_LOST_AFTER_S, maximum=3600.0)
+        lost_after = option("lost_after")
         return cls(user=user, port=port, key_file=None if key_file is None else os.path.abspath(os.path.expanduser(key_file)),
                    known_hosts_file=None if known is None else os.path.abspath(os.path.expanduser(known)),
                    strict_host_key_checking=strict, connect_timeout=timeout, python=python,
@@ -272,7 +317,6 @@ def hostfile_lines(entries: Iterable[HostEntry]) -> str:
 
 
 SETTINGS_OPTIONS = SSHSettings.FIELDS
-HOST_OPTIONS = ("hostfile", "hosts")
 
 
 @dataclass(frozen=True)
