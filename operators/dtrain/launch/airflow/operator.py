@@ -55,10 +55,9 @@ class DistributedTrainingOperator(PlacementArgs, ResumableJobMixin, BaseOperator
         backend_options: ``{backend name: that backend's options}`` (templated); the chosen backend's
             section is used, e.g. ``{"ssh": {"conn_id": "gpu_hosts"}, "slurm": {"partition": "gpu"}}``.
             ``ssh``: ``hostfile`` or ``hosts`` (DeepSpeed ``host slots=N`` lines, optionally
-            ``user@host:port``), ``conn_id`` (an Airflow SSH connection giving them), ``user``, ``port``,
-            ``key_file``, ``known_hosts_file``, ``strict_host_key_checking``, ``connect_timeout``,
-            ``python``, ``fanout`` (ssh clients at once, default 32), ``poll_interval`` and
-            ``max_poll_interval`` (deferred polls: 2 s growing to 30 s; see docs/scale.md). ``slurm``: the fields of :class:`dtrain.launch.backends.slurm.SlurmOptions`.
+            ``user@host:port``), ``conn_id`` (an Airflow SSH connection giving them) and the connection
+            settings (``user``, ``port``, ``key_file``, ``fanout``...: the ssh table of docs/backends.md).
+            ``slurm``: the fields of :class:`dtrain.launch.backends.slurm.SlurmOptions`.
         env: extra environment for every rank (templated).
         deepspeed_config: DeepSpeed JSON config path or dict (templated), validated before launch.
         max_restarts: torchrun worker restarts after a failure.

@@ -1,4 +1,5 @@
-"""Hostfiles (DeepSpeed's ``host slots=N`` format, plus an SSH user and port) and SSH settings.
+"""Hostfiles (DeepSpeed's ``host slots=N`` format, plus an SSH user and port), SSH settings, and the
+backend's options table (:data:`SSH_OPTIONS`: its flags, checks and docs come from there).
 
 Stdlib only and pure: the launch spec validates with it before anything starts.
 
