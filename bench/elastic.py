@@ -73,9 +73,9 @@ from dtrain.launch.core.elastic import latest_step  # noqa: E402
 from dtrain.launch.core.spec import LaunchSpec  # noqa: E402
 from dtrain.launch.engine.launcher import Launcher, LaunchResult  # noqa: E402
 from tests.airflow_services import AirflowServices, bundle  # noqa: E402
-from tests.faults.airflow_fixtures import tries  # noqa: E402
+from tests.launch.airflow.faults.airflow_fixtures import tries  # noqa: E402
 from tests.netcluster import PREFIX, NetCluster, leftovers  # noqa: E402
-from tests.remote.sshd_cluster import SSHCluster, start_cluster  # noqa: E402
+from tests.sshd_cluster import SSHCluster, start_cluster  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from faults import job_pids  # noqa: E402  (bench/faults.py: the same look for a job's processes)

@@ -2,7 +2,7 @@
 
 For each fault (partition: the host's link down; freeze: every process of the host stopped; crash:
 every process of the host killed), a 2-host x 1-rank DDP job over the ssh backend (``dtrain launch``,
-as a user runs it; ``tests/remote/ddp_train.py --steps 2 --hang``: two real all-reduces across the
+as a user runs it; ``tests/launch/backends/scripts/ddp_train.py --steps 2 --hang``: two real all-reduces across the
 hosts, then the ranks run on) loses host 1, and the bench measures from the fault:
 
 * **detected**: until ``dtrain launch`` ends with its verdict (its exit status and last line kept);
@@ -34,7 +34,7 @@ measured from the fault until the retry's rank 0 logs its first step, with the s
 For Slurm that includes the wait for the lost node to be allocatable again.
 
 ``--stragglers``: a slow host instead of a lost one, in each of ``--modes``. A DDP job that trains until stopped
-(``tests/faults/scripts/straggler_train.py``: an MLP on a fixed batch, gradients all-reduced, the
+(``tests/launch/engine/faults/scripts/straggler_train.py``: an MLP on a fixed batch, gradients all-reduced, the
 training helper's metrics) on both hosts; once both ranks logged 200 steps host 1 gets a quarter of a CPU
 (``slow-cpu``: cgroup cfs quota) or a rate-limited link (``slow-link``: tc tbf, 40 mbit, and 4x the
 batch, so that the healthy job is not bound by its all-reduce already); measured from then until the launcher's log names a straggler (``[straggler] ...``: the node for a
@@ -65,9 +65,9 @@ sys.path.insert(0, REPO)
 
 from dtrain.launch.node.proctree import environ_of  # noqa: E402
 from tests.netcluster import NetCluster  # noqa: E402
-from tests.remote.sshd_cluster import start_cluster  # noqa: E402
+from tests.sshd_cluster import start_cluster  # noqa: E402
 
-SCRIPT = os.path.join(REPO, "tests", "remote", "ddp_train.py")
+SCRIPT = os.path.join(REPO, "tests", "launch", "backends", "scripts", "ddp_train.py")
 FAULTS = ("partition", "freeze", "crash")
 #: attached: ``dtrain launch`` (an ssh session per host holds the job); durable: the operator's default mode,
 #: a detached job (a daemon per host) that the launcher follows by polling (:data:`DURABLE`); slurm:
@@ -165,10 +165,10 @@ def start_mode(mode: str, code_dir: str, work: str, run_dir: str, command: list[
 
 
 def start_slurm(code_dir: str, work: str):
-    """A fresh 2-host Slurm cluster (namespaces, a slurmd each, slurmctld here; tests/slurm/cluster.py, whose
+    """A fresh 2-host Slurm cluster (namespaces, a slurmd each, slurmctld here; tests/slurm_cluster.py, whose
     SlurmdTimeout is 60 s: Slurm's default is 300 s); the jobs get the launcher's environment (sbatch's
     --export=ALL), so they run the code in ``code_dir`` too. Returns that environment, the network and the cluster."""
-    from tests.slurm.cluster import SlurmCluster
+    from tests.slurm_cluster import SlurmCluster
 
     net = NetCluster(2, decoy=False).start()  # every host's link is eth0: the reference commits' workaround works
     try:
@@ -316,7 +316,7 @@ STRAGGLERS = {
     "slow-cpu": (lambda net: net.slow_cpu(1, 0.25), [], "[straggler] LoadBalancing: TRIGGERED on rank 1 (node 1)"),
     "slow-link": (lambda net: net.slow_link(1, 40), ["--batch", "1024"], "[straggler] CommunicationBound: TRIGGERED"),
 }
-STRAGGLER_SCRIPT = os.path.join(REPO, "tests", "faults", "scripts", "straggler_train.py")
+STRAGGLER_SCRIPT = os.path.join(REPO, "tests", "launch", "engine", "faults", "scripts", "straggler_train.py")
 #: steps both ranks train healthy before host 1 slows: more than the live look's 50, so a verdict must come
 #: from the steps after the slowdown
 HEALTHY_STEPS = 200

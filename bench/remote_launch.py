@@ -1,6 +1,6 @@
 """Benchmark: time until every rank of a 2-node x 2-process job runs, SSH backend vs local backend.
 
-The same job on both: ``tests/remote/ddp_train.py --start-only`` (each rank writes the time
+The same job on both: ``tests/launch/backends/scripts/ddp_train.py --start-only`` (each rank writes the time
 it started and exits). The SSH backend's "hosts" are two real sshd daemons on 127.0.0.1,
 started here (as the tests do); the local backend simulates the two nodes on this host.
 Runs alternate between the backends; the median of ``--repeats`` runs each is reported.
@@ -26,9 +26,9 @@ sys.path.insert(0, REPO)
 
 from dtrain.launch.core.spec import LaunchSpec  # noqa: E402
 from dtrain.launch.engine.launcher import Launcher  # noqa: E402
-from tests.remote.sshd_cluster import start_cluster  # noqa: E402
+from tests.sshd_cluster import start_cluster  # noqa: E402
 
-SCRIPT = os.path.join(REPO, "tests", "remote", "ddp_train.py")
+SCRIPT = os.path.join(REPO, "tests", "launch", "backends", "scripts", "ddp_train.py")
 
 
 def time_to_all_ranks(spec: LaunchSpec) -> float:

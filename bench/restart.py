@@ -1,7 +1,7 @@
 """Seconds from a rank's death to the first resumed training step: in-job restart vs relaunch.
 
 The same 1 node x 2 process job on the same data (the reference digits script with one fault
-injected: tests/faults/scripts/faulty_train.py, rank 1 SIGKILLs itself after step 12;
+injected: tests/launch/engine/faults/scripts/faulty_train.py, rank 1 SIGKILLs itself after step 12;
 checkpoints every 5 steps), recovered two ways:
 
 * in-job restart: ``dtrain launch --max-restarts 1``; torchrun restarts the workers, which
@@ -31,7 +31,7 @@ import tempfile
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BIN = os.path.dirname(sys.executable)
-FAULTY = os.path.join(REPO, "tests", "faults", "scripts", "faulty_train.py")
+FAULTY = os.path.join(REPO, "tests", "launch", "engine", "faults", "scripts", "faulty_train.py")
 FAULT_STEP, EVERY = 12, 5
 TRAIN = [sys.executable, FAULTY, "--fault-rank", "1", "--fault-step", str(FAULT_STEP), "--fault-mode", "sigkill",
          "--", "--epochs", "2", "--checkpoint-every", str(EVERY), "--step-sleep", "0.02"]

@@ -46,7 +46,7 @@ from dtrain.launch.backends.base import run_async  # noqa: E402
 from dtrain.launch.backends.ssh import detached as nodes  # noqa: E402
 from dtrain.launch.core.spec import LaunchSpec  # noqa: E402
 from dtrain.launch.engine.launcher import Launcher  # noqa: E402
-from tests.remote.sshd_cluster import start_cluster  # noqa: E402
+from tests.sshd_cluster import start_cluster  # noqa: E402
 from tests.support import poll_until  # noqa: E402
 
 RANK = os.path.join(REPO, "bench", "scripts", "scale_rank.py")

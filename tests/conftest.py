@@ -58,8 +58,10 @@ SHARED_DAEMONS = (
 )
 #: the quick tier (``scripts/test.sh --quick``, ``-m "not slow"``) leaves out every test that starts a
 #: daemon, Airflow or a training job: those folders and fixtures, and the tests that took longer than
-#: QUICK_SECONDS in the run that wrote tests/durations.json (``pytest --store-durations``)
-SLOW_FOLDERS = ("faults", "packaging", "pipeline", "remote", "slurm", "deepspeed", "backends", "mlflow")
+#: QUICK_SECONDS in the run that wrote tests/durations.json (``pytest --store-durations``). A folder of
+#: these names anywhere under tests/ is slow: every ``faults/`` (fault injection on the namespace cluster),
+#: and everything under ``launch/backends/`` (the backend contracts, the sshd and Slurm hosts of ``remote/``)
+SLOW_FOLDERS = frozenset({"faults", "packaging", "pipeline", "remote", "deepspeed", "backends", "mlflow"})
 SLOW_FIXTURES = frozenset({"airflow_db", "api", "moto_endpoint", "s3_bucket", "s3", "s3_endpoint", "pipeline_env", "net_cluster",
                            *OWN_CLUSTER_FIXTURES,
                            "mlflow_server", "jobs"})
@@ -81,8 +83,8 @@ def _recorded_durations() -> dict[str, float]:
 
 
 def is_slow(item, durations: dict[str, float]) -> bool:
-    folder = item.nodeid.split("/")[1] if item.nodeid.count("/") > 1 else ""
-    return (folder in SLOW_FOLDERS or bool(set(item.fixturenames) & SLOW_FIXTURES)
+    folders = item.nodeid.split("::", 1)[0].split("/")[1:-1]  # between tests/ and the file
+    return (bool(SLOW_FOLDERS.intersection(folders)) or bool(set(item.fixturenames) & SLOW_FIXTURES)
             or durations.get(item.nodeid, 0.0) > QUICK_SECONDS)
 
 

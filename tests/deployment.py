@@ -282,7 +282,7 @@ def celery_deployment(home: str, env: dict[str, str], dags_folder: str, bundles:
     loopback, which a host's loopback is not. The deployment's AWS connection points at it.
 
     ``training_hosts``: that many more hosts, after the triggerer's, with an sshd each
-    (tests/remote/sshd_cluster.py; ``deployment.training``), where the tasks' ssh jobs run: a worker's
+    (tests/sshd_cluster.py; ``deployment.training``), where the tasks' ssh jobs run: a worker's
     host that fails takes none of the job's nodes with it. Its key and known_hosts are in
     DTRAIN_TEST_SSH_KEY and DTRAIN_TEST_SSH_KNOWN_HOSTS (tests/dags read them)."""
     from dtrain.pipeline.demo import airflow_env
@@ -302,7 +302,7 @@ def celery_deployment(home: str, env: dict[str, str], dags_folder: str, bundles:
         env = dict(env, AIRFLOW_CONN_AWS_DEFAULT=airflow_env(s3)["AIRFLOW_CONN_AWS_DEFAULT"])
         training = None
         if training_hosts:
-            from tests.remote.sshd_cluster import start_cluster
+            from tests.sshd_cluster import start_cluster
 
             training = start_cluster(os.path.join(home, "sshd"), net=net, on=net.hosts[2 + len(WORKERS):])
             stack.callback(training.stop)

@@ -1,5 +1,5 @@
 """Reading a module's imports from its syntax tree, for the checks that parse the package instead of
-importing it (tests/backends/test_layout.py, tests/launch/test_layers.py, tests/test_import_graph.py)."""
+importing it (tests/launch/backends/test_layout.py, tests/launch/test_layers.py, tests/test_import_graph.py)."""
 
 from __future__ import annotations
 

@@ -318,7 +318,7 @@ def main(argv: list[str] | None = None) -> int:
         return 1 if left else 0
     import tempfile
 
-    from tests.remote.sshd_cluster import start_cluster
+    from tests.sshd_cluster import start_cluster
 
     net = NetCluster(args.hosts).start()
     directory = tempfile.mkdtemp(prefix="dtrain-netcluster-")

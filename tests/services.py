@@ -96,8 +96,8 @@ def s3_bucket(moto_endpoint, monkeypatch):
 
 @pytest.fixture(scope="session")
 def ssh_cluster(tmp_path_factory):
-    """Two real sshd daemons on 127.0.0.1 (tests/remote/sshd_cluster.py), stopped at teardown."""
-    from tests.remote.sshd_cluster import start_cluster
+    """Two real sshd daemons on 127.0.0.1 (tests/sshd_cluster.py), stopped at teardown."""
+    from tests.sshd_cluster import start_cluster
 
     if os.geteuid() != 0:
         pytest.skip("the sshd fixture runs sshd as root (it logs in as root with a test key)")
@@ -110,7 +110,7 @@ def ssh_cluster(tmp_path_factory):
 
 def _net_ssh_cluster(count: int, directory: str):
     from tests.netcluster import NetCluster
-    from tests.remote.sshd_cluster import start_cluster
+    from tests.sshd_cluster import start_cluster
 
     if os.geteuid() != 0:
         pytest.skip("network namespaces and sshd need root")
@@ -140,7 +140,7 @@ def faulty_cluster(tmp_path_factory):
 
 
 def _net_slurm_cluster(count: int = 2):
-    """A real Slurm cluster (tests/slurm/cluster.py) of ``count`` nodes (two by default), on hosts with their own addresses
+    """A real Slurm cluster (tests/slurm_cluster.py) of ``count`` nodes (two by default), on hosts with their own addresses
     (tests/netcluster.py): each node's slurmd on its host with that address as NodeAddr, node 1 (host 0)
     with the decoy interface listed first; slurmctld and the client commands on this machine.
     SLURM_CONF points at it meanwhile.
@@ -148,7 +148,7 @@ def _net_slurm_cluster(count: int = 2):
     Skipped only when not root (slurmd must run jobs as their user; namespaces need root); missing
     Slurm packages are an error, since CI installs them (scripts/apt-packages.txt)."""
     from tests.netcluster import NetCluster
-    from tests.slurm.cluster import SlurmCluster, missing_binaries
+    from tests.slurm_cluster import SlurmCluster, missing_binaries
 
     if os.geteuid() != 0:
         pytest.skip("the Slurm tests start slurmd, which must run as root to run jobs; run them as root")
@@ -192,7 +192,7 @@ def slurm(slurm_cluster):
     """The cluster, checked idle before and after each test (no job left behind)."""
     import time
 
-    from tests.slurm.cluster import queue
+    from tests.slurm_cluster import queue
 
     assert queue(slurm_cluster) == [], "a previous test left a job in the queue"
     yield slurm_cluster

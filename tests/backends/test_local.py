@@ -1,6 +1,6 @@
 """The backend contract on the local backend (nodes simulated on this host)."""
 
-from tests.backends.contract import BackendContract
+from tests.launch.backends.contract import BackendContract
 
 
 class TestLocalBackend(BackendContract):

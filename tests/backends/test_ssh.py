@@ -3,8 +3,8 @@
 
 import pytest
 
-from tests.backends.contract import BackendContract
-from tests.remote.conftest import needs_sshd
+from tests.launch.backends.contract import BackendContract
+from tests.remote_jobs import needs_sshd
 
 
 @needs_sshd

@@ -1,4 +1,4 @@
-"""DAGs for tests/slurm/test_deferrable.py and test_ssh_deferrable.py: the training operator in
+"""DAGs for tests/launch/backends/slurm/remote/test_deferrable.py and test_ssh_deferrable.py: the training operator in
 deferrable mode on Slurm and over SSH.
 
 The SSH settings (key and known_hosts of the test sshd hosts) come from the environment the
@@ -18,7 +18,7 @@ from airflow.sdk import DAG, Param
 from dtrain.launch.airflow.operator import DistributedTrainingOperator
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-DDP_REPORT = os.path.join(REPO, "tests", "slurm", "scripts", "ddp_report.py")
+DDP_REPORT = os.path.join(REPO, "tests", "launch", "backends", "slurm", "scripts", "ddp_report.py")
 
 
 class RecordingTrainingOperator(DistributedTrainingOperator):
@@ -57,7 +57,7 @@ with DAG(dag_id="ssh_deferrable_test", schedule=None, catchup=False,
         nodes=2,
         procs_per_node=1,
         device="cpu",
-        # params.sleep: as the Slurm DAG's (tests/faults/test_deployment_faults.py releases it)
+        # params.sleep: as the Slurm DAG's (tests/launch/airflow/faults/test_deployment_faults.py releases it)
         command=[DDP_REPORT, "{{ params.out_dir }}/rep", "--steps", "10", "--sleep", "{{ params.sleep }}",
                  "--until-file", "{{ params.out_dir }}/release"],
         backend_options={"ssh": {"hostfile": "{{ params.hostfile }}",

@@ -1,4 +1,4 @@
-"""DAGs for tests/faults/test_reattach.py and test_retry_policy.py: a worker crash during a durable
+"""DAGs for tests/launch/airflow/faults/test_reattach.py and test_retry_policy.py: a worker crash during a durable
 (non-deferrable) training task on Slurm and over SSH, and the retry policy's verdicts.
 
 The SSH settings (key and known_hosts of the test sshd hosts) come from the environment the test
@@ -15,7 +15,7 @@ from airflow.sdk import DAG, Param
 from dtrain.launch.airflow.operator import DistributedTrainingOperator
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-TRAIN = os.path.join(REPO, "tests", "faults", "scripts", "resumable_train.py")
+TRAIN = os.path.join(REPO, "tests", "launch", "airflow", "faults", "scripts", "resumable_train.py")
 ONE_RETRY = {"retries": 1, "retry_delay": timedelta(seconds=1)}
 TWO_RETRIES = {"retries": 2, "retry_delay": timedelta(seconds=1)}
 COMMUNICATION_ERROR = ("RuntimeError: [../third_party/gloo/gloo/transport/tcp/pair.cc:534] "
@@ -40,7 +40,7 @@ with DAG(dag_id="fault_reattach_slurm", schedule=None, catchup=False, default_ar
         workdir=REPO, backend_options={"slurm": {"poll_interval": 1.0}},
     )
 
-# Three retries: tests/faults/test_deployment_faults.py's rolling restart stops the worker of one try,
+# Three retries: tests/launch/airflow/faults/test_deployment_faults.py's rolling restart stops the worker of one try,
 # then the worker its retry landed on (each retry re-attaches to the same job).
 with DAG(dag_id="fault_reattach_ssh", schedule=None, catchup=False,
          default_args={"retries": 3, "retry_delay": timedelta(seconds=1)},

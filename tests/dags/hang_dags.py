@@ -1,4 +1,4 @@
-"""A DAG whose training task hangs (tests/faults/test_hang.py): rank 1 goes silent at step 4
+"""A DAG whose training task hangs (tests/launch/engine/faults/test_hang.py): rank 1 goes silent at step 4
 while rank 0 blocks in all_reduce; hang_timeout arrives as a param, as a UI-triggered run sets it."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from airflow.sdk import DAG, Param
 
 from dtrain.launch.airflow.operator import DistributedTrainingOperator
 
-HANG_TRAIN = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "faults", "scripts",
+HANG_TRAIN = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "launch", "scripts",
                           "hang_train.py")
 
 with DAG(dag_id="hang_test", schedule=None, catchup=False,

@@ -1,4 +1,4 @@
-"""DAG for tests/remote/test_operator_ssh.py: preflight then launch over SSH, hosts from an Airflow connection."""
+"""DAG for tests/launch/backends/ssh/remote/test_operator_ssh.py: preflight then launch over SSH, hosts from an Airflow connection."""
 
 from __future__ import annotations
 

@@ -17,7 +17,7 @@ import uuid
 import pytest
 
 from tests.conftest import load_test_dag
-from tests.remote.conftest import needs_sshd
+from tests.remote_jobs import needs_sshd
 from tests.services import remove_bucket
 from tests.training.dcp_checks import assert_same_state
 

@@ -2,7 +2,7 @@
 
 The rule from probe records written by hand; the probe itself in a real 2-process gloo job on this host
 (two "nodes" of one rank, DTRAIN_NODE_INDEX set as the launcher sets it), and through the stall report
-from the metrics files it writes. tests/faults/test_straggler_sweep.py runs it on hosts with their own
+from the metrics files it writes. tests/launch/engine/faults/test_straggler_sweep.py runs it on hosts with their own
 addresses, one of them behind a rate-limited link."""
 
 from __future__ import annotations

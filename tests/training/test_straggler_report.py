@@ -1,7 +1,7 @@
 """The straggler verdicts of dtrain.stall_report from per-rank records as the training helper writes them
 with a collective timer (step time, data wait, collective wait, compute time, node): in synchronous DDP
 every rank's step time is the same, so only the split of a step tells the slow node from its peers. The
-records here are written by hand; tests/faults/test_stragglers.py gets them from real jobs on hosts with
+records here are written by hand; tests/launch/engine/faults/test_stragglers.py gets them from real jobs on hosts with
 a throttled CPU or a rate-limited link."""
 
 from __future__ import annotations

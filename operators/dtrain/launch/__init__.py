@@ -42,7 +42,7 @@ these rules (one inside a function counts too).
 ``backends/``
     The registry (``__init__.py``), the backend contract (``base.py``) and one folder per backend;
     code outside ``backends/<name>/`` reaches a backend only through the registry
-    (tests/backends/test_layout.py). A backend's folder holds its code for every process: what the
+    (tests/launch/backends/test_layout.py). A backend's folder holds its code for every process: what the
     launcher calls, its operator option resolution (which may read an Airflow connection) and its
     own node-side agents (ssh: remote_agent, detached_node); it may import ``core/`` and ``node/``,
     never ``engine/``. The registry and the contract are below the job model: they import ``node/``

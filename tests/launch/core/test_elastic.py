@@ -1,7 +1,7 @@
 """Elastic jobs (``nodes="MIN:MAX"``): the spec, the rendered agents, the launcher's bookkeeping of
 nodes and rounds (pure), the rendezvous store's process, and on the local backend (simulated nodes)
 a lost node's survivors going on, a script's own failure still failing the job. The namespace-cluster
-faults are in tests/faults/test_elastic.py."""
+faults are in tests/launch/backends/ssh/faults/test_elastic.py."""
 
 from __future__ import annotations
 
@@ -32,6 +32,8 @@ from dtrain.launch.node.net import free_port
 from dtrain.launch.node.rdzv_auth import StoreKey
 from dtrain.pipeline.params import NODES_PATTERN, NODES_TYPE, _check_one
 from tests.support import poll_until
+
+from ..conftest import script
 
 KEY = StoreKey("ab" * 32)  # a job's rendezvous key: its agents sign their round lines with it
 
@@ -365,8 +367,7 @@ def test_the_store_process_dies_with_the_launcher(tmp_path):
 
 # -- the local backend: simulated nodes ---------------------------------------------------------------
 
-ELASTIC_SCRIPT = os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir, os.pardir, "faults", "scripts",
-                              "elastic_train.py")
+ELASTIC_SCRIPT = script("elastic_train.py")
 
 
 def start_local(tmp_path, *extra: str, nodes: str = "2:3", hang_timeout: float | None = None):

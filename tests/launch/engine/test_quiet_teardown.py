@@ -15,7 +15,7 @@ import sys
 from dtrain.launch.engine import hang
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
-HANG_TRAIN = os.path.join(REPO, "tests", "faults", "scripts", "hang_train.py")
+HANG_TRAIN = os.path.join(REPO, "tests", "launch", "scripts", "hang_train.py")
 
 
 def test_a_hang_on_two_nodes_ends_with_one_verdict_and_leaves_no_temp_dirs(tmp_path):

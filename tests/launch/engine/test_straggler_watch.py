@@ -1,7 +1,7 @@
 """The launcher's live straggler watch (dtrain.launch.engine.stragglers): a verdict is logged when it
 appears, changes or clears, once, from each rank's last 50 steps (what the job does now), when two looks
 in a row agree on it. The records are
-written by hand here; tests/faults/test_stragglers.py runs real jobs on throttled hosts."""
+written by hand here; tests/launch/engine/faults/test_stragglers.py runs real jobs on throttled hosts."""
 
 from __future__ import annotations
 

@@ -178,7 +178,7 @@ def test_the_follower_record_names_the_latest_try_and_only_a_signed_one_counts(t
 def test_a_stop_of_a_try_another_try_now_follows_leaves_the_job_running(tmp_path):
     """A try whose worker froze, thawed after the scheduler had failed it and its retry had re-attached:
     Airflow stops it (SIGTERM: the launcher's terminate). Its watch used to cancel the job the retry
-    follows (tests/faults/test_deployment_faults.py, on the Celery deployment)."""
+    follows (tests/launch/airflow/faults/test_deployment_faults.py, on the Celery deployment)."""
     from dtrain.launch.engine.submission import write_follower
 
     handle = signed_handle(tmp_path)

@@ -2,7 +2,7 @@
 job's lease key, which it reads on stdin (never an argv, its environment or the run directory), and a
 beat's age is its file's ctime, which ``os.utime`` cannot back-date. The real holder process
 (``python -m dtrain.launch.backends.slurm.node_lease``), its records read as the launcher reads them;
-tests/faults/test_lease_forgery_slurm.py forges them from a rank of a real job."""
+tests/launch/node/faults/test_lease_forgery.py forges them from a rank of a real job."""
 
 from __future__ import annotations
 

@@ -351,7 +351,7 @@ class Backend(abc.ABC):
 
     def node_env(self, job: "Job", node_index: int | None = None, *, port: int | None = None) -> dict[str, str]:
         """What the processes of node ``node_index`` get on top of the node's own environment: the same
-        on every backend (tests/backends/contract.py); a backend adds only its extras to this.
+        on every backend (tests/launch/backends/contract.py); a backend adds only its extras to this.
 
         * the stop grace: torchrun's SIGTERM-to-SIGKILL wait and the ranks' ``DTRAIN_STOP_GRACE``;
         * distribution ``tensorflow``: the TF cluster (node addresses, ports from ``port`` + 1), from

@@ -48,7 +48,7 @@ AGENT = ("-m", "dtrain.launch.node.torchrun_agent")  # torchrun, with RESTARTABL
 # torch 2.13 and gloo the restarted ranks then read the previous attempt's addresses from it and
 # die in init_process_group ("Gloo connectFullMesh failed ... Connection refused") or hang there.
 # With this set, rank 0 of each restart round hosts a fresh store, so ``max_restarts`` really
-# restarts the workers and they resume from their checkpoint (tests/faults/test_restart.py).
+# restarts the workers and they resume from their checkpoint (tests/launch/engine/faults/test_restart.py).
 AGENT_ENV = {"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}
 
 
