@@ -83,7 +83,7 @@ def test_the_operators_parameters_and_template_fields_are_the_tables():
             assert getattr(op, option.name) == expected, option.name
 
 
-def test_airflow_default_args_reach_the_job_options_and_unknown_keywords_are_refused():
+def test_airflow_default_args_and_mapping_reach_the_job_options_and_unknown_keywords_are_refused():
     """Airflow fills an operator's arguments from ``default_args`` by its signature: the job options are in it."""
     from airflow.sdk import DAG
 
@@ -94,6 +94,11 @@ def test_airflow_default_args_reach_the_job_options_and_unknown_keywords_are_ref
     assert op.hang_timeout == 60 and op.stop_grace == 7
     with pytest.raises(Exception, match="Invalid arguments were passed to DistributedTrainingOperator"):
         Op(task_id="u", command=["train.py"], hang_timout=60)
+    with DAG("options_mapped", schedule=None):  # dynamic task mapping checks its keywords against the signature too
+        mapped = Op.partial(task_id="m", command=["train.py"], hang_timeout=60).expand(nodes=[1, 2])
+        assert mapped.expand_input.value == {"nodes": [1, 2]} and mapped.partial_kwargs["hang_timeout"] == 60
+        with pytest.raises(TypeError, match="unexpected keyword argument 'nodez'"):
+            Op.partial(task_id="n", command=["train.py"]).expand(nodez=[1, 2])
 
 
 @pytest.mark.parametrize("name, value, allowed", [
