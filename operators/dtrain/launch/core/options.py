@@ -214,7 +214,9 @@ class Options:
         :meth:`operator_values`."""
         signature = inspect.signature(init)
         params = list(signature.parameters.values())
-        at = next((i for i, p in enumerate(params) if p.kind is p.VAR_KEYWORD), len(params))
+        # after the required parameters (``command``), before those with defaults and ``**kwargs``
+        at = next((i for i, p in enumerate(params) if p.name != "self" and (p.default is not p.empty or p.kind is
+                                                                            p.VAR_KEYWORD)), len(params))
         own = {p.name for p in params}
         added = [inspect.Parameter(o.name, inspect.Parameter.KEYWORD_ONLY, default=o.keyword_default,
                                    annotation=o.type) for o in self if o.operator and o.name not in own]
