@@ -37,6 +37,9 @@ def _die_with_launcher() -> None:
         _PRCTL(PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
 
 TAIL_LINES = 40
+#: the longest a follower sleeps between two checks when no node process ended (each end wakes it
+#: at once: :meth:`NodeSupervisor.wait_for_change`); a bound in case a wake-up is ever missed
+IDLE_CHECK_S = 1.0
 
 
 @dataclass
@@ -66,6 +69,8 @@ class NodeSupervisor:
         #: own lines (a checkpoint saved on SIGTERM) still reach the sink.
         self.stopping_sink: Callable[[int, str], None] | None = None
         self._stop = threading.Event()
+        #: set when a node process ends (or stop()): what :meth:`wait_for_change` sleeps on
+        self._changed = threading.Event()
         self._lock = threading.Lock()
         self._teardown_lock = threading.RLock()
         self._tearing_down = False
@@ -91,6 +96,7 @@ class NodeSupervisor:
             node = NodeProcess(index=index, argv=list(argv), proc=proc)
             node.reader = threading.Thread(target=self._pump, args=(node,), daemon=True)
             node.reader.start()
+            threading.Thread(target=self._await_exit, args=(proc.pid,), daemon=True).start()
             with self._lock:
                 self.nodes.append(node)
             if stagger_seconds and index == 0:
@@ -105,6 +111,22 @@ class NodeSupervisor:
                 self.stopping_sink(node.index, line)  # the agent's shutdown chatter
             else:
                 self.sink(line if ranks_own else f"[node{node.index}] {line}")
+
+    def _await_exit(self, pid: int) -> None:
+        """Wake :meth:`wait_for_change` when node process ``pid`` ends. ``WNOWAIT`` leaves it unreaped:
+        its exit status stays for its ``Popen`` (see :func:`dtrain.launch.node.proctree.wait_gone`)."""
+        try:
+            os.waitid(os.P_PID, pid, os.WEXITED | os.WNOWAIT)
+        except (ChildProcessError, OSError):
+            pass  # reaped already by a poll(): it ended
+        self._changed.set()
+
+    def wait_for_change(self, timeout: float) -> None:
+        """Sleep until a node process ends or :meth:`stop` is called (at most ``timeout`` seconds),
+        so a follower checks on an event instead of polling on a short interval. Returns at once
+        when one ended since the previous call; what a following :meth:`check` reads is current."""
+        self._changed.wait(timeout)
+        self._changed.clear()  # before the check that follows: an exit after this sets it again
 
     def check(self, expected: int) -> tuple[bool, int, NodeProcess | None]:
         """Without blocking: (done, exit code, failed node). Done when one node failed (its code and
@@ -133,13 +155,14 @@ class NodeSupervisor:
             done, code, node = self.check(expected)
             if done:
                 return code, node
-            time.sleep(self.poll_interval)
+            self.wait_for_change(IDLE_CHECK_S)
         return -1, None
 
     def stop(self, reason: str = "stop requested") -> None:
         """Ask wait() to return; the caller then calls teardown(). Safe from signal handlers."""
         self.stop_reason = self.stop_reason or reason
         self._stop.set()
+        self._changed.set()
 
     def pids(self) -> set[int]:
         """Every live process of the job: node processes and all their descendants."""
