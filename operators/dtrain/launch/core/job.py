@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import uuid
 from dataclasses import dataclass, field
 
 from dtrain.launch.core.spec import LaunchSpec
@@ -57,7 +56,8 @@ def prepare_job(spec: LaunchSpec, *, create: bool = True) -> Job:
     from its checkpoints (the training helper looks there). ``create=False`` (a dry run)
     computes the same job and writes nothing.
     """
-    job_id = spec.job_id or f"dtrain-{uuid.uuid4().hex[:12]}"
+    # 12 random hex digits; not uuid, whose import (platform) costs every launch start-up time
+    job_id = spec.job_id or f"dtrain-{os.urandom(6).hex()}"
     run_dir = os.path.abspath(spec.run_dir or job_run_dir(job_id))
     job = Job(spec=spec, job_id=job_id, run_dir=run_dir)
     run = RunDir(run_dir)
