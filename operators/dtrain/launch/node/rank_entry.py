@@ -37,7 +37,7 @@ import sys
 import threading
 import time
 
-from dtrain.launch.node import ds_shm, hang_files, lease, placeholders, proctree
+from dtrain.launch.node import ds_shm, hang_files, placeholders, proctree
 from dtrain.launch.node.env_contract import contract_from_env, deepspeed_launcher_env
 from dtrain.launch.node.netif import socket_ifname_env
 from dtrain.launch.node.ranklog import RankLog
@@ -63,6 +63,19 @@ def rank_command(command: list[str], environ: dict[str, str]) -> list[str]:
     if environ.get("DTRAIN_PASS_LOCAL_RANK") == "1":
         argv.append(f"--local_rank={environ.get('LOCAL_RANK', '0')}")
     return argv
+
+
+#: the prefix of the variables through which a launcher asks for a node lease (dtrain.launch.node.lease)
+LEASE_VARS_PREFIX = "DTRAIN_LEASE_"
+
+
+def start_lease(environ: dict[str, str]) -> None:
+    """:func:`dtrain.launch.node.lease.start_from_env`, its module imported only when the launch
+    asked for a lease (mpirun over ssh): every other rank starts without its imports."""
+    if any(name.startswith(LEASE_VARS_PREFIX) for name in environ):
+        from dtrain.launch.node import lease
+
+        lease.start_from_env(environ)
 
 
 def _die_with_parent() -> None:
@@ -206,7 +219,7 @@ def main(argv: list[str] | None = None) -> int:
     environ.update(socket_ifname_env(environ))  # after the contract: MASTER_ADDR may come from mpirun's variables
     if "NODE_RANK" in environ:  # mpirun's ranks share one environment: their node index is their NODE_RANK
         environ.setdefault("DTRAIN_NODE_INDEX", environ["NODE_RANK"])
-    lease.start_from_env(environ)  # mpirun's nodes have no agent of ours: local rank 0 holds the node's lease
+    start_lease(environ)  # mpirun's nodes have no agent of ours: local rank 0 holds the node's lease
     environ.setdefault("PYTHONUNBUFFERED", "1")
     # A rank that dies in native code (an abort in a collective library, a segfault) prints
     # every thread's Python stack first, so its tail says where; a user's own setting wins.
