@@ -9,7 +9,6 @@ Slurm node task (``python -m dtrain.launch.node.proctree reap JOB_ID``).
 
 from __future__ import annotations
 
-import argparse
 import ctypes
 import os
 import signal
@@ -85,13 +84,16 @@ def _kill_descendants(root, grace: float) -> None:
 MAX_ENVIRON_BYTES = 8 * 1024 * 1024
 
 
-def environ_of(pid: int, limit: int = MAX_ENVIRON_BYTES) -> dict[str, str] | None:
+def environ_of(pid: int, limit: int = MAX_ENVIRON_BYTES, needle: bytes | None = None) -> dict[str, str] | None:
     """The environment process ``pid`` started with (``/proc/PID/environ``, at most ``limit`` bytes
-    read, a cut last entry dropped); None when it cannot be read (gone, another user's)."""
+    read, a cut last entry dropped); None when it cannot be read (gone, another user's), or, with
+    ``needle``, when those bytes are not in it (a scan of every process parses only the candidates)."""
     try:
         with open(f"/proc/{int(pid)}/environ", "rb") as fh:
             raw = fh.read(limit + 1)
     except OSError:
+        return None
+    if needle is not None and needle not in raw[:limit]:
         return None
     entries = raw[:limit].split(b"\0")
     if len(raw) > limit or entries[-1]:
@@ -114,7 +116,8 @@ def of_job(environ: dict[str, str] | None, job_id: str, node: int | None = None)
 def job_processes(job_id: str, node: int | None = None) -> list:
     """This user's processes on this host of job ``job_id`` (and ``node``: :func:`of_job`), except
     this process and its ancestors (a launcher may carry the variables itself)."""
-    return processes_where(lambda environ: of_job(environ, job_id, node))
+    return processes_where(lambda environ: of_job(environ, job_id, node),
+                           needle=f"DTRAIN_JOB_ID={job_id}".encode(errors="replace"))
 
 
 def network_namespace(pid: int | str = "self") -> str | None:
@@ -125,26 +128,33 @@ def network_namespace(pid: int | str = "self") -> str | None:
         return None
 
 
-def processes_where(predicate) -> list:
-    """This user's live processes on this host whose environment satisfies ``predicate``, except
-    this process and its ancestors. "This host" is this network namespace: hosts simulated as
-    namespaces of one machine share its process table, and a host's cleanup must not reach what runs
-    on another (on separate machines it cannot)."""
+def processes_where(predicate, needle: bytes | None = None) -> list:
+    """This user's live processes on this host whose environment satisfies ``predicate`` (and holds
+    the bytes ``needle``, when given: what ``predicate`` cannot do without), except this process and
+    its ancestors. "This host" is this network namespace: hosts simulated as namespaces of one
+    machine share its process table, and a host's cleanup must not reach what runs on another (on
+    separate machines it cannot).
+
+    Every launch ends with this scan of the host's process table, so a process is looked at no
+    further than its environment unless that environment matches."""
     import psutil
 
     me = psutil.Process()
     spared = {me.pid, *(p.pid for p in me.parents())}
     here = network_namespace()
     found = []
-    for proc in psutil.process_iter(["pid"]):
-        if proc.pid in spared:
+    for pid in psutil.pids():
+        if pid in spared:
             continue
-        elsewhere = network_namespace(proc.pid)
+        environ = environ_of(pid, needle=needle)
+        if environ is None or not predicate(environ):
+            continue
+        elsewhere = network_namespace(pid)
         if here is not None and elsewhere is not None and elsewhere != here:
             continue
-        environ = environ_of(proc.pid)
         try:
-            if environ is not None and predicate(environ) and proc.status() != psutil.STATUS_ZOMBIE:
+            proc = psutil.Process(pid)
+            if proc.status() != psutil.STATUS_ZOMBIE:
                 found.append(proc)
         except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
             continue
@@ -205,6 +215,8 @@ def _signal(proc, signum: int) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    import argparse  # the reaper's command line only: every rank wrapper imports this module
+
     parser = argparse.ArgumentParser(prog="python -m dtrain.launch.node.proctree")
     sub = parser.add_subparsers(dest="verb", required=True)
     reap = sub.add_parser("reap", help="stop every process of a job left on this host")
