@@ -212,3 +212,36 @@ def test_a_new_ssh_option_is_one_line_in_its_table():
         table.check("compression", "Maybe")
     assert (e.value.field, e.value.value, e.value.allowed) == ("ssh.compression", "maybe", "one of yes, no")
     assert "| `compression` | str: yes, no | `None` | `--ssh-compression` | ssh -C level |" in table.markdown()
+
+
+# -- the slurm backend's table -------------------------------------------------------------------------
+
+def test_the_slurm_options_are_the_slurm_tables():
+    from dtrain.launch.backends import get_backend_class
+    from dtrain.launch.backends.slurm.render import SLURM_OPTIONS, SlurmOptions
+
+    fields = {f.name: f.default if f.default is not dataclasses.MISSING else f.default_factory()
+              for f in dataclasses.fields(SlurmOptions)}
+    assert fields == SLURM_OPTIONS.defaults()
+    assert get_backend_class("slurm").option_names == SLURM_OPTIONS.names
+    with open(os.path.join(REPO, "docs", "backends.md"), encoding="utf-8") as fh:
+        assert "<!-- options: slurm -->" in fh.read()
+
+
+def test_the_slurm_flags_and_checks_are_the_slurm_tables():
+    from dtrain.launch.backends import get_backend_class
+    from dtrain.launch.backends.slurm.render import SLURM_OPTIONS, SlurmOptions
+
+    slurm = get_backend_class("slurm")
+    args = parse_launch("--backend", "slurm", "--partition", "gpu", "--time", "1:00:00", "--sbatch-option=--qos=high",
+                        "--sbatch-option=--exclusive", "--slurm-lost-after", "12")
+    assert slurm.options_from_cli(args) == {"partition": "gpu", "time_limit": "1:00:00",
+                                            "extra_sbatch": ["--qos=high", "--exclusive"], "lost_after": 12.0}
+    assert slurm.options_from_cli(parse_launch()) == {}  # an unset flag is no option: the defaults apply later
+    assert SlurmOptions(master_port="8").master_port == SLURM_OPTIONS.check("master_port", "8") == 8
+    with pytest.raises(SpecError) as e:
+        SlurmOptions(master_port=70000)
+    assert (e.value.field, e.value.value) == ("master_port", 70000) and "65535" in e.value.allowed
+    with pytest.raises(SpecError) as e:
+        SlurmOptions(poll_interval="soon")
+    assert (e.value.field, e.value.value, e.value.allowed) == ("poll_interval", "soon", "a number of seconds")

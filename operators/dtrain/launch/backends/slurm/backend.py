@@ -201,7 +201,8 @@ class SlurmBackend(Backend):
     name = "slurm"
     description = "one sbatch job; srun starts one torchrun agent per node"
     install_hint = "apt-get install slurm-client (sbatch, squeue, scontrol, scancel)"
-    option_names = tuple(SlurmOptions.__dataclass_fields__)
+    options = R.SLURM_OPTIONS  # its backend_options, declared once (flags, checks, docs/backends.md)
+    option_names = R.SLURM_OPTIONS.names
     supports_detached = True
     supports_elastic = True
     cli_module = "dtrain.launch.backends.slurm.cli"

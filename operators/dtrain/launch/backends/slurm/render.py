@@ -27,11 +27,12 @@ from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
 
 from dtrain import grammar
-from dtrain.args import coerce_float, coerce_int, mapping_arg
+from dtrain.args import coerce_float, mapping_arg
 from dtrain.errors import DTrainError, LaunchError, SpecError
 from dtrain.launch.backends.base import JobStatus, contract_node_env
 from dtrain.launch.core.job import Job
 from dtrain.launch.core.lost import DEFAULT_LOST_AFTER_S, MIN_LOST_AFTER_S
+from dtrain.launch.core.options import Check, Option, Options, integer
 from dtrain.launch.core.torchrun import Elastic, Static, agent_argv
 from dtrain.rundir import RunDir
 
@@ -137,6 +138,68 @@ def check_extra_sbatch(item: Any) -> str:
     return f"--{option}" if value is None else f"--{option}={value}"
 
 
+def _name(pattern: re.Pattern, allowed: str) -> Check:
+    """A name matching ``pattern``; blank is none (surrounding blanks, a rendered template's, are dropped)."""
+    def check(name: str, value: Any) -> Any:
+        if value is None or (isinstance(value, str) and not value.strip()):
+            return None
+        return grammar.check(name, str(value).strip(), pattern, allowed)
+    return check
+
+
+def _extra_sbatch(name: str, value: Any) -> tuple[str, ...]:
+    try:
+        extra = [value] if isinstance(value, str) else list(value or ())
+    except TypeError as e:
+        raise SpecError(name, value, "a list of --option[=value] strings") from e
+    return tuple(check_extra_sbatch(item) for item in extra)
+
+
+def _python(name: str, value: Any) -> str:
+    if not str(value).strip():
+        raise SpecError(name, value, "a path to the Python interpreter on the compute nodes")
+    return grammar.check(name, value, _COMMAND, "a path to the Python interpreter on the compute nodes "
+                                                "(no newline, NUL or other control character)")
+
+
+def _poll_interval(name: str, value: Any) -> float:
+    try:
+        poll = float(value)
+    except (TypeError, ValueError) as e:
+        raise SpecError(name, value, "a number of seconds") from e
+    if not 0.05 <= poll <= 3600:
+        raise SpecError(name, value, "between 0.05 and 3600 seconds")
+    return poll
+
+
+#: the slurm backend's options (its ``backend_options``), declared once: its ``dtrain launch`` flags, the
+#: checks of :class:`SlurmOptions` and the slurm table of docs/backends.md come from here
+SLURM_OPTIONS = Options([
+    Option("partition", str, None, "Slurm partition (-p); default: the cluster's default partition",
+           check=_name(grammar.PARTITION, "a Slurm partition name (letters, digits, _ . -), or a comma-separated list")),
+    Option("time_limit", str, None, "time limit in Slurm's format (90, 1:30:00, 2-00:00:00)", flag="--time",
+           check=_name(grammar.SLURM_TIME, "a Slurm time: minutes, M:S, H:M:S, D-H, D-H:M, D-H:M:S or UNLIMITED")),
+    Option("account", str, None, "Slurm account to charge",
+           check=_name(grammar.NAME, "an account name (letters, digits, _ . + -)")),
+    Option("gpus_per_node", int, None, "GPUs requested per node (--gpus-per-node); default: the job's gpus_per_node "
+                                       "when it uses GPUs, else none", check=integer(0, 1024), flag=None),
+    Option("job_name", str, None, "--job-name; default: the job id",
+           check=_name(grammar.NAME, "a job name (letters, digits, _ . + -)"), flag=None),
+    Option("python", str, None, "the interpreter on the compute nodes (default: this one's path)", check=_python,
+           flag=None),
+    Option("extra_sbatch", list[str], (), "an extra sbatch option such as --qos=high or --exclusive (repeatable)",
+           check=_extra_sbatch, flag="--sbatch-option", cli={"action": "append", "metavar": "--OPT[=VALUE]"}),
+    Option("poll_interval", float, 2.0, "seconds between job state polls", check=_poll_interval,
+           flag="--slurm-poll-interval"),
+    Option("master_port", int, 0, "rendezvous port on the first node; 0: 20000 + the Slurm job id % 20000",
+           check=integer(0, 65535), flag=None),
+    Option("lost_after", float, DEFAULT_LOST_AFTER_S, "seconds (>= 10; default 30) after which a node cut off from its "
+                                                      "peer fences itself and a silent node counts as lost",
+           check=lambda name, value: coerce_float(name, value, minimum=MIN_LOST_AFTER_S, maximum=3600.0),
+           flag="--slurm-lost-after"),
+], title="slurm backend (--backend slurm)")
+
+
 @dataclass(frozen=True)
 class SlurmOptions:
     """Where and how long the job may run. Validated here, before anything is submitted.
@@ -171,41 +234,8 @@ class SlurmOptions:
     lost_after: float = DEFAULT_LOST_AFTER_S
 
     def __post_init__(self) -> None:
-        def clean(name: str, value, pattern: re.Pattern, allowed: str):
-            if value is None or (isinstance(value, str) and not value.strip()):
-                return None
-            # Surrounding blanks (a rendered template's) are dropped; then all of it must match.
-            return grammar.check(name, str(value).strip(), pattern, allowed)
-
-        set_ = object.__setattr__  # frozen: normalise in place once
-        set_(self, "partition", clean("partition", self.partition, grammar.PARTITION,
-                                      "a Slurm partition name (letters, digits, _ . -), or a comma-separated list"))
-        set_(self, "time_limit", clean("time_limit", self.time_limit, grammar.SLURM_TIME,
-                                       "a Slurm time: minutes, M:S, H:M:S, D-H, D-H:M, D-H:M:S or UNLIMITED"))
-        set_(self, "account", clean("account", self.account, grammar.NAME, "an account name (letters, digits, _ . + -)"))
-        set_(self, "job_name", clean("job_name", self.job_name, grammar.NAME, "a job name (letters, digits, _ . + -)"))
-        if self.gpus_per_node is not None:
-            set_(self, "gpus_per_node", coerce_int("gpus_per_node", self.gpus_per_node, minimum=0, maximum=1024))
-        try:
-            extra = [self.extra_sbatch] if isinstance(self.extra_sbatch, str) else list(self.extra_sbatch or ())
-        except TypeError as e:
-            raise SpecError("extra_sbatch", self.extra_sbatch, "a list of --option[=value] strings") from e
-        set_(self, "extra_sbatch", tuple(check_extra_sbatch(item) for item in extra))
-        if self.python is not None:
-            if not str(self.python).strip():
-                raise SpecError("python", self.python, "a path to the Python interpreter on the compute nodes")
-            set_(self, "python", grammar.check("python", self.python, _COMMAND,
-                                               "a path to the Python interpreter on the compute nodes "
-                                               "(no newline, NUL or other control character)"))
-        try:
-            poll = float(self.poll_interval)
-        except (TypeError, ValueError) as e:
-            raise SpecError("poll_interval", self.poll_interval, "a number of seconds") from e
-        if not 0.05 <= poll <= 3600:
-            raise SpecError("poll_interval", self.poll_interval, "between 0.05 and 3600 seconds")
-        set_(self, "poll_interval", poll)
-        set_(self, "master_port", coerce_int("master_port", self.master_port, minimum=0, maximum=65535))
-        set_(self, "lost_after", coerce_float("lost_after", self.lost_after, minimum=MIN_LOST_AFTER_S, maximum=3600.0))
+        for name in SLURM_OPTIONS.names:  # frozen: normalised in place once, checked as SLURM_OPTIONS declares
+            object.__setattr__(self, name, SLURM_OPTIONS.check(name, getattr(self, name)))
 
 
 def coerce_options(options: "SlurmOptions | Mapping[str, Any] | str | None" = None) -> "SlurmOptions":
@@ -216,7 +246,7 @@ def coerce_options(options: "SlurmOptions | Mapping[str, Any] | str | None" = No
         return options
     options = mapping_arg("slurm_options", options, not_json="a mapping (or a JSON object string)",
                           not_mapping="a mapping of SlurmOptions fields")
-    allowed = set(SlurmOptions.__dataclass_fields__)
+    allowed = set(SLURM_OPTIONS.names)
     unknown = sorted(set(options) - allowed)
     if unknown:
         raise SpecError("slurm_options", unknown, f"known keys: {', '.join(sorted(allowed))}")
