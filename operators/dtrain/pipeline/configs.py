@@ -28,18 +28,28 @@ from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
 from dtrain.errors import SpecError
+from dtrain.launch.core.spec_options import JOB_OPTIONS
 from dtrain.pipeline.gate import Gate
 from dtrain.pipeline.params import DATASET_VERSION_PATTERN
 from dtrain.pipeline.registry import ModelRegistry
 from dtrain.preprocess.packing import Packing, packing_option
 from dtrain.preprocess.transform import REF
 
+
+def _job_options(*names: str) -> tuple[str, ...]:
+    """The train operator's job options ``names``, each looked up in JOB_OPTIONS: an option renamed there
+    fails this module's import (a DAG file's parse), not a run."""
+    return tuple(JOB_OPTIONS[name].name for name in names)
+
+
+#: the job options every pipeline has as params (the UI's placement)
+PLACEMENT_PARAMS = _job_options("nodes", "procs_per_node", "distribution", "backend")
 #: the params every pipeline has; a user param may not reuse these names
-BUILTIN_PARAMS = ("nodes", "procs_per_node", "distribution", "backend", "dataset_version")
+BUILTIN_PARAMS = (*PLACEMENT_PARAMS, "dataset_version")
 #: train operator arguments the factory sets itself (so they cannot be given in operator_args)
-SET_BY_FACTORY = frozenset({"task_id", "command", "nodes", "procs_per_node", "distribution", "backend",
-                            "backend_options", "deepspeed_config", "run_dir", "env", "dag", "outlets",
-                            "pre_execute"})
+SET_BY_FACTORY = frozenset({"task_id", "command", *PLACEMENT_PARAMS,
+                            *_job_options("backend_options", "deepspeed_config", "run_dir", "env"),
+                            "dag", "outlets", "pre_execute"})
 MODEL_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.+-]{0,127}")
 PARAM_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,63}")
 BACKENDS = ("local", "ssh", "slurm")
