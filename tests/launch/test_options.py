@@ -1,4 +1,4 @@
-"""Options declared once (dtrain.launch.core.options): the job's table is what the spec's fields, the
+"""Options declared once (dtrain.options): the job's table is what the spec's fields, the
 ``dtrain launch`` flags, the operator's parameters and ``template_fields``, the checks and the docs'
 table are; and one option added to a table shows up in all of them."""
 
@@ -12,7 +12,7 @@ import os
 import pytest
 
 from dtrain.errors import SpecError
-from dtrain.launch.core.options import Option, Options, integer
+from dtrain.options import Option, Options, integer
 from dtrain.launch.core.spec_options import JOB_OPTIONS
 from tests.conftest import REPO
 

@@ -3,7 +3,7 @@
 
 ``dtrain launch``'s flags, :class:`~dtrain.launch.airflow.operator.DistributedTrainingOperator`'s
 keyword parameters and ``template_fields``, the per-field checks of the spec and its placement, and the
-job options table in docs/backends.md all come from this table (:mod:`dtrain.launch.core.options`). A new
+job options table in docs/backends.md all come from this table (:mod:`dtrain.options`). A new
 option is one line here, plus its field on ``LaunchSpec`` (tests/launch/test_options.py checks they agree).
 
 Light on purpose: the operator reads it when a DAG file is parsed.
@@ -16,7 +16,7 @@ from typing import Any
 from dtrain import grammar
 from dtrain.args import coerce_env
 from dtrain.errors import SpecError
-from dtrain.launch.core.options import Option, Options, boolean, integer, number
+from dtrain.options import Option, Options, boolean, integer, number
 
 DISTRIBUTIONS = ("pytorch", "deepspeed", "mpi", "tensorflow")
 DEVICES = ("auto", "cpu", "gpu")

@@ -16,7 +16,7 @@ import argparse
 import re
 import sys
 
-from dtrain.launch.core.options import Options
+from dtrain.options import Options
 from dtrain.launch.core.spec_options import JOB_OPTIONS
 
 _SECTION = re.compile(r"(<!-- options: (?P<name>[\w-]+) -->\n)(?P<body>.*?)(<!-- end options: (?P=name) -->)", re.S)

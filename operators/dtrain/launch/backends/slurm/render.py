@@ -32,7 +32,7 @@ from dtrain.errors import DTrainError, LaunchError, SpecError
 from dtrain.launch.backends.base import JobStatus, contract_node_env
 from dtrain.launch.core.job import Job
 from dtrain.launch.core.lost import DEFAULT_LOST_AFTER_S, MIN_LOST_AFTER_S
-from dtrain.launch.core.options import Check, Option, Options, integer
+from dtrain.options import Check, Option, Options, integer
 from dtrain.launch.core.torchrun import Elastic, Static, agent_argv
 from dtrain.rundir import RunDir
 

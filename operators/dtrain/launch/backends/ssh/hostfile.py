@@ -28,7 +28,7 @@ from dtrain.args import coerce_float, mapping_arg, read_input_file
 from dtrain.errors import SpecError
 from dtrain.launch.backends.ssh.fanout import DEFAULT_FANOUT, MAX_FANOUT
 from dtrain.launch.core.lost import DEFAULT_LOST_AFTER_S, MIN_LOST_AFTER_S
-from dtrain.launch.core.options import Option, Options, integer
+from dtrain.options import Option, Options, integer
 
 TARGET_RE = grammar.HOST_TARGET  # the one copy: autotune's hosts follow it too
 USER_RE = grammar.HOST_USER

@@ -8,7 +8,8 @@ operator's keyword parameters (:meth:`Options.keywords`) and ``template_fields``
 what is allowed (:meth:`Options.check`), and the options tables in docs/backends.md
 (:meth:`Options.markdown`). A new option is one :class:`Option` in its table.
 
-Imports neither Airflow nor torch (operators read their tables when a DAG file is parsed).
+Stdlib only, beside dtrain.args and dtrain.grammar: every layer of dtrain.launch, the backend registry's
+too, may declare a table, and operators read theirs when a DAG file is parsed.
 """
 
 from __future__ import annotations
