@@ -156,11 +156,11 @@ def test_the_cli_reports_bad_input_with_exit_2(tmp_path):
 
 def test_the_nodes_come_from_the_backend_registry():
     from dtrain.autotune.shape import device_and_hosts
-    from dtrain.launch.core.placement import Placement
+    from dtrain.launch.backends import resolve_placement
 
     def placed(backend, options, nodes, procs, device):
-        return device_and_hosts(Placement(nodes=nodes, procs_per_node=procs, backend=backend, options=options,
-                                          device=device))
+        return device_and_hosts(resolve_placement(nodes=nodes, procs_per_node=procs, backend=backend,
+                                                  backend_options=options, device=device))
 
     assert placed("local", {}, 1, 2, "cpu") == ("cpu", None)  # this host: no hostfile
     hosts = {"hosts": ["10.0.0.1 slots=2", "10.0.0.2 slots=2"]}

@@ -4,8 +4,9 @@ The folder of a module under ``dtrain/launch`` names the process it runs in, and
 import: ``node/`` runs beside the ranks, possibly on a host without Airflow; ``engine/`` is the
 launcher, which the ``dtrain`` CLI runs without Airflow; ``airflow/`` runs in a worker or the
 triggerer. ``core/`` (the job model, node supervision) is below the launcher and the backends'
-own folders; the backend contract and registry (``backends/__init__.py``, ``backends/base.py``) are
-below the job model, which checks itself against a backend's class. Nothing in launch imports the packages built on top of it (the training helper, the UI,
+own folders; the backend contract, registry and placement (``backends/__init__.py``, ``base.py``,
+``placement.py``) are below the job model, which checks itself against a backend's class and whose
+placement the registry resolves. Nothing in launch imports the packages built on top of it (the training helper, the UI,
 the pipeline). Parsed, not imported: an import inside a function, or under ``if TYPE_CHECKING:``,
 counts like one at the top of the module.
 """
@@ -33,7 +34,7 @@ FORBIDDEN = (
     ("backends", ("dtrain.launch.engine", "dtrain.launch.airflow"),
      "backends/ run jobs for the launcher: they build on core/ and node/, never on the launcher"),
     ("backends/", ("dtrain.launch.core",),
-     "the backend contract and registry are below the job model (a spec checks itself against them)"),
+     "the backend contract, registry and placement are below the job model (a spec checks itself against them)"),
     ("", ("dtrain.links", "dtrain.training", "dtrain.ui", "dtrain.pipeline", "dtrain.plugin"),
      "launch is below the training helper, the UI, the pipeline and the plugin"),
 )

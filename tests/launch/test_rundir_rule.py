@@ -58,7 +58,7 @@ ALLOWED = {
     "training/shards.py:ShardDataset._read_into": "the staged dataset",
     "training/loop.py:TrainLoop.restore": "the rank loads the warm-start model it was given (--init-from)",
     # The launcher's side, on paths that are not under a run directory.
-    "launch/core/placement.py:visible_gpu_count": "/proc/driver/nvidia/gpus",
+    "launch/backends/placement.py:visible_gpu_count": "/proc/driver/nvidia/gpus",
     "launch/core/spec.py:LaunchSpec.__post_init__": "the user's workdir exists (a spec check)",
     "launch/core/spec.py:LaunchSpec._check_command": "the user's script exists (a spec check)",
     "launch/core/deepspeed_config.py:load_deepspeed_config": "the user's DeepSpeed config file named in the spec",

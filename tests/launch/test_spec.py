@@ -219,3 +219,24 @@ def test_validate_keeps_typed_options_on_the_spec_and_never_rewrites_backend_opt
     spec = LaunchSpec(command=["train.py"], backend="slurm", nodes=2, backend_options=dict(given))
     assert spec.backend_options == given
     assert isinstance(spec.resolved, SlurmOptions) and spec.resolved.partition == "gpu"
+
+
+def test_the_registry_resolves_a_placement_and_the_spec_keeps_what_it_resolved():
+    """A Placement is a plain value: the backend registry checks it against the backend's class
+    (resolve_placement), once; a spec built from flat keywords holds that resolved placement."""
+    from dtrain.launch.backends import Placement, resolve_placement
+
+    assert Placement(nodes=0, backend="nope").nodes == 0  # no check of its own
+    with pytest.raises(SpecError) as e:
+        resolve_placement(nodes=2, backend="nope")
+    assert (e.value.field, e.value.value) == ("backend", "nope")
+    with pytest.raises(SpecError) as e:
+        resolve_placement(nodes="2:4", backend="mpi")
+    assert (e.value.field, e.value.value) == ("nodes", "2:4") and "a fixed count on backend 'mpi'" in e.value.allowed
+    placement = resolve_placement(nodes=" 2:4 ", procs_per_node="3", backend=" LOCAL ", device="cpu")
+    assert (placement.nodes, placement.min_nodes, placement.procs_per_node, placement.backend) == (4, 2, 3, "local")
+    assert placement.resolved == {}
+
+    spec = LaunchSpec(command=["true"], nodes=2, device="cpu")
+    assert spec.placement == resolve_placement(nodes=2, device="cpu")
+    assert LaunchSpec(command=["true"], placement=spec.placement).placement is spec.placement

@@ -175,13 +175,13 @@ console.log(JSON.stringify(out));
 def test_too_many_local_ranks_fail_in_check_params_before_any_data_is_touched(retrain, airflow_db, monkeypatch):
     import airflow.sdk.execution_time.supervisor as supervisor
 
-    import dtrain.launch.core.placement
+    import dtrain.launch.backends.placement
 
     monkeypatch.delenv(P.MAX_RANKS_ENV, raising=False)
     limit, _ = P.local_rank_limit()
     if limit >= 64 * 16:  # a worker that may run 1,024 ranks: judge as the 2-core CI worker would
         monkeypatch.setattr(P, "usable_cpus", lambda: 2)
-        monkeypatch.setattr(dtrain.launch.core.placement, "visible_gpu_count", lambda: 0)
+        monkeypatch.setattr(dtrain.launch.backends.placement, "visible_gpu_count", lambda: 0)
         limit = 2 * P.OVERSUBSCRIPTION
     ran: dict[str, BaseException | None] = {}
     real = supervisor.run_task_in_process
@@ -244,14 +244,14 @@ def test_local_rank_limit_follows_this_worker(monkeypatch):
 
 
 def test_check_launch_refuses_what_train_would_refuse_later(retrain, monkeypatch):
-    import dtrain.launch.core.placement
+    import dtrain.launch.backends.placement
 
     values = {name: param.value for name, param in retrain.PARAMS.items()}
-    monkeypatch.setattr(dtrain.launch.core.placement, "visible_gpu_count", lambda: 0)
+    monkeypatch.setattr(dtrain.launch.backends.placement, "visible_gpu_count", lambda: 0)
     assert P.check_launch(values, retrain.BACKEND_OPTIONS).world_size == 4
     deepspeed = {**values, "distribution": "deepspeed"}
     assert P.check_launch(deepspeed, retrain.BACKEND_OPTIONS, retrain.deepspeed_config(deepspeed)).world_size == 4
-    monkeypatch.setattr(dtrain.launch.core.placement, "visible_gpu_count", lambda: 1)  # a worker with one GPU
+    monkeypatch.setattr(dtrain.launch.backends.placement, "visible_gpu_count", lambda: 1)  # a worker with one GPU
     with pytest.raises(SpecError, match=r"procs_per_node=2 is invalid: at most the 1 GPU"):
         P.check_launch(values, retrain.BACKEND_OPTIONS)
 

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from dtrain.launch.core.placement import Placement
+from dtrain.launch.backends import resolve_placement
 from dtrain.preflight.checks import check_node, file_sha256, nccl_env
 from dtrain.preflight.runner import run_preflight
 
@@ -19,7 +19,7 @@ def manifest(tmp_path):
 
 
 def test_every_node_ready(manifest, tmp_path):
-    report = run_preflight(Placement(nodes=2, procs_per_node=2, device="cpu"),
+    report = run_preflight(resolve_placement(nodes=2, procs_per_node=2, device="cpu"),
                            manifest_path=manifest, manifest_sha256=file_sha256(manifest),
                            checkpoint_dir=str(tmp_path / "ckpt"), min_free_gb=0.001)
     assert report["ok"], report["summary"]
@@ -47,7 +47,7 @@ def test_each_problem_fails_with_a_clear_summary(manifest, tmp_path, case, probl
         kwargs["min_free_gb"] = 10**9
     elif case == "no_gpus":
         kwargs["expect_gpus"] = True
-    report = run_preflight(Placement(nodes=2, procs_per_node=2, device="cpu"), **kwargs)
+    report = run_preflight(resolve_placement(nodes=2, procs_per_node=2, device="cpu"), **kwargs)
     assert not report["ok"]
     assert all(problem in " ".join(n["problems"]) for n in report["nodes"])
     assert "FAILED" in "\n".join(report["summary"])

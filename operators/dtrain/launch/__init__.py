@@ -24,11 +24,11 @@ these rules (one inside a function counts too).
 
 ``core/``
     The job model and what runs a job's processes, shared by the launcher and every backend: the
-    spec and its placement, the prepared job, DeepSpeed's config, the torchrun argv, node
+    spec (a job on a placement), the prepared job, DeepSpeed's config, the torchrun argv, node
     supervision, elastic membership and rounds, the rendezvous store, lost nodes, exit records,
     log tails. Runs in the launcher's process (the rendezvous store in one of its own): may import
-    ``node/``, the backend contract and registry (a spec and a placement check themselves against
-    the backend's class) and dtrain's shared modules, never ``engine/``, ``airflow/`` nor Airflow.
+    ``node/``, the backend contract and registry (a spec checks itself against the backend's class,
+    and the registry resolves its placement) and dtrain's shared modules, never ``engine/``, ``airflow/`` nor Airflow.
 
 ``node/``
     Runs beside the ranks on every node, on hosts where Airflow is neither configured nor wanted
@@ -40,13 +40,16 @@ these rules (one inside a function counts too).
     from dtrain, only ``node/``, dtrain.rundir and dtrain.errors.
 
 ``backends/``
-    The registry (``__init__.py``), the backend contract (``base.py``) and one folder per backend;
+    The registry (``__init__.py``, which also resolves a placement: ``resolve_placement``), the
+    backend contract (``base.py``), the placement they both take (``placement.py``: a plain typed
+    value and its options table) and one folder per backend;
     code outside ``backends/<name>/`` reaches a backend only through the registry
     (tests/launch/backends/test_layout.py). A backend's folder holds its code for every process: what the
     launcher calls, its operator option resolution (which may read an Airflow connection) and its
     own node-side agents (ssh: remote_agent, detached_node); it may import ``core/`` and ``node/``,
-    never ``engine/``. The registry and the contract are below the job model: they import ``node/``
-    and the job model's types only for annotations.
+    never ``engine/``. The registry, the contract and the placement are below the job model: they
+    import ``node/`` and dtrain's shared modules (dtrain.options declares the placement's table), and
+    the job model's types only for annotations.
 
 The arrows point one way, ``airflow/`` -> ``engine/`` -> ``backends/<name>/`` -> ``core/`` ->
 ``backends/`` (the registry and the contract) -> ``node/``; nothing here imports the

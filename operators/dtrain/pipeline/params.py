@@ -81,7 +81,7 @@ def local_rank_limit(environ: Mapping[str, str] | None = None, *, cpus: int | No
     if cpus is None:
         cpus = usable_cpus()
     if gpus is None:
-        from dtrain.launch.core.placement import visible_gpu_count
+        from dtrain.launch.backends.placement import visible_gpu_count
 
         gpus = visible_gpu_count()
     limit = max(cpus, gpus) * OVERSUBSCRIPTION
@@ -180,13 +180,13 @@ def check_launch(values: Mapping[str, Any], backend_options: Mapping[str, Any],
     the run before any data is touched: the placement (procs_per_node above this host's GPUs with
     backend=local, fewer ssh hosts than nodes, a bad backend option), the distribution on that
     backend, and the DeepSpeed config against the world size. Raises :class:`SpecError`; returns
-    the :class:`~dtrain.launch.core.placement.Placement`."""
+    the :class:`~dtrain.launch.backends.placement.Placement`."""
     from dtrain.launch.core.deepspeed_config import resolve_deepspeed_config
-    from dtrain.launch.core.placement import Placement
+    from dtrain.launch.backends import operator_placement
     from dtrain.launch.core.spec import check_distribution
 
-    placement = Placement.for_operator(nodes=values["nodes"], procs_per_node=values["procs_per_node"],
-                                       backend=values["backend"], backend_options=backend_options)
+    placement = operator_placement(nodes=values["nodes"], procs_per_node=values["procs_per_node"],
+                                   backend=values["backend"], backend_options=backend_options)
     if check_distribution(placement, values["distribution"]) == "deepspeed":
         resolve_deepspeed_config(deepspeed_config or None, placement.world_size, 1, 1)
     return placement

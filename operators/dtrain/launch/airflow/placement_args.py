@@ -1,11 +1,12 @@
 """The placement arguments every operator that places work shares (train, preflight, autotune):
 one mixin for the arguments, their templating and their resolution into a
-:class:`~dtrain.launch.core.placement.Placement` when the task runs."""
+:class:`~dtrain.launch.backends.placement.Placement` (by the backend registry) when the task runs."""
 
 from __future__ import annotations
 
 from typing import Any, Sequence
 
+from dtrain.launch.backends import operator_placement
 from dtrain.launch.core.placement import Placement
 from dtrain.launch.core.spec_options import JOB_OPTIONS, PLACEMENT_OPTIONS
 
@@ -32,4 +33,4 @@ class PlacementArgs:
 
     def resolve_placement(self) -> Placement:
         """The rendered arguments, checked, with the backend's options completed (once per task)."""
-        return Placement.for_operator(**{name: getattr(self, name) for name in PLACEMENT_TABLE.names})
+        return operator_placement(**{name: getattr(self, name) for name in PLACEMENT_TABLE.names})

@@ -11,6 +11,10 @@ never launches on Slurm never imports it); third-party backends register through
 makes ``backend="k8s"`` valid in the spec, the operator and ``dtrain launch`` without
 touching this package. Code outside ``backends/<name>/`` reaches a backend only through
 :func:`get_backend_class` / :func:`backend_for` and the :class:`Backend` contract.
+
+The registry also resolves a :class:`Placement` (:func:`resolve_placement`, an operator's:
+:func:`operator_placement`): it checks every field against the named backend's class and keeps what
+that backend resolved from its options.
 """
 
 from __future__ import annotations
@@ -18,16 +22,21 @@ from __future__ import annotations
 import functools
 import importlib
 import importlib.metadata
-from typing import TYPE_CHECKING
+from dataclasses import replace
+from typing import TYPE_CHECKING, Any
 
+from dtrain import grammar
+from dtrain.args import coerce_int, mapping_arg, node_range
 from dtrain.errors import DTrainError, SpecError
 from dtrain.launch.backends.base import Backend, BackendOutcome, DryRunRequest, JobHandle, JobStatus
+from dtrain.launch.backends.placement import PLACEMENT_TABLE, Placement
 
 if TYPE_CHECKING:
     from dtrain.launch.core.spec import LaunchSpec
 
-__all__ = ["Backend", "BackendOutcome", "DryRunRequest", "JobHandle", "JobStatus", "ENTRY_POINT_GROUP",
-           "backend_names", "get_backend_class", "backend_for", "runner_for", "register_backend", "reload_entry_points"]
+__all__ = ["Backend", "BackendOutcome", "DryRunRequest", "JobHandle", "JobStatus", "ENTRY_POINT_GROUP", "Placement",
+           "backend_names", "get_backend_class", "backend_for", "runner_for", "register_backend", "reload_entry_points",
+           "resolve_placement", "operator_placement"]
 
 ENTRY_POINT_GROUP = "dtrain.backends"
 BUILTIN: dict[str, str] = {
@@ -137,8 +146,6 @@ def options_for(name: str, backend_options: object) -> dict:
     Sections for other registered backends are allowed (a DAG whose UI param picks the backend
     sets them all); a key that names no installed backend is refused as the typo it is.
     """
-    from dtrain.args import mapping_arg
-
     sections = mapping_arg("backend_options", backend_options, not_json="a mapping (or a JSON object string)",
                            not_mapping="a mapping of backend name to that backend's options")
     known = backend_names()
@@ -150,3 +157,63 @@ def options_for(name: str, backend_options: object) -> dict:
                                         not_json="a mapping (or a JSON object string)",
                                         not_mapping="a mapping of that backend's options"))
     return get_backend_class(name).resolve_operator_options(checked.get(name, {}))
+
+
+# -- placements --------------------------------------------------------------------------------------
+
+def resolve_placement(*, nodes: Any = 1, procs_per_node: Any = 1, backend: Any = "local", backend_options: Any = None,
+                      device: Any = "auto", gpus_per_node: Any = None, min_nodes: Any = None) -> Placement:
+    """A :class:`Placement`, checked against backend ``backend``'s class (a :class:`SpecError` naming the
+    field, the value and what is allowed), with what that backend resolved from ``backend_options``.
+
+    ``nodes``: a count, or ``"MIN:MAX"`` for an elastic job (also given as ``min_nodes`` and ``nodes``;
+    MIN equal to MAX is a fixed count) on a backend with ``supports_elastic``. Values may be text
+    (rendered templates, UI params); they are converted here.
+    """
+    name = str(backend).strip().lower()
+    backend_cls = get_backend_class(name)  # SpecError naming the installed ones
+    least, most = node_range("nodes", nodes, maximum=grammar.MAX_NODES)
+    if min_nodes is not None:
+        if least != most:
+            raise SpecError("nodes", nodes, "MIN:MAX or min_nodes, not both")
+        least = coerce_int("min_nodes", min_nodes, minimum=1, maximum=most)
+    least = None if least == most else least
+    if least is not None and not backend_cls.supports_elastic:
+        raise SpecError("nodes", f"{least}:{most}", f"a fixed count on backend {name!r} (elastic jobs: "
+                                                    f"{', '.join(elastic_backends())})")
+    placement = Placement(
+        nodes=most, min_nodes=least, backend=name,
+        procs_per_node=PLACEMENT_TABLE.check("procs_per_node", procs_per_node),
+        options=dict(mapping_arg("backend_options", backend_options,
+                                 not_json="a mapping (or a JSON object string)",
+                                 not_mapping="a mapping of the backend's options")),
+        device=PLACEMENT_TABLE.check("device", device),
+        gpus_per_node=PLACEMENT_TABLE.check("gpus_per_node", gpus_per_node))
+    _check_gpus(placement, backend_cls.single_host)
+    return replace(placement, resolved=backend_cls.resolve_placement(placement))
+
+
+def operator_placement(*, nodes: Any, procs_per_node: Any, backend: Any, backend_options: Any,
+                       device: Any = "auto", gpus_per_node: Any = None) -> Placement:
+    """An operator's placement: ``backend_options`` is ``{backend name: options}``; the chosen
+    backend's section is completed where the task runs (e.g. from an Airflow connection)."""
+    name = str(backend).strip().lower()
+    return resolve_placement(nodes=nodes, procs_per_node=procs_per_node, backend=name,
+                             backend_options=options_for(name, backend_options), device=device,
+                             gpus_per_node=gpus_per_node)
+
+
+def _check_gpus(placement: Placement, on_this_host: bool) -> None:
+    # This host's GPUs say nothing about remote nodes: count them only for a backend
+    # running here, unless the user stated gpus_per_node.
+    if not on_this_host and placement.gpus_per_node is None:
+        return
+    capacity = placement.gpu_capacity()
+    if placement.device == "gpu" and capacity == 0:
+        raise SpecError("device", "gpu", "a host with at least one visible GPU (none found)")
+    if capacity > 0 and placement.device != "cpu" and placement.procs_per_node > capacity:
+        raise SpecError(
+            "procs_per_node",
+            placement.procs_per_node,
+            f"at most the {capacity} GPU(s) per node on this host (use device='cpu' to run on CPU)",
+        )

@@ -4,8 +4,8 @@ A backend is one folder under ``dtrain/launch/backends/`` (or a third-party pack
 registered through the ``dtrain.backends`` entry-point group) holding a :class:`Backend`
 subclass. Nothing outside that folder knows the backend's name or options:
 
-* validation: :meth:`Backend.resolve_placement` checks the backend's options when a
-  :class:`~dtrain.launch.core.placement.Placement` is built and returns what it resolved from them,
+* validation: :meth:`Backend.resolve_placement` checks the backend's options when the registry
+  resolves a :class:`~dtrain.launch.backends.placement.Placement` and returns what it resolved from them,
   typed, kept as ``placement.resolved`` (``spec.resolved``; read from there on, the options
   themselves stay as given); :meth:`Backend.validate` checks the rest of a job before anything starts;
 * node access: :meth:`Backend.node_access`, :meth:`Backend.node_commands`, :meth:`Backend.node_fanout`
@@ -47,7 +47,7 @@ from dtrain.launch.node.net import free_port
 if TYPE_CHECKING:  # imported for annotations only: the spec imports the registry
     from dtrain.launch.core.job import Job
     from dtrain.launch.core.lost import LostNode
-    from dtrain.launch.core.placement import Placement
+    from dtrain.launch.backends.placement import Placement
     from dtrain.launch.core.spec import LaunchSpec
 
 Primitive = (str, int, float, bool, type(None))

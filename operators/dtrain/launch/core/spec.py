@@ -16,9 +16,9 @@ from typing import Any, Mapping, Sequence
 
 from dtrain.args import coerce_argv, coerce_env
 from dtrain.errors import SpecError
-from dtrain.launch.backends import backend_for, get_backend_class, runner_for
+from dtrain.launch.backends import backend_for, get_backend_class, resolve_placement, runner_for
 from dtrain.launch.core.deepspeed_config import resolve_deepspeed_config
-from dtrain.launch.core.placement import Placement
+from dtrain.launch.backends.placement import Placement
 from dtrain.launch.core.spec_options import DISTRIBUTIONS, JOB_OPTIONS
 
 __all__ = ["DISTRIBUTIONS", "JOB_OPTIONS", "LaunchSpec", "check_distribution", "script_of"]
@@ -45,8 +45,9 @@ class LaunchSpec:
     :data:`~dtrain.launch.core.spec_options.JOB_OPTIONS`, where the CLI's flags, the operator's
     parameters and the per-field checks come from.
     The placement (nodes, procs_per_node, backend, backend_options, device, gpus_per_node) is a
-    :class:`~dtrain.launch.core.placement.Placement`: give its fields, or ``placement=`` one already
-    built (an operator's), whose values then fill them.
+    :class:`~dtrain.launch.backends.placement.Placement`: give its fields (resolved once, by the backend
+    registry's :func:`~dtrain.launch.backends.resolve_placement`), or ``placement=`` one already resolved
+    (an operator's), whose values then fill them.
 
     Args:
         command: argv run on every rank (no shell; arguments reach it verbatim).
@@ -92,7 +93,7 @@ class LaunchSpec:
         secret_env: environment for every rank that is a secret (an Airflow connection's AWS
             credentials): given to the ranks as ``env`` is, never shown in the spec's repr; a backend
             that would write it into an argv, a script or the dry-run output refuses it.
-        placement: a checked :class:`~dtrain.launch.core.placement.Placement` (see above).
+        placement: a resolved :class:`~dtrain.launch.backends.placement.Placement` (see above).
     """
 
     command: Sequence[str]
@@ -126,9 +127,9 @@ class LaunchSpec:
     def __post_init__(self) -> None:
         self.command = coerce_argv("command", self.command)
         if self.placement is None:
-            self.placement = Placement(nodes=self.nodes, procs_per_node=self.procs_per_node, backend=self.backend,
-                                       options=self.backend_options, device=self.device,
-                                       gpus_per_node=self.gpus_per_node)
+            self.placement = resolve_placement(nodes=self.nodes, procs_per_node=self.procs_per_node,
+                                               backend=self.backend, backend_options=self.backend_options,
+                                               device=self.device, gpus_per_node=self.gpus_per_node)
         placement = self.placement
         self.nodes, self.procs_per_node, self.backend = placement.nodes, placement.procs_per_node, placement.backend
         self.backend_options, self.device, self.gpus_per_node = placement.options, placement.device, \

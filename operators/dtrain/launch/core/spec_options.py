@@ -16,10 +16,10 @@ from typing import Any
 from dtrain import grammar
 from dtrain.args import coerce_env
 from dtrain.errors import SpecError
+from dtrain.launch.backends.placement import DEVICES, PLACEMENT_TABLE
 from dtrain.options import Option, Options, boolean, integer, number
 
 DISTRIBUTIONS = ("pytorch", "deepspeed", "mpi", "tensorflow")
-DEVICES = ("auto", "cpu", "gpu")
 #: the default hang timeout of an operator's job (a CLI launch has none): half an hour without a printed
 #: line, a metrics record or a heartbeat from a rank is almost always stuck, and gloo's/NCCL's own
 #: collective timeout is as long (docs/hangs.md)
@@ -42,15 +42,15 @@ def _job_id(name: str, value: Any) -> str:  # the rendezvous id, a Slurm job nam
     return grammar.check(name, value, grammar.NAME, "letters, digits and _ . + - (1-128)")
 
 
-#: the placement's options (:class:`~dtrain.launch.core.placement.Placement`), checked when it is built
-PLACEMENT_OPTIONS = ("nodes", "procs_per_node", "backend", "backend_options", "device", "gpus_per_node")
+#: the placement's options (:class:`~dtrain.launch.backends.placement.Placement`), declared with it and
+#: checked by the registry when one is resolved
+PLACEMENT_OPTIONS = PLACEMENT_TABLE.names
 
 JOB_OPTIONS = Options([
-    Option("nodes", int | str, 1, "number of nodes (default 1), or MIN:MAX for an elastic job (goes on with at "
-                                  "least MIN nodes when some are lost; local, ssh, slurm)", templated=True),
-    Option("procs_per_node", int, 1, "processes per node (default 1)", templated=True, check=integer(1, 1024)),
+    PLACEMENT_TABLE["nodes"],
+    PLACEMENT_TABLE["procs_per_node"],
     Option("distribution", str, "pytorch", templated=True, choices=DISTRIBUTIONS),
-    Option("backend", str, "local", "one of {backends} (default local)", templated=True),
+    PLACEMENT_TABLE["backend"],
     Option("deepspeed_config", str | dict, None, "DeepSpeed JSON config (validated before launch)", templated=True,
            cli={"metavar": "FILE"}),
     Option("model_parallel_size", int, 1, "distribution deepspeed: tensor-parallel size the script uses (DeepSpeed's "
@@ -72,9 +72,8 @@ JOB_OPTIONS = Options([
            operator=False),
     # torchrun takes whole seconds: below 1 it would be 0 and fail late in the rendezvous.
     Option("rdzv_timeout", float, 300.0, "seconds for all nodes to join", check=number(1, WEEK_S)),
-    Option("device", str, "auto", choices=DEVICES),
-    Option("gpus_per_node", int, None, "GPUs per node (default: this host's, for backends running here)",
-           check=integer(minimum=0)),
+    PLACEMENT_TABLE["device"],
+    PLACEMENT_TABLE["gpus_per_node"],
     Option("run_dir", str, None, "checkpoints, metrics and exit records (reuse it to resume)", templated=True),
     Option("env", dict, {}, "extra env for every rank", templated=True, check=coerce_env, from_cli=parse_env,
            cli={"action": "append", "default": [], "metavar": "KEY=VALUE"}, operator_default=None),
@@ -83,9 +82,7 @@ JOB_OPTIONS = Options([
            cli={"action": "append", "metavar": "OPT", "dest": "mpi_options"}),
     Option("parameter_servers", int, 0, "distribution tensorflow: ranks that are TF_CONFIG 'ps' tasks (legacy TF 1.x)",
            check=integer(minimum=0)),
-    Option("backend_options", dict, {}, "the backend's own options (the tables below; an operator's: one section per "
-                                        "backend, the chosen one's used); on the CLI, the backend's flags",
-           templated=True, flag=None, operator_default=None),
+    PLACEMENT_TABLE["backend_options"],
     Option("workdir", str, None, "working directory of every rank (default: the current directory)",
            flag=None),  # checked by the spec: it must exist
     Option("job_id", str, None, "rendezvous id and run name (default: generated)", check=_job_id, flag=None,
