@@ -43,7 +43,7 @@ def defer_job(operator, spec: LaunchSpec, context: Mapping | None = None, sink=N
     backend_cls = backend_for(spec)
     if not backend_cls.supports_detached:
         raise SpecError("deferrable", True, f"a backend whose jobs outlive the worker ({', '.join(detachable_backend_names())}); "
-                                            f"backend={spec.backend!r} with distribution={spec.distribution!r} "
+                                            f"backend={spec.placement.backend!r} with distribution={spec.distribution!r} "
                                             f"runs on {backend_cls.name!r}, which cannot")
     from dtrain.launch.engine.launcher import Launcher
 

@@ -115,7 +115,7 @@ def runner_for(backend: str, distribution: str) -> type[Backend]:
 
 def backend_for(spec: "LaunchSpec") -> type[Backend]:
     """The backend class that runs ``spec``."""
-    return runner_for(spec.backend, spec.distribution)
+    return runner_for(spec.placement.backend, spec.distribution)
 
 
 def _names_with(flag: str) -> list[str]:

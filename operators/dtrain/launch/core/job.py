@@ -42,10 +42,10 @@ def run_record(spec: LaunchSpec) -> dict:
     """What the operator records (XCom :data:`RUN_RECORD_KEY`) before it launches: the run directory
     every file of the job lies under, and the job's shape. Primitives only."""
     return {
-        "run_dir": os.path.abspath(spec.run_dir or ""), "backend": spec.backend, "nodes": spec.nodes,
-        "min_nodes": spec.min_nodes,
-        "procs_per_node": spec.procs_per_node, "world_size": spec.world_size, "distribution": spec.distribution,
-        "hang_timeout": spec.hang_timeout,
+        "run_dir": os.path.abspath(spec.run_dir or ""), "backend": spec.placement.backend,
+        "nodes": spec.placement.nodes, "min_nodes": spec.placement.min_nodes,
+        "procs_per_node": spec.placement.procs_per_node, "world_size": spec.world_size,
+        "distribution": spec.distribution, "hang_timeout": spec.hang_timeout,
     }
 
 

@@ -136,7 +136,7 @@ class LaunchSpec:
             placement.gpus_per_node
         self.min_nodes = placement.min_nodes
         self.distribution = check_distribution(placement, self.distribution)
-        backend_cls = get_backend_class(self.backend)
+        backend_cls = get_backend_class(placement.backend)
         self.env = JOB_OPTIONS.check("env", self.env)
         self.secret_env = coerce_env("secret_env", self.secret_env)  # messages name keys, never values
         both = sorted(set(self.env) & set(self.secret_env))
@@ -170,7 +170,7 @@ class LaunchSpec:
     @property
     def world_size(self) -> int:
         """Ranks on all nodes (an elastic job's at its most)."""
-        return self.nodes * self.procs_per_node
+        return self.placement.world_size
 
     @property
     def elastic(self) -> bool:

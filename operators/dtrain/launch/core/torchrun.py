@@ -103,7 +103,7 @@ def agent_argv(spec: "LaunchSpec", *, python: str, job_id: str, rdzv: Rendezvous
     return [
         python, *AGENT,
         f"--nnodes={spec.placement.nnodes}",
-        f"--nproc-per-node={spec.procs_per_node}",
+        f"--nproc-per-node={spec.placement.procs_per_node}",
         *rendezvous_args(spec, job_id, rdzv),
         f"--max-restarts={spec.max_restarts}",
         "--no-python",

@@ -114,8 +114,9 @@ class Launcher:
         """Run the spec to its end. ``job``: one already prepared (:meth:`attach` passes the job a
         handle names, whose exit records must survive); default: a new one."""
         self.job = job = job or prepare_job(self.spec)
-        self.sink(f"[dtrain] job {job.job_id}: {self.spec.placement.nnodes} node(s) x {self.spec.procs_per_node} proc(s), "
-                  f"distribution={self.spec.distribution}, backend={self.spec.backend}, run_dir={job.run_dir}")
+        placement = self.spec.placement
+        self.sink(f"[dtrain] job {job.job_id}: {placement.nnodes} node(s) x {placement.procs_per_node} proc(s), "
+                  f"distribution={self.spec.distribution}, backend={placement.backend}, run_dir={job.run_dir}")
         started = time.monotonic()
         watch = self._watch_for_hangs(job)
         stragglers = StragglerWatch(os.path.join(job.run_dir, METRICS), self.sink).start()

@@ -84,7 +84,7 @@ class LocalBackend(Backend):
         argvs = tuple(tuple(agent_argv(spec, python=self.python, job_id=job.job_id,
                                        rdzv=Elastic(LOOPBACK, port, LOOPBACK) if spec.elastic
                                        else C10d(LOOPBACK, port, is_host=i == 0)))
-                      for i in range(spec.nodes))
+                      for i in range(spec.placement.nodes))
         return DryRunRequest(backend=self.name, argvs=argvs, env=self.node_env(job, port=port))
 
     def submit(self, job: Job, *, detached: bool = False) -> JobHandle:
@@ -108,9 +108,9 @@ class LocalBackend(Backend):
 
     def _start_elastic(self, job: Job, port: int, secret: str) -> None:
         spec = job.spec
-        self.membership = Membership(spec.min_nodes, self.sink)
-        self.rounds = Rounds(job.run_dir, spec.procs_per_node, [LOOPBACK] * spec.nodes, self.sink, StoreKey(secret),
-                             on_round=self.on_round)
+        self.membership = Membership(spec.placement.min_nodes, self.sink)
+        self.rounds = Rounds(job.run_dir, spec.placement.procs_per_node, [LOOPBACK] * spec.placement.nodes, self.sink,
+                             StoreKey(secret), on_round=self.on_round)
         self.store = RendezvousStore(self.python, sink=self.sink)
         self.store.start(LOOPBACK, port, secret)
         self.sink(f"[dtrain] elastic: {spec.placement.nnodes} nodes; rendezvous store {LOOPBACK}:{self.store.port} "

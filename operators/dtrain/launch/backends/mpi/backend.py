@@ -105,12 +105,13 @@ class MPIBackend(Backend):
     def validate(cls, spec: LaunchSpec) -> None:
         spec.mpi_options = coerce_mpi_options(spec.mpi_options)
         check_export_names([*spec.env, *spec.secret_env])  # they also sit in mpirun's own environment
-        if get_backend_class(spec.backend).single_host and spec.nodes != 1:
-            raise SpecError("nodes", spec.nodes, f"1 for mpirun on this host (backend={spec.backend!r}); "
-                                                 "use backend='ssh' with a hostfile for several")
+        placement = spec.placement
+        if get_backend_class(placement.backend).single_host and placement.nodes != 1:
+            raise SpecError("nodes", placement.nodes, f"1 for mpirun on this host (backend={placement.backend!r}); "
+                                                      "use backend='ssh' with a hostfile for several")
         if shutil.which("mpirun") is None:
             raise SpecError("distribution", "mpi", f"OpenMPI's mpirun on PATH ({cls.install_hint})")
-        remote = not get_backend_class(spec.backend).single_host
+        remote = not get_backend_class(placement.backend).single_host
         if remote and spec.run_dir is not None and any(c.isspace() for c in str(spec.run_dir)):
             # mpirun splits its rsh agent (ssh -F <run_dir>/mpi/ssh_config) on blanks.
             raise SpecError("run_dir", spec.run_dir, "a path without blanks for mpirun over ssh")
@@ -136,21 +137,23 @@ class MPIBackend(Backend):
             # mpirun splits plm_rsh_agent on blanks: the config path must have none.
             raise LaunchError(f"run_dir {job.run_dir!r} must not contain blanks for mpirun over ssh", 2)
         return {os.path.join(mpi_dir, "ssh_config"): access.ssh_config,
-                os.path.join(mpi_dir, "hostfile"): mpi_hostfile_text(job.spec.nodes, job.spec.procs_per_node)}
+                os.path.join(mpi_dir, "hostfile"): mpi_hostfile_text(job.spec.placement.nodes,
+                                                                     job.spec.placement.procs_per_node)}
 
     def dryrun(self, job: Job, *, detached: bool = False) -> DryRunRequest:
         if detached:
             raise SpecError("deferrable", True, "not with mpirun (it must stay attached to its ranks)")
         spec = job.spec
         access = self.node_access(spec.placement)
-        port = get_backend_class(spec.backend)(sink=self.sink).free_port(spec)
+        port = get_backend_class(spec.placement.backend)(sink=self.sink).free_port(spec)
         files = list(self._files(job))
         master = access.addresses[0]
         # One environment for every rank: each one's node index comes from its NODE_RANK (rank wrapper).
         exported = {"MASTER_ADDR": master, "MASTER_PORT": str(port), "AZ_BATCH_MASTER_NODE": f"{master}:{port}",
                     **self.node_env(job, port=port),
                     **(lease_env(access.endpoints, access.lost_after) if access.lost_after is not None else {})}
-        argv = mpirun_argv(nodes=spec.nodes, procs_per_node=spec.procs_per_node, python=access.python,
+        argv = mpirun_argv(nodes=spec.placement.nodes, procs_per_node=spec.placement.procs_per_node,
+                           python=access.python,
                            command=spec.command, export=sorted(exported),
                            hostfile=files[1] if files else None,
                            rsh_agent=f"ssh -F {files[0]}" if files else None,

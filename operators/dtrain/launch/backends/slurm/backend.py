@@ -264,9 +264,9 @@ class SlurmBackend(Backend):
         rdzv_secret = None  # an elastic job's rendezvous key: the nodes' secrets line, then the agents' stdin only
         if rdzv is not None:
             rdzv_secret = secrets.token_hex(32)
-            self.membership = Membership(job.spec.min_nodes, self.sink)
-            self.rounds = Rounds(job.run_dir, job.spec.procs_per_node,
-                                 [f"SLURM_NODEID={i}" for i in range(job.spec.nodes)], self.sink,
+            self.membership = Membership(job.spec.placement.min_nodes, self.sink)
+            self.rounds = Rounds(job.run_dir, job.spec.placement.procs_per_node,
+                                 [f"SLURM_NODEID={i}" for i in range(job.spec.placement.nodes)], self.sink,
                                  StoreKey(rdzv_secret), tagged=False, on_round=self.on_round)
             self.store = RendezvousStore(sink=self.sink)
             self.store.start(rdzv.host, rdzv.port, rdzv_secret)
@@ -276,13 +276,13 @@ class SlurmBackend(Backend):
                         secret_env={**job.spec.secret_env,
                                     R.NODE_SECRETS_ENV: R.node_secrets(lease_key(secret), rdzv_secret)})
         self.poll_interval = options.poll_interval
-        self.sink(f"[dtrain] submitted slurm job {job_id} ({job.spec.nodes} node(s)); "
+        self.sink(f"[dtrain] submitted slurm job {job_id} ({job.spec.placement.nodes} node(s)); "
                   f"output: {R.log_path(job.run_dir, job_id)}")
         return JobHandle(backend=self.name, job_id=job.job_id, backend_job_id=job_id, run_dir=job.run_dir,
                          world_size=job.spec.world_size, submitted_at=time.time(),
                          data={"poll_interval": options.poll_interval,
                                "stop_grace": self.stop_grace(job.spec),
-                               "lost_after": options.lost_after, "nodes": job.spec.nodes, SECRET_KEY: secret})
+                               "lost_after": options.lost_after, "nodes": job.spec.placement.nodes, SECRET_KEY: secret})
 
     def _with_tail(self, handle: JobHandle, status: JobStatus) -> JobStatus:
         """A finished job's status carries the end of its output file (why it failed, or its summary)."""

@@ -285,9 +285,9 @@ def requested_gpus(job: Job, options: SlurmOptions) -> int:
     if options.gpus_per_node is not None:
         return options.gpus_per_node
     spec = job.spec
-    if spec.device == "cpu" or not spec.gpus_per_node:
+    if spec.placement.device == "cpu" or not spec.placement.gpus_per_node:
         return 0
-    return spec.gpus_per_node
+    return spec.placement.gpus_per_node
 
 
 def check_run_dir(run_dir: str) -> None:
@@ -400,7 +400,7 @@ def render_sbatch(job: Job, options: SlurmOptions, *, workdir: str | None = None
         grammar.check("job_id", job.job_id, grammar.NAME, "a job id (letters, digits, _ . + -): it is the --job-name")
     directives = [
         f"--job-name={options.job_name or job.job_id}",
-        f"--nodes={spec.nodes}",
+        f"--nodes={spec.placement.nodes}",
         *(["--no-kill"] if spec.elastic else []),
         "--ntasks-per-node=1",
         *([f"--gpus-per-node={gpus}"] if gpus else []),
@@ -423,7 +423,8 @@ def render_sbatch(job: Job, options: SlurmOptions, *, workdir: str | None = None
     exports = [export_line(name, value) for name, value in sorted(env.items())]
     port = str(options.master_port) if options.master_port else "$((20000 + SLURM_JOB_ID % 20000))"
     # a fixed job ends when one node fails; an elastic one goes on without it (and Slurm keeps its allocation)
-    srun = ["srun", f"--nodes={spec.nodes}", f"--ntasks={spec.nodes}", "--ntasks-per-node=1", "--input=all",
+    srun = ["srun", f"--nodes={spec.placement.nodes}", f"--ntasks={spec.placement.nodes}", "--ntasks-per-node=1",
+            "--input=all",
             *(["--no-kill", "bash", "-c", ELASTIC_NODE_SHELL] if spec.elastic
               else ["--kill-on-bad-exit=1", "bash", "-c", NODE_SHELL]), "dtrain-node"]
     command = " \\\n  ".join([" ".join(q(a) for a in srun), " ".join(q(a) for a in node_argv(job, python, rdzv)),

@@ -363,12 +363,12 @@ class SSHBackend(Backend):
     def _start_elastic(self, job: Job, request: DryRunRequest) -> None:
         spec = job.spec
         self._request = request
-        self.membership = Membership(spec.min_nodes, self.sink)
-        self.rounds = Rounds(job.run_dir, spec.procs_per_node, [h.host for h in self.hosts], self.sink,
+        self.membership = Membership(spec.placement.min_nodes, self.sink)
+        self.rounds = Rounds(job.run_dir, spec.placement.procs_per_node, [h.host for h in self.hosts], self.sink,
                              StoreKey(self.secret), on_round=self.on_round)
         self.store = RendezvousStore(sink=self.sink)
         self.store.start(request.env["MASTER_ADDR"], int(request.env["MASTER_PORT"]), self.secret)
-        spares = len(self.hosts) - spec.nodes
+        spares = len(self.hosts) - spec.placement.nodes
         self.sink(f"[dtrain] elastic: {spec.placement.nnodes} nodes" + (f", {spares} spare host(s)" if spares else "")
                   + f"; rendezvous store on this host ({request.env['MASTER_ADDR']}:{self.store.port})")
 
