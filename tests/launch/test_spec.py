@@ -240,3 +240,11 @@ def test_the_registry_resolves_a_placement_and_the_spec_keeps_what_it_resolved()
     spec = LaunchSpec(command=["true"], nodes=2, device="cpu")
     assert spec.placement == resolve_placement(nodes=2, device="cpu")
     assert LaunchSpec(command=["true"], placement=spec.placement).placement is spec.placement
+    # the spec holds the placement, no copy: its keywords read it back, read-only; the repr is unchanged
+    assert (spec.nodes, spec.backend, spec.backend_options) == (2, "local", spec.placement.options)
+    with pytest.raises(AttributeError):
+        spec.nodes = 3
+    assert repr(spec).startswith("LaunchSpec(command=['true'], nodes=2, procs_per_node=1, distribution='pytorch', "
+                                 "backend='local', env={}, ")
+    assert repr(spec).endswith(", backend_options={}, hang_timeout=None, stop_grace=30.0, model_parallel_size=1, "
+                               "pipeline_parallel_size=1, pass_local_rank=False, min_nodes=None)")

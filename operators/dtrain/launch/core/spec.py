@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import os
 import shutil
-from dataclasses import dataclass, field
+from dataclasses import InitVar, dataclass, field
+from types import MappingProxyType
 from typing import Any, Mapping, Sequence
 
 from dtrain.args import coerce_argv, coerce_env
@@ -23,6 +24,11 @@ from dtrain.launch.core.spec_options import DISTRIBUTIONS, JOB_OPTIONS
 
 __all__ = ["DISTRIBUTIONS", "JOB_OPTIONS", "LaunchSpec", "check_distribution", "script_of"]
 PYTHON_NAMES = ("python", "python3")
+NO_OPTIONS: Mapping[str, Any] = MappingProxyType({})  # backend_options' default: none (immutable, shared)
+#: the spec's placement keywords, read back from :attr:`LaunchSpec.placement` (``backend_options``: its options)
+PLACEMENT_KEYWORDS = {"nodes": "nodes", "procs_per_node": "procs_per_node", "backend": "backend",
+                      "device": "device", "gpus_per_node": "gpus_per_node", "backend_options": "options",
+                      "min_nodes": "min_nodes"}
 
 
 def script_of(command: Sequence[str]) -> str | None:
@@ -37,7 +43,7 @@ def script_of(command: Sequence[str]) -> str | None:
     return None
 
 
-@dataclass
+@dataclass(repr=False)
 class LaunchSpec:
     """What to run, on how many nodes and processes, with which distribution.
 
@@ -45,9 +51,10 @@ class LaunchSpec:
     :data:`~dtrain.launch.core.spec_options.JOB_OPTIONS`, where the CLI's flags, the operator's
     parameters and the per-field checks come from.
     The placement (nodes, procs_per_node, backend, backend_options, device, gpus_per_node) is a
-    :class:`~dtrain.launch.backends.placement.Placement`: give its fields (resolved once, by the backend
-    registry's :func:`~dtrain.launch.backends.resolve_placement`), or ``placement=`` one already resolved
-    (an operator's), whose values then fill them.
+    :class:`~dtrain.launch.backends.placement.Placement` the spec holds (:attr:`placement`): give its
+    keywords (resolved once, by the backend registry's :func:`~dtrain.launch.backends.resolve_placement`),
+    or ``placement=`` one already resolved (an operator's). ``spec.nodes`` and the other placement
+    keywords read the placement back (read-only).
 
     Args:
         command: argv run on every rank (no shell; arguments reach it verbatim).
@@ -97,44 +104,40 @@ class LaunchSpec:
     """
 
     command: Sequence[str]
-    nodes: int = 1
-    procs_per_node: int = 1
+    nodes: InitVar[int | str] = 1
+    procs_per_node: InitVar[int] = 1
     distribution: str = "pytorch"
-    backend: str = "local"
+    backend: InitVar[str] = "local"
     env: Mapping[str, str] = field(default_factory=dict)
     rdzv_port: int = 0
     rdzv_timeout: float = 300.0
     max_restarts: int = 0
     deepspeed_config: str | Mapping[str, Any] | None = None
-    device: str = "auto"
-    gpus_per_node: int | None = None
+    device: InitVar[str] = "auto"
+    gpus_per_node: InitVar[int | None] = None
     run_dir: str | None = None
     job_id: str | None = None
     workdir: str | None = None
     mpi_options: Sequence[str] | str | None = None
     parameter_servers: int = 0
-    backend_options: Mapping[str, Any] = field(default_factory=dict)
+    backend_options: InitVar[Mapping[str, Any]] = NO_OPTIONS
     hang_timeout: float | None = None
     stop_grace: float = 30.0
     model_parallel_size: int = 1
     pipeline_parallel_size: int = 1
     pass_local_rank: bool = False
     secret_env: Mapping[str, str] = field(default_factory=dict, repr=False)
-    placement: Placement | None = field(default=None, repr=False, compare=False)
-    min_nodes: int | None = field(default=None, init=False)
+    placement: Placement | None = field(default=None, repr=False)
     resolved_deepspeed_config: dict[str, Any] | None = field(default=None, init=False, repr=False)
 
-    def __post_init__(self) -> None:
+    def __post_init__(self, nodes: Any, procs_per_node: Any, backend: Any, device: Any, gpus_per_node: Any,
+                      backend_options: Any) -> None:
         self.command = coerce_argv("command", self.command)
         if self.placement is None:
-            self.placement = resolve_placement(nodes=self.nodes, procs_per_node=self.procs_per_node,
-                                               backend=self.backend, backend_options=self.backend_options,
-                                               device=self.device, gpus_per_node=self.gpus_per_node)
+            self.placement = resolve_placement(nodes=nodes, procs_per_node=procs_per_node, backend=backend,
+                                               backend_options=backend_options, device=device,
+                                               gpus_per_node=gpus_per_node)
         placement = self.placement
-        self.nodes, self.procs_per_node, self.backend = placement.nodes, placement.procs_per_node, placement.backend
-        self.backend_options, self.device, self.gpus_per_node = placement.options, placement.device, \
-            placement.gpus_per_node
-        self.min_nodes = placement.min_nodes
         self.distribution = check_distribution(placement, self.distribution)
         backend_cls = get_backend_class(placement.backend)
         self.env = JOB_OPTIONS.check("env", self.env)
@@ -230,6 +233,23 @@ class LaunchSpec:
             index = next(i for i, arg in enumerate(self.command) if "{deepspeed_config}" in arg)
             raise SpecError(f"command[{index}]", self.command[index],
                             "{deepspeed_config} only with distribution='deepspeed' (there is no config otherwise)")
+
+
+    def __repr__(self) -> str:
+        """The fields as a dataclass shows them, the placement's in their keywords' places (its MIN last)."""
+        shown = [name for name, f in self.__dataclass_fields__.items() if f.repr] + ["min_nodes"]
+        return f"{type(self).__qualname__}({', '.join(f'{name}={getattr(self, name)!r}' for name in shown)})"
+
+
+def _placement_property(attribute: str) -> property:
+    return property(lambda spec: getattr(spec.placement, attribute),
+                    doc=f"``placement.{attribute}``, read-only (the spec holds the placement, not a copy)")
+
+
+# The placement's keywords are the constructor's (InitVar), resolved once into ``placement``; reading one
+# back (spec.nodes) reads the placement: callers outside dtrain and tests still read them so.
+for _keyword, _attribute in PLACEMENT_KEYWORDS.items():
+    setattr(LaunchSpec, _keyword, _placement_property(_attribute))
 
 
 def check_distribution(placement: Placement, distribution: Any) -> str:
