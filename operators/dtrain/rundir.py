@@ -15,7 +15,7 @@ replace a file by a directory or a FIFO, write a 20 GB record. So, here and only
   real directory is removed (unlinking never follows) and made again; removal is fd-based
   (``shutil.rmtree`` with ``dir_fd``), never through a link.
 
-The rule, checked by tests/launch/test_rundir_rule.py: no module of the package opens, lists,
+The rule, checked by tests/test_rundir_rule.py: no module of the package opens, lists,
 stats, writes or removes a path under a run directory except through this module.
 
 Stdlib only: the rank wrapper, the training helper, the launcher, the trigger and the UI all

@@ -1,4 +1,4 @@
-"""DAGs for tests/launch/test_operator.py. Inputs arrive as params (dag.test(run_conf=...))."""
+"""DAGs for tests/launch/airflow/test_operator.py. Inputs arrive as params (dag.test(run_conf=...))."""
 
 from __future__ import annotations
 

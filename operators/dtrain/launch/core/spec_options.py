@@ -4,7 +4,7 @@
 ``dtrain launch``'s flags, :class:`~dtrain.launch.airflow.operator.DistributedTrainingOperator`'s
 keyword parameters and ``template_fields``, the per-field checks of the spec and its placement, and the
 job options table in docs/backends.md all come from this table (:mod:`dtrain.options`). A new
-option is one line here, plus its field on ``LaunchSpec`` (tests/launch/test_options.py checks they agree).
+option is one line here, plus its field on ``LaunchSpec`` (tests/launch/core/test_options.py checks they agree).
 
 Light on purpose: the operator reads it when a DAG file is parsed.
 """

@@ -7,7 +7,7 @@ Each table sits between ``<!-- options: NAME -->`` and ``<!-- end options: NAME 
     python -m dtrain.launch.engine.options_doc docs/backends.md
 
 ``--check`` changes nothing and exits 1 when the file differs from what the tables generate
-(tests/launch/test_options.py runs it).
+(tests/launch/core/test_options.py runs it).
 """
 
 from __future__ import annotations

@@ -10,7 +10,7 @@ from dtrain.errors import SpecError
 from dtrain.launch.core.deepspeed_config import resolve_deepspeed_config
 from dtrain.launch.core.spec import LaunchSpec
 
-from .conftest import script
+from tests.launch.conftest import script
 
 OK = [script("dump_env.py")]
 

@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from .conftest import alive, script, wait_for
+from tests.launch.conftest import alive, script, wait_for
 
 
 def run_dag(out_dir, nodes):
