@@ -234,7 +234,7 @@ def test_check_params_converts_and_refuses_what_no_schema_can(retrain):
 
 
 def test_local_rank_limit_follows_this_worker(monkeypatch):
-    from dtrain.launch.core.placement import visible_gpu_count
+    from dtrain.launch.backends.placement import visible_gpu_count
 
     monkeypatch.delenv(P.MAX_RANKS_ENV, raising=False)
     limit, why = P.local_rank_limit()

@@ -42,7 +42,7 @@ def main() -> int:
 
     run_dir = os.path.join(tmp, "run")
     from dtrain.launch.engine.launcher import Launcher
-    from dtrain.launch.core.placement import visible_gpu_count
+    from dtrain.launch.backends.placement import visible_gpu_count
     from dtrain.launch.core.spec import LaunchSpec
 
     # gpus_per_node stated: the spec's own detection reads /proc/driver/nvidia/gpus, absent in some sandboxes.

@@ -32,7 +32,7 @@ def run(args: argparse.Namespace) -> int:
     from dtrain.autotune.results import AutotuneError
     from dtrain.autotune.runner import AutotuneSpec, run_autotune
     from dtrain.errors import SpecError
-    from dtrain.launch.core.placement import visible_gpu_count
+    from dtrain.launch.backends.placement import visible_gpu_count
 
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
     try:

@@ -12,14 +12,14 @@ from typing import TYPE_CHECKING
 from dtrain.errors import SpecError
 
 if TYPE_CHECKING:
-    from dtrain.launch.core.placement import Placement
+    from dtrain.launch.backends.placement import Placement
 
 
 def device_and_hosts(placement: Placement) -> tuple[str, list[str] | None]:
     """``(device, hosts)``: hosts None for this host, the placement's node addresses otherwise."""
     from dtrain.launch.backends import get_backend_class
     from dtrain.launch.backends.base import Backend
-    from dtrain.launch.core.placement import visible_gpu_count
+    from dtrain.launch.backends.placement import visible_gpu_count
 
     device = placement.device
     if device == "auto":

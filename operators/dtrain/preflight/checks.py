@@ -78,7 +78,7 @@ def checked_nccl_env(value: Any) -> dict[str, str]:
 
 
 def gpu_count() -> int:
-    from dtrain.launch.core.placement import visible_gpu_count
+    from dtrain.launch.backends.placement import visible_gpu_count
 
     return visible_gpu_count()
 

@@ -17,7 +17,7 @@ from dtrain.errors import DTrainError, SpecError
 from dtrain.preflight.node import MARK
 
 if TYPE_CHECKING:
-    from dtrain.launch.core.placement import Placement
+    from dtrain.launch.backends.placement import Placement
 
 
 class PreflightError(DTrainError):

@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import Any, Sequence
 
 from dtrain.launch.backends import operator_placement
-from dtrain.launch.core.placement import Placement
+from dtrain.launch.backends.placement import Placement
 from dtrain.launch.core.spec_options import JOB_OPTIONS, PLACEMENT_OPTIONS
 
 #: the placement's options, as :data:`~dtrain.launch.core.spec_options.JOB_OPTIONS` declares them
@@ -19,7 +19,7 @@ PLACEMENT_FIELDS: Sequence[str] = PLACEMENT_TABLE.templated
 class PlacementArgs:
     """The placement arguments of every operator that places work (train, preflight, autotune):
     stored at parse time (no I/O, no check: they may be templates), resolved into one
-    :class:`~dtrain.launch.core.placement.Placement` when the task runs. List
+    :class:`~dtrain.launch.backends.placement.Placement` when the task runs. List
     :data:`PLACEMENT_FIELDS` in ``template_fields``."""
 
     def init_placement(self, **values: Any) -> None:

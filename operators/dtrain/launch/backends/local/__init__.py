@@ -28,7 +28,7 @@ from dtrain.launch.backends.base import Backend, DryRunRequest, JobHandle, JobSt
 from dtrain.launch.core.elastic import Membership, Rounds
 from dtrain.launch.core.job import Job
 from dtrain.launch.core.lost import LostNode
-from dtrain.launch.core.placement import Placement
+from dtrain.launch.backends.placement import Placement
 from dtrain.launch.core.processes import IDLE_CHECK_S, AgentLogs, NodeProcess, NodeSupervisor
 from dtrain.launch.core.rdzv_store import RendezvousStore
 from dtrain.launch.core.torchrun import C10d, Elastic, agent_argv

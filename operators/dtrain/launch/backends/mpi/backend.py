@@ -44,7 +44,7 @@ from dtrain.launch.backends.mpi.render import check_export_names, coerce_mpi_opt
 from dtrain.launch.core.exits import exit_records, first_failure_of, ranks_exited_since, records_since
 from dtrain.launch.core.job import Job
 from dtrain.launch.core.lost import PROBE_TIMEOUT_S, LostNode, TellOnce, fault_of, lost_by_leases
-from dtrain.launch.core.placement import Placement
+from dtrain.launch.backends.placement import Placement
 from dtrain.launch.core.processes import NodeSupervisor
 from dtrain.launch.core.spec import LaunchSpec
 from dtrain.launch.node.lease import lease_env

@@ -43,7 +43,7 @@ from dtrain.launch.core.elastic import Membership, Rounds
 from dtrain.launch.core.exits import exit_records, ranks_exited_since
 from dtrain.launch.core.job import Job
 from dtrain.launch.core.lost import LostNode, TellOnce, fenced, shows_a_lost_node
-from dtrain.launch.core.placement import Placement
+from dtrain.launch.backends.placement import Placement
 from dtrain.launch.core.rdzv_store import RendezvousStore, store_address
 from dtrain.launch.core.spec import LaunchSpec
 from dtrain.launch.core.tailfile import TAIL_LINES, LogFollower, read_tail

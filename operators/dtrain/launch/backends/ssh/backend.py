@@ -62,7 +62,7 @@ from dtrain.launch.backends.ssh.hostfile import (KEEPALIVE_S, SSH_OPTIONS, HostE
 from dtrain.launch.core.elastic import Membership, Rounds
 from dtrain.launch.core.job import Job
 from dtrain.launch.core.lost import PROBE_TIMEOUT_S, LostNode, fault_of, lost_node
-from dtrain.launch.core.placement import Placement
+from dtrain.launch.backends.placement import Placement
 from dtrain.launch.core.processes import NodeProcess, NodeSupervisor
 from dtrain.launch.core.rdzv_store import RendezvousStore, store_address
 from dtrain.launch.core.spec import LaunchSpec
