@@ -3,7 +3,7 @@
 # Services (moto's S3, sshd, Slurm, munge, Airflow) are started and stopped by the tests' fixtures.
 #
 #   bash scripts/test.sh                 # the whole suite on 2 pytest-xdist workers (what CI runs)
-#   bash scripts/test.sh --quick         # the quick tier, serially: no daemon, no Airflow, no training job (-m "not slow")
+#   bash scripts/test.sh --quick         # the quick tier, on 2 workers too: no daemon, no Airflow, no training job (-m "not slow")
 #   bash scripts/test.sh --compat        # the quick tier against the oldest torch setup.cfg allows and the newest
 #                                        # on the registry, each in its own venv (.dtrain/venv-torch-X.Y.Z)
 #   bash scripts/test.sh tests/launch -x # further arguments go to pytest
@@ -22,8 +22,7 @@ if [ "${1:-}" = "--compat" ]; then
 fi
 if [ "${1:-}" = "--quick" ]; then
   shift
-  args+=(-m "not slow")
-  default_workers=0  # 30 s of tests: starting workers would cost more than they save
+  args+=(-m "not slow")  # on the same workers: its tests run in a third less time than serially
 fi
 workers=${DTRAIN_TEST_WORKERS:-$default_workers}
 case "$workers" in
