@@ -234,7 +234,6 @@ class LaunchSpec:
             raise SpecError(f"command[{index}]", self.command[index],
                             "{deepspeed_config} only with distribution='deepspeed' (there is no config otherwise)")
 
-
     def __repr__(self) -> str:
         """The fields as a dataclass shows them, the placement's in their keywords' places (its MIN last)."""
         shown = [name for name, f in self.__dataclass_fields__.items() if f.repr] + ["min_nodes"]
