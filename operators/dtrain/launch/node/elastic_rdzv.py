@@ -340,6 +340,9 @@ def _classes():
             the agent then waits for its peers): a peer whose workers fail now is not left behind."""
             name = done_key(self.round_)
             self._store.set(name, job_key().seal(name, member_text(self._this_node).encode()))
+            # TCPStore's set is not answered: without a round trip on the same connection, a peer that
+            # reads next could still find no value. The server answers one connection in order.
+            self._store.check([name])
 
         def round_finished(self) -> bool:
             """Whether some member's workers succeeded in this node's round (a value the job signed)."""
