@@ -5,7 +5,8 @@
 
 Every rank trains a linear model on random data with DDP and logs each step through
 dtrain.training.MetricsWriter; rank 0 checkpoints every 5 steps. ``--slow-data-rank``: that
-rank waits ``3 x sleep`` for each batch (its data-wait fraction trips CPUBottleneck).
+rank waits ``4 x sleep`` for each batch and skips the pause after the step, so its data-wait fraction
+(which trips CPUBottleneck) stays above 0.5 on a loaded host too, in the same time per step.
 ``--fail-rank/--fail-step``: that rank prints a traceback-like line and exits 3 at that step.
 ``--hang-rank/--hang-step``: that rank stops without a word; its peers block in the all-reduce.
 """
@@ -42,7 +43,8 @@ def main() -> int:
     target = torch.randn(8, 1)
     for step in range(1, args.steps + 1):
         started = time.perf_counter()
-        time.sleep(args.sleep * (3 if ctx.rank == args.slow_data_rank else 0.2))  # "loading" the batch
+        slow_data = ctx.rank == args.slow_data_rank
+        time.sleep(args.sleep * (4 if slow_data else 0.2))  # "loading" the batch
         x = torch.randn(32, 8)
         y = x @ target
         waited = time.perf_counter() - started
@@ -56,7 +58,7 @@ def main() -> int:
         optimizer.zero_grad()
         loss.backward()
         optimizer.step()
-        time.sleep(args.sleep)
+        time.sleep(0 if slow_data else args.sleep)
         metrics.log(step=step, loss=loss.item(), samples=32, step_time_s=time.perf_counter() - started,
                     data_wait_s=waited, epoch=0)
         print(f"step {step} loss {loss.item():.4f}", flush=True)
