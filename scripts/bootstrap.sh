@@ -61,8 +61,9 @@ if [ ! -f "$stamp" ]; then
   # sys.path: Airflow would then read every entry point twice (and report the plugin "already
   # registered"). The installed dist-info in the venv is the metadata that counts.
   rm -rf operators/*.egg-info
-  # The package itself is installed editable: its modules run in every launcher and rank process too.
-  "$VPY" -m compileall -q -j 0 operators >/dev/null || true
   rm -f .venv/.dtrain-installed-*
   touch "$stamp"
 fi
+# The package itself is installed editable: its modules run in every launcher and rank process too, so
+# they are compiled on every run (only what changed since the last one: a fraction of a second).
+"$VPY" -m compileall -q -j 0 operators >/dev/null || true
