@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import errno
 import os
-import secrets
 from contextlib import contextmanager
 from typing import BinaryIO, Callable, Iterator
 
@@ -28,7 +27,7 @@ _DIR_FSYNC_REFUSED = frozenset({errno.EINVAL, errno.ENOTSUP, errno.EOPNOTSUPP})
 
 def temp_name(name: str) -> str:
     """A hidden temporary name beside ``name`` that nobody can predict (pid plus a random token)."""
-    return f".{name}.{os.getpid()}.{secrets.token_hex(4)}.tmp"
+    return f".{name}.{os.getpid()}.{os.urandom(4).hex()}.tmp"
 
 
 @contextmanager

@@ -29,10 +29,8 @@ import json
 import math
 import os
 import re
-import shutil
 import stat
-from dataclasses import dataclass
-from typing import Any, Iterator
+from typing import Any, Iterator, NamedTuple
 
 from dtrain.atomic import atomic_write_bytes
 from dtrain.errors import DTrainError
@@ -75,8 +73,7 @@ DCP_INDEX = "remote.json"
 DCP_FOLDER = "dcp"
 
 
-@dataclass(frozen=True)
-class Committed:
+class Committed(NamedTuple):
     """A complete checkpoint, as its commit marker describes it."""
 
     step: int
@@ -157,8 +154,7 @@ class UnsafeRunDir(DTrainError, ValueError):
     (not an absolute normalized path, a symlink, not a directory)."""
 
 
-@dataclass(frozen=True)
-class Entry:
+class Entry(NamedTuple):
     name: str
     size: int
     mtime: float
@@ -169,8 +165,7 @@ class Entry:
     ino: int = 0
 
 
-@dataclass(frozen=True)
-class Unread:
+class Unread(NamedTuple):
     """A folder a listing stopped short of: ``read`` names read, ``more`` names after them not read
     (all of them when ``counted_all``, else at least that many)."""
 
@@ -489,6 +484,8 @@ class RunDir:
             except FileNotFoundError:
                 return False
             if stat.S_ISDIR(info.st_mode):
+                import shutil  # only here: every rank's wrapper imports this module
+
                 shutil.rmtree(parts[-1], dir_fd=parent)
             else:
                 os.unlink(parts[-1], dir_fd=parent)

@@ -46,10 +46,17 @@ the training package (tests/launch/test_layers.py). Stdlib and dtrain.rundir onl
 from __future__ import annotations
 
 import os
-import statistics
 from typing import Any
 
 from dtrain.rundir import MAX_METRICS_BYTES, RunDir, UnsafeRunDir
+
+
+def median(values) -> float:
+    """statistics.median, imported when a report has figures: every launch imports this module."""
+    from statistics import median as of
+
+    return of(values)
+
 
 CPU_BOTTLENECK_THRESHOLD = 0.20
 LOAD_BALANCING_RATIO = 1.2
@@ -105,8 +112,8 @@ def _rank_stats(rank: int, records: list[dict[str, Any]], skip_first: int) -> di
     return {
         "rank": rank, "steps": len(used),
         "mean_step_time_s": round(total / len(used), 6),
-        "median_step_time_s": round(statistics.median(step_times), 6),
-        "median_compute_time_s": round(statistics.median(compute), 6) if len(compute) == len(used) else None,
+        "median_step_time_s": round(median(step_times), 6),
+        "median_compute_time_s": round(median(compute), 6) if len(compute) == len(used) else None,
         "data_wait_fraction": round(sum(waits) / total, 4) if total > 0 else 0.0,
         "comm_wait_fraction": _fraction(used, "comm_wait_s", total),
         "samples_per_s": round(samples / total, 2) if total > 0 else None,
@@ -155,7 +162,7 @@ def _arrivals(per_rank: dict[int, list[dict[str, Any]]], ranks: list[dict[str, A
         latest = first - min(at.values())
         for rank, wait in at.items():
             late[rank] += first - wait
-        step_time = statistics.median(w[step][1] for w in waits.values())
+        step_time = median(w[step][1] for w in waits.values())
         for came_late in {node[rank] for rank, wait in at.items() if latest > 0 and first - wait >= latest / 2}:
             late_steps[came_late] += step_time
         total += step_time
@@ -171,7 +178,7 @@ def _waited_for(ranks: list[dict[str, Any]], load_balancing_ratio: float) -> tup
     threshold = late_share_threshold(load_balancing_ratio)
 
     def failed(r: dict[str, Any]) -> str | None:
-        others = statistics.median(o["late_share"] for o in ranks if o is not r)
+        others = median(o["late_share"] for o in ranks if o is not r)
         if r["late_share"] < threshold:
             return "below the threshold"
         if r["late_share"] < STRAGGLER_LATE_FACTOR * others:
@@ -194,7 +201,7 @@ def _slower(ranks: list[dict[str, Any]], key: str, median_all: float, ratio: flo
     """Without collective arrivals: the ranks whose median ``key`` is above ``load_balancing_ratio`` times
     the median by at least a tenth of a step and, with compute times, that wait at most half as much as
     the others; and the condition that failed when the slowest is above the ratio but not named."""
-    step = statistics.median(r["median_step_time_s"] for r in ranks) if ranks else 0.0
+    step = median(r["median_step_time_s"] for r in ranks) if ranks else 0.0
 
     def failed(r: dict[str, Any]) -> str | None:
         if r[key] <= load_balancing_ratio * median_all:
@@ -205,9 +212,9 @@ def _slower(ranks: list[dict[str, Any]], key: str, median_all: float, ratio: flo
         others = [o["comm_wait_fraction"] for o in ranks if o is not r and o["comm_wait_fraction"] is not None]
         mine = r["comm_wait_fraction"]
         if key == "median_compute_time_s" and mine is not None and others and \
-                mine > STRAGGLER_WAIT_SHARE * statistics.median(others):
+                mine > STRAGGLER_WAIT_SHARE * median(others):
             return (f"it waits in collectives {mine:.0%} of a step, more than half of what the others wait "
-                    f"({statistics.median(others):.0%}): nobody waits for it")
+                    f"({median(others):.0%}): nobody waits for it")
         return None
 
     if len(ranks) < 2:
@@ -257,7 +264,7 @@ def summarize_records(per_rank: dict[int, list[dict[str, Any]]], metrics_dir: st
     bottlenecked = [r["rank"] for r in ranks if r["data_wait_fraction"] > cpu_bottleneck_threshold]
     use_compute = bool(ranks) and all(r["median_compute_time_s"] is not None for r in ranks)
     key = "median_compute_time_s" if use_compute else "median_step_time_s"
-    median_all = statistics.median(r[key] for r in ranks) if ranks else 0.0
+    median_all = median(r[key] for r in ranks) if ranks else 0.0
     slowest = max(ranks, key=lambda r: r[key]) if ranks else None
     ratio = (slowest[key] / median_all) if slowest and median_all > 0 else 1.0
     arrivals = use_compute and len(ranks) > 1 and _arrivals(per_rank, ranks, skip_first)
@@ -270,7 +277,7 @@ def summarize_records(per_rank: dict[int, list[dict[str, Any]]], metrics_dir: st
     imbalanced = bool(slow)
     waits = [r["comm_wait_fraction"] for r in ranks if r not in slow]
     known_waits = all(w is not None for w in waits) and bool(waits)
-    peers_wait = statistics.median(waits) if known_waits and slow else None
+    peers_wait = median(waits) if known_waits and slow else None
     comm_bound = (use_compute and not imbalanced and len(ranks) > 1
                   and all(r["comm_wait_fraction"] is not None for r in ranks)
                   and min(r["comm_wait_fraction"] for r in ranks) > COMMUNICATION_BOUND_FRACTION)
@@ -331,8 +338,8 @@ def _slow_links(links: dict[int, dict[str, Any]], stragglers: set[int]) -> dict[
         return None
     measured = []
     for node, probes in sorted(by_node.items()):
-        seconds = statistics.median(p[2] for p in probes)
-        size = statistics.median(p[1] for p in probes)
+        seconds = median(p[2] for p in probes)
+        size = median(p[1] for p in probes)
         measured.append({"node": node, "from_node": probes[0][0], "seconds": round(seconds, 6),
                          "mb_per_s": round(size / seconds / 1e6, 3)})
     slow, declined = [], None
@@ -340,8 +347,8 @@ def _slow_links(links: dict[int, dict[str, Any]], stragglers: set[int]) -> dict[
         others = [o for o in measured if o is not link]
         if not others:
             break
-        rate = statistics.median(o["mb_per_s"] for o in others)
-        excess = link["seconds"] - statistics.median(o["seconds"] for o in others)
+        rate = median(o["mb_per_s"] for o in others)
+        excess = link["seconds"] - median(o["seconds"] for o in others)
         if link["mb_per_s"] > SLOW_LINK_RATIO * rate or excess < SLOW_LINK_MIN_EXCESS_S:
             continue
         if link["node"] in stragglers:
@@ -363,7 +370,7 @@ def _link_message(rule: dict[str, Any]) -> str:
         rest = [link["mb_per_s"] for link in links if link["node"] not in rule["nodes"]]
         into = ", ".join(f"the link into node {link['node']} (from node {link['from_node']}): "
                          f"{link['mb_per_s']:.1f} MB/s" for link in named)
-        return (f"TRIGGERED on {into}; the other nodes receive {statistics.median(rest):.1f} MB/s (threshold: "
+        return (f"TRIGGERED on {into}; the other nodes receive {median(rest):.1f} MB/s (threshold: "
                 f"a third as fast, and {rule['min_excess_s'] * 1e3:.0f} ms longer a transfer)")
     slowest = min(links, key=lambda link: link["mb_per_s"])
     figures = (f"slowest the link into node {slowest['node']}, {slowest['mb_per_s']:.1f} MB/s; fastest "

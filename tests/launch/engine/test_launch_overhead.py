@@ -66,6 +66,26 @@ def test_the_rank_wrapper_imports_neither_the_lease_nor_argparse():
                           ["dtrain.launch.node.lease", "argparse"]) == []
 
 
+#: what every rank's wrapper of a job on one host need not import (each is an interpreter of its own)
+NOT_IN_A_WRAPPER = ["dataclasses", "secrets", "shutil", "psutil", "asyncio"]
+
+
+def test_a_rank_wrapper_of_a_one_host_job_imports_nothing_it_does_not_use():
+    code = ("import os\nimport dtrain.launch.node.rank_entry as entry\n"
+            "assert entry.socket_ifname_env({'MASTER_ADDR': '127.0.0.1'}) == "
+            "{'GLOO_SOCKET_IFNAME': 'lo', 'NCCL_SOCKET_IFNAME': 'lo'}\n"
+            "from dtrain.atomic import temp_name\nassert temp_name('x') != temp_name('x')")
+    assert imported_after(code, NOT_IN_A_WRAPPER) == []
+
+
+def test_a_launch_imports_neither_asyncio_nor_statistics_for_a_job_without_metrics(tmp_path):
+    code = ("from dtrain.cli import build_parser\nbuild_parser(['launch', '--', 'true']).parse_args(['launch', '--', 'true'])\n"
+            "import dtrain.launch.engine.launcher, dtrain.launch.backends.local\n"
+            "from dtrain.stall_report import summarize\n"
+            f"summarize({str(tmp_path / 'metrics')!r})")
+    assert imported_after(code, ["asyncio", "statistics"]) == []
+
+
 def test_a_lease_request_still_reaches_the_lease(capsys):
     assert lease.LEASE_ENV.startswith(rank_entry.LEASE_VARS_PREFIX)
     assert lease.PEERS_ENV.startswith(rank_entry.LEASE_VARS_PREFIX)

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import functools
 import importlib
-import importlib.metadata
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
@@ -50,6 +49,8 @@ _registered: dict[str, str | type[Backend]] = {}
 
 @functools.lru_cache(maxsize=1)
 def _entry_points() -> dict:
+    import importlib.metadata  # here: a launch of a built-in backend need not pay for it
+
     return {ep.name: ep for ep in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP)}
 
 
@@ -67,7 +68,6 @@ def register_backend(name: str, target: str | type[Backend]) -> None:
 def backend_names() -> tuple[str, ...]:
     """Every backend name known now: built-in, registered, and from installed entry points."""
     return tuple(dict.fromkeys([*BUILTIN, *_registered, *sorted(_entry_points())]))
-
 
 
 def _load(name: str, target) -> type[Backend]:

@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import abc
 import argparse
-import asyncio
 import dataclasses
 import hashlib
 import importlib
@@ -380,6 +379,8 @@ class Backend(abc.ABC):
 
     async def async_poll(self, handle: JobHandle) -> JobStatus:
         """Poll without blocking an event loop (the triggerer's). Override with real async I/O."""
+        import asyncio  # loaded by the running loop already; a launcher never imports it
+
         return await asyncio.to_thread(self.poll, handle)
 
     @abc.abstractmethod
@@ -388,6 +389,8 @@ class Backend(abc.ABC):
         Ranks get ``grace`` seconds after SIGTERM (default: the spec's ``stop_grace``)."""
 
     async def async_cancel(self, handle: JobHandle, grace: float | None = None) -> None:
+        import asyncio
+
         await asyncio.to_thread(self.cancel, handle, grace)
 
     @abc.abstractmethod
@@ -483,6 +486,8 @@ def contract_node_env(job: "Job", node_index: int | None, *, grace: float,
 
 async def run_async(argv: Sequence[str], timeout: float = 60.0, stdin: bytes | None = None) -> tuple[int, str, str]:
     """Run a client command (scontrol, ssh...) without blocking the triggerer's event loop."""
+    import asyncio
+
     try:
         proc = await asyncio.create_subprocess_exec(
             *argv, stdin=asyncio.subprocess.DEVNULL if stdin is None else asyncio.subprocess.PIPE,

@@ -43,11 +43,22 @@ def source_address(host: str) -> str | None:
     return None
 
 
+#: Linux gives the loopback device this index in every network namespace (LOOPBACK_IFINDEX)
+LOOPBACK_IFINDEX = 1
+
+
 def interface_with_address(address: str) -> str | None:
     """The interface that holds ``address`` (None when none does)."""
+    wanted = address.split("%", 1)[0]  # an IPv6 link-local address carries its zone
+    if wanted.startswith("127.") or wanted == "::1":
+        # loopback (a one-host job): the kernel holds it on its loopback device, so every rank of a
+        # local job skips psutil's import and the listing of every interface
+        try:
+            return socket.if_indextoname(LOOPBACK_IFINDEX)
+        except OSError:
+            pass
     import psutil
 
-    wanted = address.split("%", 1)[0]  # an IPv6 link-local address carries its zone
     for name, addresses in psutil.net_if_addrs().items():
         for entry in addresses:
             if entry.family in (socket.AF_INET, socket.AF_INET6) and entry.address.split("%", 1)[0] == wanted:

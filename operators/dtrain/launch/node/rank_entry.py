@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import collections
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -174,6 +173,8 @@ class RankProcess:
             pass
 
     def outside_stack(self) -> str:
+        import shutil  # only for a dump: every rank's wrapper imports this module
+
         header = f"# pid {self.proc.pid}, rank {self.environ.get('RANK', '?')}: dumped from outside by its wrapper\n"
         py_spy = shutil.which("py-spy", path=os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", ""))
         if py_spy is None:

@@ -10,7 +10,6 @@ after a failure elsewhere) reports :data:`NOT_RUN`.
 
 from __future__ import annotations
 
-import asyncio
 import subprocess
 import threading
 from concurrent.futures import ThreadPoolExecutor
@@ -58,6 +57,8 @@ def run_bounded(argvs: Sequence[Sequence[str]], *, limit: int, timeout: float,
 async def run_bounded_async(argvs: Sequence[Sequence[str]], *, limit: int, timeout: float,
                             stdin: Sequence[bytes | None] | None = None) -> list[Result]:
     """:func:`run_bounded` for the triggerer's event loop (no thread per host)."""
+    import asyncio  # loaded by the running loop already; a launcher never imports it
+
     from dtrain.launch.backends.base import run_async
 
     gate = asyncio.Semaphore(max(1, limit))
