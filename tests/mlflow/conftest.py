@@ -40,8 +40,10 @@ class MlflowServer:
         argv = [os.path.join(BIN, "mlflow"), "server", "--host", self.host, "--port", str(self.port),
                 "--workers", "1", "--backend-store-uri", f"sqlite:///{os.path.join(self.root, 'mlflow.db')}",
                 "--artifacts-destination", os.path.join(self.root, "artifacts")]
+        # No job runner: the product runs no MLflow server jobs, and its huey consumers poll all the time.
+        env = dict(os.environ, MLFLOW_SERVER_ENABLE_JOB_EXECUTION="false")
         with open(self.log_path, "ab") as log:
-            self.proc = subprocess.Popen(argv, cwd=self.root, stdout=log, stderr=subprocess.STDOUT,
+            self.proc = subprocess.Popen(argv, cwd=self.root, stdout=log, stderr=subprocess.STDOUT, env=env,
                                          start_new_session=True)
         deadline = time.monotonic() + START_TIMEOUT
         while time.monotonic() < deadline:
