@@ -320,8 +320,9 @@ def rendezvous(tmp_path, monkeypatch):
         store.stop()
 
 
-class AnsweredOps:
-    """A store that passes every call on and records its name: TCPStore answers every op but ``set``."""
+class RecordingStore:
+    """A store that passes every call on and records the method's name (TCPStore answers every
+    request but ``set``)."""
 
     def __init__(self, store):
         self.store, self.calls = store, []
@@ -336,7 +337,7 @@ def test_a_nodes_word_that_its_round_finished_is_in_the_store_when_it_returns(re
     """TCPStore's set is not answered: a peer's agent reading right after could miss the value and take
     its workers' failure for the membership's. ``finished`` ends with an answered op on its connection."""
     node = rendezvous(0)
-    node.round_, recorder = 0, AnsweredOps(node._store)
+    node.round_, recorder = 0, RecordingStore(node._store)
     node._store = recorder
     node.finished()
     assert recorder.calls[0] == "set" and recorder.calls[-1] != "set"

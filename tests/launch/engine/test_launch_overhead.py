@@ -71,7 +71,7 @@ NOT_IN_A_WRAPPER = ["dataclasses", "secrets", "shutil", "psutil", "asyncio"]
 
 
 def test_a_rank_wrapper_of_a_one_host_job_imports_nothing_it_does_not_use():
-    code = ("import os\nimport dtrain.launch.node.rank_entry as entry\n"
+    code = ("import dtrain.launch.node.rank_entry as entry\n"
             "assert entry.socket_ifname_env({'MASTER_ADDR': '127.0.0.1'}) == "
             "{'GLOO_SOCKET_IFNAME': 'lo', 'NCCL_SOCKET_IFNAME': 'lo'}\n"
             "from dtrain.atomic import temp_name\nassert temp_name('x') != temp_name('x')")
