@@ -227,8 +227,11 @@ class SlurmCluster:
     def stop(self) -> None:
         if any(p.poll() is None for p in self.daemons.values()):
             self.run(["scancel", "--full", f"--partition={self.partition}"], check=False)
+            # Wait for the cancel to reach every job, not for each to leave the queue: a job of a node a
+            # test broke stays COMPLETING until SlurmdTimeout, and stopping the daemons below, then
+            # killing what is left of the cluster's processes, ends it anyway.
             deadline = time.monotonic() + 10
-            while time.monotonic() < deadline and self.run(["squeue", "-h"], check=False).stdout.strip():
+            while time.monotonic() < deadline and self._jobs_not_completing():
                 time.sleep(0.25)
         order = [n for n in self.daemons if n.startswith("slurmd")] + ["slurmctld", "munged"]
         for name in order:
@@ -241,6 +244,10 @@ class SlurmCluster:
                     proc.kill()
                     proc.wait(timeout=5)
         kill_pids(self.pids())
+
+    def _jobs_not_completing(self) -> list[str]:
+        out = self.run(["squeue", "-h", "-o", "%i %T"], check=False).stdout
+        return [line for line in out.splitlines() if line.strip() and not line.endswith(" COMPLETING")]
 
 
 def queue(cluster: SlurmCluster) -> list[str]:
