@@ -231,7 +231,7 @@ class SlurmCluster:
             # test broke stays COMPLETING until SlurmdTimeout, and stopping the daemons below, then
             # killing what is left of the cluster's processes, ends it anyway.
             deadline = time.monotonic() + 10
-            while time.monotonic() < deadline and self._jobs_not_completing():
+            while time.monotonic() < deadline and any(state != "COMPLETING" for _, state in self.jobs(check=False)):
                 time.sleep(0.25)
         order = [n for n in self.daemons if n.startswith("slurmd")] + ["slurmctld", "munged"]
         for name in order:
@@ -245,15 +245,15 @@ class SlurmCluster:
                     proc.wait(timeout=5)
         kill_pids(self.pids())
 
-    def _jobs_not_completing(self) -> list[str]:
-        out = self.run(["squeue", "-h", "-o", "%i %T"], check=False).stdout
-        return [line for line in out.splitlines() if line.strip() and not line.endswith(" COMPLETING")]
+    def jobs(self, check: bool = True) -> list[tuple[str, str]]:
+        """(job id, state) of every job squeue lists (any state, COMPLETING included)."""
+        out = self.run(["squeue", "-h", "-o", "%i %T"], check=check).stdout
+        return [(fields[0], fields[-1]) for fields in map(str.split, out.splitlines()) if fields]
 
 
 def queue(cluster: SlurmCluster) -> list[str]:
     """Job ids squeue still lists (any state, COMPLETING included)."""
-    out = cluster.run(["squeue", "-h", "-o", "%i %T"]).stdout
-    return [line.split()[0] for line in out.splitlines() if line.strip()]
+    return [job_id for job_id, _ in cluster.jobs()]
 
 
 def _environ(proc: psutil.Process) -> dict[str, str]:
