@@ -19,7 +19,7 @@ data, samples/s. Rules:
   rank, over the steps every rank logged: how long the others waited for it (summed, as a share of
   those steps' time), and in how many steps its node came late. The verdict names the ranks (and their
   nodes: the ``node`` the training helper records) that the others wait for at least a sixth of a step
-  (what a rank 1.2x slower costs its peers), at least twice as long as for the median rank, and whose
+  (what a rank 1.2x slower costs its peers), at least three times as long as for the median rank, and whose
   node comes late in steps that make up at least two thirds of the time (a busy machine delays every rank
   now and then; a slow host, step after step). When one is waited for above the threshold but not named,
   the verdict says which condition failed: never ``ok`` beside a figure above its threshold. Without
@@ -70,10 +70,14 @@ STRAGGLER_MIN_STEP_SHARE = 0.1
 #: computed 1.6x its peer's time for whole runs (it was descheduled more) while both waited alike
 STRAGGLER_WAIT_SHARE = 0.5
 #: with collective arrivals, a rank is named only when its peers wait for it at least this many times as long
-#: as they wait for the median rank: on a busy machine every rank is late now and then
-STRAGGLER_LATE_FACTOR = 2.0
+#: as they wait for the median rank: on a busy machine every rank is late now and then. Healthy ranks of
+#: two-node jobs on hosts sharing two busy cores were waited for up to 2.2x as long as their peer over a
+#: whole run; throttled hosts' ranks (cgroup quotas of 10-60 % of a CPU), 6x or more
+STRAGGLER_LATE_FACTOR = 3.0
 #: ... and when its node comes late (one of its ranks at least half as late as the latest) in steps that make
-#: up at least this share of the time: a slow host comes late step after step, a healthy one now and then
+#: up at least this share of the time: a slow host comes late step after step, a healthy one now and then.
+#: Not higher, though a healthy node of a two-node job (late in half the steps) came late in 75 % of a busy
+#: run: a host slowed mid-run must be named from a window of 50 steps that still holds healthy ones
 STRAGGLER_LATE_STEPS = 2 / 3
 #: SlowLink: a link is slow when its node receives at most this share of the other nodes' median rate ...
 SLOW_LINK_RATIO = 1 / 3

@@ -91,8 +91,27 @@ def test_a_rank_late_by_turns_is_no_straggler_and_the_verdict_says_why():
     assert rule["triggered"] is False and rule["most_waited_for"]["late_share"] > rule["late_share_threshold"]
     assert rule["message"].startswith("none named: rank 0 is waited for most, 27% of each step at the gradient "
                                       "all-reduce (threshold 17%), but the others are waited for nearly as long"), rule
-    ranks[0] = records(0, 0.034, 0.010, steps=35)  # late every step: named
+    ranks = {0: records(0, 0.034, 0.010, steps=35), 1: records(1, 0.034, 0.024, steps=35)}  # late every step: named
     assert summarize_records(ranks)["rules"]["LoadBalancing"]["ranks"] == [0]
+
+
+def test_a_healthy_node_late_in_three_quarters_of_a_busy_run_is_no_straggler():
+    """A clean 2x1 job of 200 steps on hosts sharing two busy cores: node 0 came late in steps that made up 75 %
+    of the time and was waited for 20.5 % of a step, 2.2x as long as node 1 (9.5 %). In a two-node job one
+    node comes late in every step, so its healthy share is a half, and the busy machine moved it that far;
+    throttled hosts in the same cluster came late in 98-100 % of the time and were waited for 6x as long or
+    more. Not named; the verdict says why."""
+    ranks = {0: records(0, 0.03, 0.02, steps=45), 1: records(1, 0.03, 0.02, steps=45)}
+    for step in range(5, 45):  # after the five warm-up steps: node 0 late in 30 steps, node 1 in 10
+        late, by = (0, 0.0082) if step < 35 else (1, 0.0114)
+        ranks[1 - late][step]["comm_wait_s"] = 0.02 + by
+    rule = summarize_records(ranks)["rules"]["LoadBalancing"]
+    assert (rule["most_waited_for"]["late_share"], rule["most_waited_for"]["late_steps"]) == (0.205, 0.75), rule
+    assert rule["triggered"] is False and rule["nodes"] == [], rule
+    assert "the others are waited for nearly as long (10% of a step, the median" in rule["message"], rule
+    for step in range(35, 45):  # node 0 late in every step, as long as before: a straggler
+        ranks[0][step]["comm_wait_s"], ranks[1][step]["comm_wait_s"] = 0.02, 0.0282
+    assert summarize_records(ranks)["rules"]["LoadBalancing"]["nodes"] == [0]
 
 
 def throttled_two_by_two(steps: int = 28) -> dict[int, list[dict]]:
