@@ -42,6 +42,10 @@ net_left=$( { ip netns list 2>/dev/null | awk '$1 ~ /^dtn/ {print "netns " $1}'
 
 # tests/deployment.py's PostgreSQL clusters (their directories: the server removes its own at its stop)
 for dir in /tmp/dtrain-pg-*; do [ -d "$dir" ] && net_left+=$'\n'"$dir (a test PostgreSQL cluster's directory)"; done
+# each pytest process's home (tests/conftest.py: its Airflow and dtrain homes, removed when it ends)
+for dir in /tmp/dtrain-tests-*; do [ -d "$dir" ] && net_left+=$'\n'"$dir (a pytest process's home)"; done
+# tests/slurm_cluster.py's Slurm clusters (state, spool, logs, munge key: removed at their stop)
+for dir in /tmp/dtrain-slurm-*; do [ -d "$dir" ] && net_left+=$'\n'"$dir (a test Slurm cluster's directory)"; done
 net_left=$(printf '%s\n' "$net_left" | sed '/^$/d')
 
 status=0
@@ -53,11 +57,11 @@ else
   echo "check_orphans: no process of the project is left"
 fi
 if [ -n "$net_left" ]; then
-  echo "check_orphans: the namespace test cluster left these behind:"
+  echo "check_orphans: the test clusters (namespace hosts, PostgreSQL, Slurm) left these behind:"
   printf '%s\n' "$net_left"
   status=1
 else
-  echo "check_orphans: no network namespace, link, cgroup or resolver file of the test cluster is left"
+  echo "check_orphans: no network namespace, link, cgroup, resolver file or cluster directory of the test clusters is left"
 fi
 if [ -n "$shm_left" ]; then
   echo "check_orphans: shared memory of the project is left in $shm_dir (no process maps it):"

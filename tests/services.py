@@ -170,6 +170,7 @@ def _net_slurm_cluster(count: int = 2):
                 os.environ["SLURM_CONF"] = saved
             left = cluster.pids()
             assert not left, f"processes of the test cluster left after teardown: {sorted(left)}"
+            assert not os.path.exists(cluster.root), f"the test cluster's directory is left: {cluster.root}"
     finally:
         net.stop()
 

@@ -54,6 +54,7 @@ class SlurmCluster:
 
     def __init__(self, root: str | None = None, nodes: tuple[str, ...] = ("node1", "node2"), cpus: int = 2,
                  partition: str = "debug", net=None):
+        self.own_root = root is None  # made here, so removed at stop()
         self.root = root or tempfile.mkdtemp(prefix="dtrain-slurm-")
         # On a tests.netcluster.NetCluster each node's slurmd runs on its own host (namespace, address,
         # cgroups) with that address as NodeAddr, and slurmctld on this machine at the bridge's address.
@@ -244,6 +245,8 @@ class SlurmCluster:
                     proc.kill()
                     proc.wait(timeout=5)
         kill_pids(self.pids())
+        if self.own_root:  # its state, spool, logs and munge key: nothing of a stopped cluster is read again
+            shutil.rmtree(self.root, ignore_errors=True)
 
     def jobs(self, check: bool = True) -> list[tuple[str, str]]:
         """(job id, state) of every job squeue lists (any state, COMPLETING included)."""

@@ -22,3 +22,19 @@ def test_the_orphan_check_reports_shared_memory_no_process_maps(tmp_path):
     reported = out.stdout.split(f"shared memory of the project is left in {tmp_path} (no process maps it):\n")[1]
     assert sorted(reported.split()) == sorted(str(tmp_path / name) for name in (
         "sem.mp-left", "deepspeed_allreduce_buffer_0_127.0.0.1_29500_0", "vader_segment.host.1.0", "nccl-abc"))
+
+
+def test_the_orphan_check_reports_a_test_slurm_clusters_directory(tmp_path):
+    """A Slurm test cluster removes its directory (state, spool, logs, munge key) at its stop: one left
+    behind is reported."""
+    import shutil
+    import tempfile
+
+    left = tempfile.mkdtemp(prefix="dtrain-slurm-")
+    try:
+        out = subprocess.run(["bash", os.path.join(REPO, "scripts", "check_orphans.sh")], capture_output=True,
+                             text=True, timeout=120, env={**os.environ, "CHECK_ORPHANS_SHM_DIR": str(tmp_path)})
+    finally:
+        shutil.rmtree(left)
+    assert out.returncode == 1, out.stdout
+    assert f"\n{left} (a test Slurm cluster's directory)\n" in out.stdout, out.stdout
