@@ -218,6 +218,18 @@ def pytest_runtest_makereport(item, call):
     return report
 
 
+@pytest.fixture
+def own_tmpdir(tmp_path, monkeypatch) -> str:
+    """This test's own temp directory, as TMPDIR and tempfile's, for it and what it starts with its
+    environment: libraries that make temp directories and never remove them (MLflow downloads a model
+    to one at each load) leave them under tmp_path, not in /tmp. Session fixtures start before it."""
+    path = tmp_path / "tmp"
+    path.mkdir()
+    monkeypatch.setenv("TMPDIR", str(path))
+    monkeypatch.setattr(tempfile, "tempdir", str(path))
+    return str(path)
+
+
 @pytest.fixture(autouse=True)
 def no_job_process_outlives_the_test(request):
     """A finalizer for every test: whatever a test started that carries a job id (ranks, agents,

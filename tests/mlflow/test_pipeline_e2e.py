@@ -69,7 +69,7 @@ def versions(client) -> list[str]:
 
 @pytest.mark.timeout(1800)  # four pipeline runs on 2 shared cores
 def test_two_dates_publish_one_is_gated_out_one_rejected_a_retry_resumes_and_a_consumer_loads(
-        mlflow_airflow, mlflow_server, client, tmp_path, capsys):
+        mlflow_airflow, mlflow_server, client, tmp_path, capsys, own_tmpdir):
     started = time.monotonic()
     first = run(mlflow_airflow, "2026-04-01", QUICK, "Approve")
     assert versions(client) == ["1"] and champion(client) == "1"

@@ -155,7 +155,7 @@ def test_a_failure_between_register_and_alias_leaves_champion_and_a_retry_regist
     assert len(client.search_model_versions(f"name='{registry.model_name}'")) == 2
 
 
-def test_a_consumer_loads_the_champion_in_a_fresh_process_and_predicts(mlflow_server, client, tmp_path):
+def test_a_consumer_loads_the_champion_in_a_fresh_process_and_predicts(mlflow_server, client, tmp_path, own_tmpdir):
     import torch
 
     from tests.mlflow.model import load
@@ -256,7 +256,7 @@ def venv_dir(tmp_path):
 
 
 def test_an_own_model_class_loads_in_a_fresh_venv_with_only_the_versions_requirements_and_its_tokenizer(
-        mlflow_server, client, tmp_path, monkeypatch, venv_dir):
+        mlflow_server, client, tmp_path, monkeypatch, venv_dir, own_tmpdir):
     import torch
 
     from tests.mlflow.fresh_venv import fresh_venv
@@ -292,7 +292,8 @@ def test_an_own_model_class_loads_in_a_fresh_venv_with_only_the_versions_require
     python = fresh_venv(str(venv_dir), requirements)
     consumer = tmp_path / "consumer"
     consumer.mkdir()
-    env = {"PATH": os.environ["PATH"], "HOME": str(consumer), "MLFLOW_TRACKING_URI": mlflow_server.uri}
+    env = {"PATH": os.environ["PATH"], "HOME": str(consumer), "MLFLOW_TRACKING_URI": mlflow_server.uri,
+           "TMPDIR": os.environ["TMPDIR"]}
     proc = subprocess.run([python, "-c", CONSUMER, uri, json.dumps(ids), str(consumer / "download")], env=env,
                           capture_output=True, text=True, timeout=300, cwd=str(consumer))
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -328,7 +329,8 @@ def text_dags():
     return module
 
 
-def test_a_text_model_version_holds_the_tokenizer_it_was_trained_with(mlflow_server, client, tmp_path, monkeypatch):
+def test_a_text_model_version_holds_the_tokenizer_it_was_trained_with(mlflow_server, client, tmp_path, monkeypatch,
+                                                                      own_tmpdir):
     import mlflow.artifacts
     import mlflow.pytorch
     import torch

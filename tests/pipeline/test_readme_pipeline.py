@@ -150,7 +150,8 @@ def consumer_venv(tmp_path, uri: str) -> str:
 
 @pytest.mark.timeout(1500)  # four pipeline runs and a venv on 2 shared cores
 def test_a_new_users_package_from_the_readme_backfills_reprocesses_shows_and_serves(deployment, bridge_mlflow,
-                                                                                      tmp_path, monkeypatch, capsys):
+                                                                                      tmp_path, monkeypatch, capsys,
+                                                                                      own_tmpdir):
     from mlflow import MlflowClient
 
     server, server_started = bridge_mlflow
@@ -270,7 +271,7 @@ def test_a_new_users_package_from_the_readme_backfills_reprocesses_shows_and_ser
     home.mkdir()
     proc = subprocess.run([python, "-c", CONSUMER, uri, json.dumps(x)], capture_output=True, text=True, timeout=300,
                           cwd=str(home), env={"PATH": os.environ["PATH"], "HOME": str(home),
-                                              "MLFLOW_TRACKING_URI": server.uri})
+                                              "MLFLOW_TRACKING_URI": server.uri, "TMPDIR": own_tmpdir})
     assert proc.returncode == 0, proc.stderr[-3000:]
     loaded = json.loads(proc.stdout.strip().splitlines()[-1])
     assert loaded["class"] == "moons_pipeline.model.MoonsNet", loaded
