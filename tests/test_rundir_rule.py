@@ -68,6 +68,8 @@ ALLOWED = {
     "launch/node/ranklog.py:RankLog._rotate": "rename relative to the logs directory fd (never through a link)",
     "launch/node/ds_shm.py:unlink_ours": "DeepSpeed's /dev/shm buffers",
     "launch/node/torchrun_agent.py:main": "removes the agent's private log directory, made by tempfile.mkdtemp in the temp folder",
+    "launch/node/agent_logs.py:pid_namespace": "/proc/self/ns/pid: the agent's pid namespace",
+    "launch/node/agent_logs.py:sweep": "killed agents' private log directories in the temp folder (lstat: never a link)",
     "launch/node/proctree.py:environ_of": "/proc/PID/environ: a process's environment (read bounded)",
     "launch/node/ds_shm.py:release_ports": "DeepSpeed's /dev/shm buffers",
     "launch/backends/ssh/hostfile.py:SSHSettings._validated": "the user's ssh key and known_hosts paths exist",

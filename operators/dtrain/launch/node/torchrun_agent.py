@@ -108,14 +108,15 @@ def main(argv: list[str] | None = None) -> None:
 
     Without ``--log-dir`` torchrun makes a ``torchelastic_*`` directory in the temp folder for its
     workers' error files and never removes it (one per agent per job); here the agent gets a
-    private one that goes with it. A stop (SIGTERM/SIGINT/SIGHUP from the launcher's teardown, a
+    private one that goes with it, and removes those of agents that were killed
+    (:mod:`dtrain.launch.node.agent_logs`). A stop (SIGTERM/SIGINT/SIGHUP from the launcher's teardown, a
     hang verdict, a cancel) still stops the workers as torchrun does, then exits 128 + the signal
     without torchrun's traceback: every agent printed one, and the launcher reports the verdict."""
     import os
     import shutil
     import sys
-    import tempfile
 
+    from dtrain.launch.node import agent_logs
     from dtrain.launch.node.proctree import die_with_parent
 
     die_with_parent(os.environ)  # before torch's import: seconds in which the parent may die
@@ -148,7 +149,8 @@ def main(argv: list[str] | None = None) -> None:
         args.node_rank = 0  # now in the rendezvous config; torchrun would warn that it ignores it
     private_log_dir = None
     if not args.log_dir:
-        args.log_dir = private_log_dir = tempfile.mkdtemp(prefix="dtrain-agent-")
+        agent_logs.sweep()  # what killed agents on this host left
+        args.log_dir = private_log_dir = agent_logs.make()
     try:
         record(torchrun.run)(args)
     except SignalException as e:
