@@ -3,7 +3,8 @@
 A table lists a component's options, each an :class:`Option`: its name, type, default, help, whether
 Airflow templates it, and how a value is checked. Everything that takes the options comes from the
 table: the ``dtrain launch`` flags (:meth:`Options.add_arguments`, :meth:`Options.from_args`), an
-operator's keyword parameters (:meth:`Options.keywords`) and ``template_fields``
+operator's keyword parameters (:meth:`Options.keywords`) and ``template_fields``, a dataclass's fields
+(:meth:`Options.fields`: the launch spec's)
 (:attr:`Options.templated`), the checks with their :class:`SpecError` naming the field, the value and
 what is allowed (:meth:`Options.check`), and the options tables in docs/backends.md
 (:meth:`Options.markdown`). A new option is one :class:`Option` in its table.
@@ -174,6 +175,44 @@ class Options:
         unknown = sorted(set(given) - set(self._options))
         if unknown:
             raise SpecError(field_name, unknown[0], f"one of {', '.join(self._options)}")
+
+    # -- a dataclass's fields -----------------------------------------------------------------------
+
+    def fields(self, init_only: Sequence[str] = ()) -> Callable[[type], type]:
+        """Decorate a class, under ``@dataclass``: one keyword-only field per option, with its type and
+        default, after the class's own fields without a default and before those with one (a mutable
+        default by a copy per instance); the names in ``init_only`` are ``InitVar`` (arguments of
+        ``__post_init__``, e.g. what it resolves into another object). The class declares what is no option."""
+        from dataclasses import InitVar
+        from dataclasses import field as dataclass_field
+        from types import MappingProxyType
+
+        def declare(cls: type) -> type:
+            own = dict(cls.__dict__.get("__annotations__", {}))
+            clash = sorted(set(own) & set(self._options))
+            if clash:
+                raise TypeError(f"{cls.__name__}.{clash[0]} is declared by its options table")
+            required = {name: kind for name, kind in own.items() if name not in cls.__dict__}
+            annotations = dict(required)
+            for option in self:
+                kind = option.type if option.default is not None else option.type | None
+                if option.name in init_only:
+                    default = MappingProxyType(dict(option.default)) if isinstance(option.default, dict) \
+                        else option.default
+                    annotations[option.name] = InitVar[kind]
+                    setattr(cls, option.name, dataclass_field(default=default, kw_only=True))
+                    continue
+                annotations[option.name] = kind
+                if isinstance(option.default, (dict, list, set)):
+                    made = dataclass_field(default_factory=lambda d=option.default: type(d)(d), kw_only=True)
+                else:
+                    made = dataclass_field(default=option.default, kw_only=True)
+                setattr(cls, option.name, made)
+            annotations.update((name, kind) for name, kind in own.items() if name not in required)
+            cls.__annotations__ = annotations
+            return cls
+
+        return declare
 
     # -- the command line --------------------------------------------------------------------------
 

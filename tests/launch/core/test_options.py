@@ -147,6 +147,34 @@ def test_a_new_option_is_one_line_in_the_table():
     assert row == "| `warmup_steps` | int | `3` | yes | `--warmup-steps` | " + WARMUP.help + " |"
 
 
+def test_a_new_option_is_a_keyword_only_field_of_a_dataclass_made_from_the_table():
+    """As the launch spec is made (``JOB_OPTIONS.fields``): the option added to the table alone is a field
+    with its default; the placement's options stay arguments of ``__post_init__`` (InitVar); a mutable
+    default is a copy per instance; only what the class declares itself may be positional."""
+    table = JOB_OPTIONS.plus(WARMUP)
+
+    @dataclasses.dataclass
+    @table.fields(init_only=("nodes", "backend_options"))
+    class Spec:
+        command: list
+        note: str = "own"
+
+        def __post_init__(self, nodes, backend_options):
+            self.seen = (nodes, dict(backend_options))
+
+    spec = Spec(["train.py"], warmup_steps=5)
+    assert (spec.warmup_steps, spec.note, spec.seen) == (5, "own", (1, {}))
+    assert Spec(["x"]).warmup_steps == 3 and Spec(["x"]).env == {} and Spec(["x"]).env is not Spec(["x"]).env
+    names = [f.name for f in dataclasses.fields(Spec)]
+    assert names[0] == "command" and names[-1] == "note" and "warmup_steps" in names and "nodes" not in names
+    params = inspect.signature(Spec.__init__).parameters
+    assert params["warmup_steps"].kind is inspect.Parameter.KEYWORD_ONLY and params["warmup_steps"].default == 3
+    with pytest.raises(TypeError):
+        Spec(["x"], "own", 2)  # an option is never positional
+    with pytest.raises(TypeError, match="declared by its options table"):
+        table.fields()(type("Twice", (), {"__annotations__": {"warmup_steps": int}}))
+
+
 def test_a_table_refuses_an_option_declared_twice():
     with pytest.raises(ValueError, match="'warmup_steps' declared twice"):
         Options([WARMUP, WARMUP])

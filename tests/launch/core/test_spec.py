@@ -244,7 +244,8 @@ def test_the_registry_resolves_a_placement_and_the_spec_keeps_what_it_resolved()
     assert (spec.nodes, spec.backend, spec.backend_options) == (2, "local", spec.placement.options)
     with pytest.raises(AttributeError):
         spec.nodes = 3
+    # the fields in the options table's order, the placement's keywords in their places
     assert repr(spec).startswith("LaunchSpec(command=['true'], nodes=2, procs_per_node=1, distribution='pytorch', "
-                                 "backend='local', env={}, ")
-    assert repr(spec).endswith(", backend_options={}, hang_timeout=None, stop_grace=30.0, model_parallel_size=1, "
-                               "pipeline_parallel_size=1, pass_local_rank=False, min_nodes=None)")
+                                 "backend='local', deepspeed_config=None, ")
+    assert repr(spec).endswith(", env={}, mpi_options=None, parameter_servers=0, backend_options={}, workdir=None, "
+                               "job_id=None, min_nodes=None)")

@@ -11,8 +11,7 @@ from __future__ import annotations
 
 import os
 import shutil
-from dataclasses import InitVar, dataclass, field
-from types import MappingProxyType
+from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
 
 from dtrain.args import coerce_argv, coerce_env
@@ -20,11 +19,10 @@ from dtrain.errors import SpecError
 from dtrain.launch.backends import backend_for, get_backend_class, resolve_placement, runner_for
 from dtrain.launch.core.deepspeed_config import resolve_deepspeed_config
 from dtrain.launch.backends.placement import Placement
-from dtrain.launch.core.spec_options import DISTRIBUTIONS, JOB_OPTIONS
+from dtrain.launch.core.spec_options import DISTRIBUTIONS, JOB_OPTIONS, PLACEMENT_OPTIONS
 
 __all__ = ["DISTRIBUTIONS", "JOB_OPTIONS", "LaunchSpec", "check_distribution", "script_of"]
 PYTHON_NAMES = ("python", "python3")
-NO_OPTIONS: Mapping[str, Any] = MappingProxyType({})  # backend_options' default: none (immutable, shared)
 #: the spec's placement keywords, read back from :attr:`LaunchSpec.placement` (``backend_options``: its options)
 PLACEMENT_KEYWORDS = {"nodes": "nodes", "procs_per_node": "procs_per_node", "backend": "backend",
                       "device": "device", "gpus_per_node": "gpus_per_node", "backend_options": "options",
@@ -44,12 +42,13 @@ def script_of(command: Sequence[str]) -> str | None:
 
 
 @dataclass(repr=False)
+@JOB_OPTIONS.fields(init_only=PLACEMENT_OPTIONS)
 class LaunchSpec:
     """What to run, on how many nodes and processes, with which distribution.
 
-    Every field but ``command`` and ``secret_env`` is an option declared in
-    :data:`~dtrain.launch.core.spec_options.JOB_OPTIONS`, where the CLI's flags, the operator's
-    parameters and the per-field checks come from.
+    Every field but ``command``, ``secret_env`` and ``placement`` is an option declared in
+    :data:`~dtrain.launch.core.spec_options.JOB_OPTIONS`, a keyword-only field made from its line there,
+    where the CLI's flags, the operator's parameters and the per-field checks come from too.
     The placement (nodes, procs_per_node, backend, backend_options, device, gpus_per_node) is a
     :class:`~dtrain.launch.backends.placement.Placement` the spec holds (:attr:`placement`): give its
     keywords (resolved once, by the backend registry's :func:`~dtrain.launch.backends.resolve_placement`),
@@ -104,30 +103,9 @@ class LaunchSpec:
     """
 
     command: Sequence[str]
-    nodes: InitVar[int | str] = 1
-    procs_per_node: InitVar[int] = 1
-    distribution: str = "pytorch"
-    backend: InitVar[str] = "local"
-    env: Mapping[str, str] = field(default_factory=dict)
-    rdzv_port: int = 0
-    rdzv_timeout: float = 300.0
-    max_restarts: int = 0
-    deepspeed_config: str | Mapping[str, Any] | None = None
-    device: InitVar[str] = "auto"
-    gpus_per_node: InitVar[int | None] = None
-    run_dir: str | None = None
-    job_id: str | None = None
-    workdir: str | None = None
-    mpi_options: Sequence[str] | str | None = None
-    parameter_servers: int = 0
-    backend_options: InitVar[Mapping[str, Any]] = NO_OPTIONS
-    hang_timeout: float | None = None
-    stop_grace: float = 30.0
-    model_parallel_size: int = 1
-    pipeline_parallel_size: int = 1
-    pass_local_rank: bool = False
-    secret_env: Mapping[str, str] = field(default_factory=dict, repr=False)
-    placement: Placement | None = field(default=None, repr=False)
+    # every option of JOB_OPTIONS is a keyword-only field here (JOB_OPTIONS.fields), the placement's an InitVar
+    secret_env: Mapping[str, str] = field(default_factory=dict, repr=False, kw_only=True)
+    placement: Placement | None = field(default=None, repr=False, kw_only=True)
     resolved_deepspeed_config: dict[str, Any] | None = field(default=None, init=False, repr=False)
 
     def __post_init__(self, nodes: Any, procs_per_node: Any, backend: Any, device: Any, gpus_per_node: Any,

@@ -1,10 +1,10 @@
 """The job's options, declared once: :data:`JOB_OPTIONS`, the table of
 :class:`~dtrain.launch.core.spec.LaunchSpec`'s fields (its placement's too).
 
-``dtrain launch``'s flags, :class:`~dtrain.launch.airflow.operator.DistributedTrainingOperator`'s
-keyword parameters and ``template_fields``, the per-field checks of the spec and its placement, and the
-job options table in docs/backends.md all come from this table (:mod:`dtrain.options`). A new
-option is one line here, plus its field on ``LaunchSpec`` (tests/launch/core/test_options.py checks they agree).
+``LaunchSpec``'s keyword-only fields (:meth:`~dtrain.options.Options.fields`), ``dtrain launch``'s flags,
+:class:`~dtrain.launch.airflow.operator.DistributedTrainingOperator`'s keyword parameters and
+``template_fields``, the per-field checks of the spec and its placement, and the job options table in
+docs/backends.md all come from this table (:mod:`dtrain.options`). A new option is one line here.
 
 Light on purpose: the operator reads it when a DAG file is parsed.
 """

@@ -23,8 +23,8 @@ import os
 import re
 import shlex
 import sys
-from dataclasses import dataclass, field
-from typing import Any, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Mapping
 
 from dtrain import grammar
 from dtrain.args import coerce_float, mapping_arg
@@ -201,6 +201,7 @@ SLURM_OPTIONS = Options([
 
 
 @dataclass(frozen=True)
+@SLURM_OPTIONS.fields()
 class SlurmOptions:
     """Where and how long the job may run. Validated here, before anything is submitted.
 
@@ -222,16 +223,7 @@ class SlurmOptions:
             heartbeat is that old counts as lost (:mod:`.lost`): Slurm's own SlurmdTimeout is minutes.
     """
 
-    partition: str | None = None
-    time_limit: str | None = None
-    account: str | None = None
-    gpus_per_node: int | None = None
-    job_name: str | None = None
-    python: str | None = None
-    extra_sbatch: Sequence[str] = field(default_factory=tuple)
-    poll_interval: float = 2.0
-    master_port: int = 0
-    lost_after: float = DEFAULT_LOST_AFTER_S
+    # its fields: one keyword-only field per option of SLURM_OPTIONS (SLURM_OPTIONS.fields)
 
     def __post_init__(self) -> None:
         for name in SLURM_OPTIONS.names:  # frozen: normalised in place once, checked as SLURM_OPTIONS declares

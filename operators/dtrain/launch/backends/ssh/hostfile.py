@@ -178,6 +178,7 @@ SETTINGS_TABLE = SSH_OPTIONS.subset([name for name in SSH_OPTIONS.names if name 
 
 
 @dataclass(frozen=True)
+@SETTINGS_TABLE.fields()
 class SSHSettings:
     """How to reach the hosts. Per-host ``user@``/``:port`` in the hostfile win over ``user``/``port``.
 
@@ -203,18 +204,7 @@ class SSHSettings:
             launcher for this long (see dtrain.launch.backends.ssh.remote_agent).
     """
 
-    user: str | None = None
-    port: int | None = None
-    key_file: str | None = None
-    known_hosts_file: str | None = None
-    strict_host_key_checking: str = "accept-new"
-    connect_timeout: int = 10
-    python: str | None = None
-    fanout: int = DEFAULT_FANOUT
-    poll_interval: float = 2.0
-    max_poll_interval: float = 30.0
-    lost_after: float = DEFAULT_LOST_AFTER_S
-
+    # its fields: one keyword-only field per option of SETTINGS_TABLE (SETTINGS_TABLE.fields)
     FIELDS: ClassVar[tuple[str, ...]] = SETTINGS_TABLE.names
 
     @property
