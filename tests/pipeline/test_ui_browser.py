@@ -30,8 +30,9 @@ CURVES = ("loss", "samples_per_s", "data_wait_fraction")
 
 
 @pytest.fixture(scope="module")
-def browser():
-    """Headless chromium; every process it started is stopped at the end, pass or fail."""
+def browser(tmp_path_factory):
+    """Headless chromium; every process it started is stopped at the end, pass or fail. Its temp folder is
+    the test's: chromium leaves its process-singleton directory (org.chromium.Chromium.*) there."""
     assert CHROMIUM and CHROMEDRIVER, "chromium and chromium-driver (Debian) are installed by scripts/bootstrap.sh"
     from selenium import webdriver
     from selenium.webdriver.chrome.service import Service
@@ -41,7 +42,7 @@ def browser():
     for arg in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--disable-gpu",
                 "--window-size=1400,1800", "--no-first-run", "--disable-extensions"):
         options.add_argument(arg)
-    service = Service(CHROMEDRIVER)
+    service = Service(CHROMEDRIVER, env={**os.environ, "TMPDIR": str(tmp_path_factory.mktemp("chromium-tmp"))})
     driver = webdriver.Chrome(service=service, options=options)
     driver.set_page_load_timeout(120)
     os.makedirs(ARTIFACTS, exist_ok=True)
