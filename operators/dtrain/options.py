@@ -3,9 +3,9 @@
 A table lists a component's options, each an :class:`Option`: its name, type, default, help, whether
 Airflow templates it, and how a value is checked. Everything that takes the options comes from the
 table: the ``dtrain launch`` flags (:meth:`Options.add_arguments`, :meth:`Options.from_args`), an
-operator's keyword parameters (:meth:`Options.keywords`) and ``template_fields``, a dataclass's fields
-(:meth:`Options.fields`: the launch spec's)
-(:attr:`Options.templated`), the checks with their :class:`SpecError` naming the field, the value and
+operator's keyword parameters (:meth:`Options.keywords`) and ``template_fields``
+(:attr:`Options.templated`), a dataclass's fields (:meth:`Options.fields`: the launch spec's, the ssh
+settings' and the Slurm options'), the checks with their :class:`SpecError` naming the field, the value and
 what is allowed (:meth:`Options.check`), and the options tables in docs/backends.md
 (:meth:`Options.markdown`). A new option is one :class:`Option` in its table.
 
