@@ -109,13 +109,10 @@ def exit_now(code: int = 0) -> None:
     ``if __name__ == "__main__": exit_now(main())``.
     """
     import logging
-    import sys
+
+    from dtrain.launch.node.quick_exit import flush_output
 
     shutdown()
-    for stream in (sys.stdout, sys.stderr):
-        try:
-            stream.flush()
-        except Exception:  # noqa: BLE001 (a closed or broken stream must not keep us here)
-            pass
+    flush_output()
     logging.shutdown()
     os._exit(code)

@@ -6,8 +6,9 @@ rendezvous registered (torchrun's static one, restartable: see :func:`restartabl
 for fixed membership, and ``dtrain-c10d`` for elastic jobs (:mod:`dtrain.launch.node.elastic_rdzv`;
 its agent reads the job's secret on stdin first: :func:`dtrain.launch.node.rdzv_auth.read_secret`),
 its per-job log directory removed when it ends (torchrun would leave a ``torchelastic_*`` directory
-in the temp folder per agent), and a stop by signal ending it quietly (torchrun prints a traceback
-per agent; the launcher reports the verdict once).
+in the temp folder per agent), a stop by signal ending it quietly (torchrun prints a traceback
+per agent; the launcher reports the verdict once), and the process ending as soon as torchrun
+returns, without the interpreter's teardown of torch (:mod:`dtrain.launch.node.quick_exit`).
 
 Stdlib at import; torch is imported only by the functions, on the node.
 """
@@ -165,4 +166,6 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    from dtrain.launch.node.quick_exit import run_then_exit
+
+    run_then_exit(main)  # the job is over when main returns: no second of torch's teardown per agent
