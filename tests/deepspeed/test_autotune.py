@@ -122,6 +122,24 @@ def test_the_operator_tunes_and_the_training_task_takes_the_optimum_from_xcom(ai
     assert report["train_batch_size"] == optimal["train_batch_size"]
 
 
+def test_deepspeeds_launcher_runs_with_its_scheduler_checking_every_half_second(monkeypatch):
+    """dtrain.autotune.ds_runner is DeepSpeed's launcher main with the scheduler's interval (its
+    module constant TIMEOUT, 5 s) set to CHECK_INTERVAL_S first, the arguments passed unchanged."""
+    import deepspeed.launcher.runner as launcher
+    from deepspeed.autotuning import scheduler
+
+    from dtrain.autotune import ds_runner
+    from dtrain.autotune.runner import DEEPSPEED
+
+    seen = {}
+    monkeypatch.setattr(scheduler, "TIMEOUT", 5)
+    monkeypatch.setattr(launcher, "main", lambda args=None: seen.update(args=args, interval=scheduler.TIMEOUT))
+    ds_runner.main(["--autotuning", "tune", "--num_gpus", "1", "train.py", "--deepspeed_config", "ds.json"])
+    assert seen == {"args": ["--autotuning", "tune", "--num_gpus", "1", "train.py", "--deepspeed_config", "ds.json"],
+                    "interval": ds_runner.CHECK_INTERVAL_S} and ds_runner.CHECK_INTERVAL_S < 5
+    assert DEEPSPEED == ("-m", ds_runner.__name__)
+
+
 def test_the_cli_tunes_and_writes_the_optimum(tmp_path):
     config = tmp_path / "ds.json"
     config.write_text(json.dumps(CONFIG))
@@ -136,6 +154,7 @@ def test_the_cli_tunes_and_writes_the_optimum(tmp_path):
     results = tmp_path / "w" / "autotuning_results"
     assert json.load(open(output)) == json.load(open(results / "ds_config_optimal.json"))
     assert "| global " in out.stdout and "optimal config (z0_gas1_tmbspg1, throughput " in out.stdout
+    assert f"[autotune] {sys.executable} -m dtrain.autotune.ds_runner --autotuning tune " in out.stdout
     # DeepSpeed's CPU all-reduce left a 67 MB /dev/shm buffer per experiment; the runner removed them.
     from dtrain.autotune.results import experiment_ports
 

@@ -209,10 +209,15 @@ def user_args(spec: AutotuneSpec, config_path: str) -> list[str]:
     return [*args, "--deepspeed_config", config_path]
 
 
+#: DeepSpeed's launcher as the runner starts it: with its scheduler's checks every half second
+#: (:mod:`dtrain.autotune.ds_runner`), after this interpreter
+DEEPSPEED = ("-m", "dtrain.autotune.ds_runner")
+
+
 def build_argv(spec: AutotuneSpec, config_path: str, hostfile: str, master_port: int,
-               deepspeed: str = "deepspeed") -> list[str]:
+               deepspeed: Sequence[str] = ("deepspeed",)) -> list[str]:
     """The ``deepspeed --autotuning tune`` command line (argv, no shell)."""
-    return [deepspeed, "--autotuning", "tune", "--hostfile", hostfile, "--num_nodes", str(spec.nodes),
+    return [*deepspeed, "--autotuning", "tune", "--hostfile", hostfile, "--num_nodes", str(spec.nodes),
             "--num_gpus", str(spec.procs_per_node), "--master_port", str(master_port),
             *user_args(spec, config_path)]
 
@@ -282,8 +287,7 @@ def run_autotune(spec: AutotuneSpec, sink: Callable[[str], None] = print,
     from dtrain.launch.node.net import free_port
 
     write_inputs(spec)
-    argv = build_argv(spec, spec.config_path, spec.hostfile, free_port(),
-                      os.path.join(os.path.dirname(sys.executable), "deepspeed"))
+    argv = build_argv(spec, spec.config_path, spec.hostfile, free_port(), (sys.executable, *DEEPSPEED))
     sink("[autotune] " + " ".join(argv))
     proc = subprocess.Popen(argv, cwd=spec.work_dir, env=autotune_env(spec), stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, start_new_session=True)
