@@ -39,14 +39,16 @@ with DAG(dag_id="deepspeed_autotune", schedule=None, catchup=False, params=OUT) 
     autotune = DeepSpeedAutotuneOperator(
         task_id="autotune", command=["python", ZERO, "--deepspeed", "--deepspeed_config", "{deepspeed_config}",
                                      "--steps", "4"],
-        # The smallest search (two experiments: DeepSpeed's profiling run and one micro batch size);
-        # the training task has no config but the one it pulls from XCom.
+        # The smallest search (two experiments: DeepSpeed's profiling run and one micro batch size),
+        # resumed: tests/deepspeed/test_autotune.py puts the CLI test's results of the same search in
+        # the work directory, and without overwrite DeepSpeed skips the experiments that have one.
+        # The training task has no config but the one it pulls from XCom.
         deepspeed_config={"train_micro_batch_size_per_gpu": 1, "zero_optimization": {"stage": 0},
                           "zero_allow_untested_optimizer": True, "steps_per_print": 1000,
                           "optimizer": {"type": "SGD", "params": {"lr": 0.01}}},
         autotuning={"start_profile_step": 1, "end_profile_step": 2, "min_train_micro_batch_size_per_gpu": 1,
                     "max_train_micro_batch_size_per_gpu": 1, "num_tuning_micro_batch_sizes": 1,
-                    "tuner_num_trials": 1},
+                    "tuner_num_trials": 1, "overwrite": False},
         procs_per_node=1, device="cpu", work_dir="{{ params.out }}/autotune",
     )
     train = DistributedTrainingOperator(

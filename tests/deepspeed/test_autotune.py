@@ -1,7 +1,7 @@
 """DeepSpeed's own autotuner as a pipeline step: what is refused before it runs (and why), the exact
 command line, reading a real autotuning_results/ tree (fixtures/: written by DeepSpeed 0.19.8 on
-this CPU), and end to end on CPU: the operator tunes, the training task takes the optimal config
-from XCom; and the CLI."""
+this CPU), and end to end on CPU: the CLI tunes; the operator resumes that tuning (DeepSpeed skips
+the experiments whose results exist) and the training task takes the optimal config from XCom."""
 
 from __future__ import annotations
 
@@ -108,12 +108,47 @@ def test_no_optimum_fails_naming_the_experiments_and_their_errors(tmp_path):
         read_results(str(tmp_path / "nothing"))
 
 
-def test_the_operator_tunes_and_the_training_task_takes_the_optimum_from_xcom(airflow_db, tmp_path):
+@pytest.fixture(scope="module")
+def cli_tuning(tmp_path_factory):
+    """`dtrain autotune` run once for real (DeepSpeed's profiling run and one experiment): its work
+    directory, output file and completed process. The CLI test checks it; the operator's test resumes it."""
+    root = tmp_path_factory.mktemp("cli-tuning")
+    config = root / "ds.json"
+    config.write_text(json.dumps(CONFIG))
+    output = root / "optimal.json"
+    out = subprocess.run([os.path.join(os.path.dirname(sys.executable), "dtrain"), "autotune", "--deepspeed-config",
+                          str(config), "--autotuning", json.dumps({**QUICK, "max_train_micro_batch_size_per_gpu": 1,
+                                                                   "num_tuning_micro_batch_sizes": 1}),
+                          "--procs-per-node", "1", "--device", "cpu", "--work-dir", str(root / "w"),
+                          "--output", str(output), "--", "python", ZERO, "--deepspeed", "--deepspeed_config",
+                          "{deepspeed_config}", "--steps", "4"], capture_output=True, text=True, timeout=400)
+    return root / "w", output, out
+
+
+#: what DeepSpeed writes once the tuning is over, from its experiments' results
+CONCLUSIONS = ("ds_config_optimal.json", "summary.txt", "cmd_optimal.txt")
+
+
+def test_the_operator_resumes_a_tuning_and_the_training_task_takes_the_optimum_from_xcom(airflow_db, tmp_path,
+                                                                                         cli_tuning):
+    """The DAG's tuning has ``overwrite: false``: DeepSpeed's autotuner (a real one, started by the operator)
+    skips each experiment whose result is in the work directory, here the CLI's (copied without what
+    DeepSpeed concludes from them), then writes its conclusions; the training task runs its optimum."""
+    work, _, tuned = cli_tuning
+    assert tuned.returncode == 0, tuned.stdout[-3000:] + tuned.stderr[-2000:]
+    resumed = tmp_path / "autotune"
+    shutil.copytree(work / "autotuning_exps", resumed / "autotuning_exps")
+    shutil.copytree(work / "autotuning_results", resumed / "autotuning_results",
+                    ignore=lambda folder, names: [n for n in names if n in CONCLUSIONS])
     dag = load_test_dag("deepspeed_dags.py", "deepspeed_autotune")
     run = dag.test(run_conf={"out": str(tmp_path)})
     states = {ti.task_id: ti.state for ti in run.get_task_instances()}
     assert states == {"autotune": "success", "train": "success"}, states
-    optimal = json.load(open(tmp_path / "autotune" / "autotuning_results" / "ds_config_optimal.json"))
+    optimal = json.load(open(resumed / "autotuning_results" / "ds_config_optimal.json"))
+    assert optimal == json.load(open(work / "autotuning_results" / "ds_config_optimal.json"))
+    for experiment in ("profile_model_info", "z0_gas1_tmbspg1"):  # skipped: a rerun would have written anew
+        assert (resumed / "autotuning_results" / experiment / "stderr.log").read_bytes() == \
+            (work / "autotuning_results" / experiment / "stderr.log").read_bytes(), experiment
     written = json.load(open(tmp_path / "train" / "deepspeed_config.json"))
     assert "autotuning" not in written
     assert {k: written[k] for k in optimal} == optimal  # the training job ran DeepSpeed's optimum
@@ -140,18 +175,10 @@ def test_deepspeeds_launcher_runs_with_its_scheduler_checking_every_half_second(
     assert DEEPSPEED == ("-m", ds_runner.__name__)
 
 
-def test_the_cli_tunes_and_writes_the_optimum(tmp_path):
-    config = tmp_path / "ds.json"
-    config.write_text(json.dumps(CONFIG))
-    output = tmp_path / "optimal.json"
-    out = subprocess.run([os.path.join(os.path.dirname(sys.executable), "dtrain"), "autotune", "--deepspeed-config",
-                          str(config), "--autotuning", json.dumps({**QUICK, "max_train_micro_batch_size_per_gpu": 1,
-                                                                   "num_tuning_micro_batch_sizes": 1}),
-                          "--procs-per-node", "1", "--device", "cpu", "--work-dir", str(tmp_path / "w"),
-                          "--output", str(output), "--", "python", ZERO, "--deepspeed", "--deepspeed_config",
-                          "{deepspeed_config}", "--steps", "4"], capture_output=True, text=True, timeout=400)
+def test_the_cli_tunes_and_writes_the_optimum(cli_tuning):
+    work, output, out = cli_tuning
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-2000:]
-    results = tmp_path / "w" / "autotuning_results"
+    results = work / "autotuning_results"
     assert json.load(open(output)) == json.load(open(results / "ds_config_optimal.json"))
     assert "| global " in out.stdout and "optimal config (z0_gas1_tmbspg1, throughput " in out.stdout
     assert f"[autotune] {sys.executable} -m dtrain.autotune.ds_runner --autotuning tune " in out.stdout
