@@ -46,7 +46,6 @@ def test_the_status_and_output_are_the_interpreters_and_its_teardown_is_skipped(
                       "run_then_exit(main)\n"
                       "print('never here')\n")
     assert done.returncode == status, done
-    # stdout was a pipe (block-buffered): what main printed and the unflushed tail still came out
     # stdout is a pipe (block-buffered): what main printed and the unflushed tail came out; nothing
     # after run_then_exit ran, nor the interpreter's teardown ("teardown ran")
     assert done.stdout == "unflushed taildone\n", done

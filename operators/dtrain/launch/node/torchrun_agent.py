@@ -168,4 +168,4 @@ def main(argv: list[str] | None = None) -> None:
 if __name__ == "__main__":
     from dtrain.launch.node.quick_exit import run_then_exit
 
-    run_then_exit(main)  # the job is over when main returns: no second of torch's teardown per agent
+    run_then_exit(main)  # the job is over when main returns: no interpreter teardown of torch per agent
