@@ -28,7 +28,11 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--runs", type=int, default=7)
     args = parser.parse_args()
-    env = dict(os.environ, OMP_NUM_THREADS="1", DTRAIN_HOME=tempfile.mkdtemp(prefix="bench-launch-"))
+    with tempfile.TemporaryDirectory(prefix="bench-launch-") as home:  # the jobs' run directories
+        run_pairs(args.runs, dict(os.environ, OMP_NUM_THREADS="1", DTRAIN_HOME=home))
+
+
+def run_pairs(runs: int, env: dict[str, str]) -> None:
     commands = {
         "dtrain": [os.path.join(BIN, "dtrain"), "launch", "--nodes", "1", "--procs-per-node", "2", "--", JOB],
         "torchrun": [os.path.join(BIN, "torchrun"), "--standalone", "--nnodes", "1", "--nproc-per-node", "2", JOB],
@@ -37,7 +41,7 @@ def main() -> None:
         timed_cpu(argv, env)  # warm the page cache for both
     wall: dict[str, list[float]] = {name: [] for name in commands}
     cpu: dict[str, list[float]] = {name: [] for name in commands}
-    for _ in range(args.runs):
+    for _ in range(runs):
         for name, argv in commands.items():
             w, c = timed_cpu(argv, env)
             wall[name].append(w)
@@ -48,7 +52,7 @@ def main() -> None:
         return f"{kind} dtrain {d:.2f} s, torchrun {t:.2f} s, ratio {d / t:.2f}"
 
     print(f"launch 1x2 gloo job: {figures('wall', wall)}; {figures('cpu', cpu)} "
-          f"(median of {args.runs} pairs, alternating; goal <= {GOAL:.2f})")
+          f"(median of {runs} pairs, alternating; goal <= {GOAL:.2f})")
 
 
 if __name__ == "__main__":
