@@ -43,3 +43,12 @@ def test_the_jobs_home_exists_while_they_run_and_is_removed_after(bench, monkeyp
     ((runs, home, existed, threads),) = seen
     assert (runs, existed, threads) == (3, True, "1")
     assert os.path.dirname(home) == str(tmp_path) and os.listdir(tmp_path) == []
+
+
+def test_the_ratio_is_the_median_pairs_not_the_ratio_of_the_medians(bench):
+    # the medians are equal (2.00 each); the pairs' ratios are 1.1, 1.5 and 0.8: a slow spell that
+    # hit the second pair moved both of its figures
+    times = {"dtrain": [1.1, 3.0, 2.0], "torchrun": [1.0, 2.0, 2.5]}
+    assert bench.figures("wall", times) == "wall dtrain 2.00 s, torchrun 2.00 s, ratio 1.10"
+    with pytest.raises(ValueError):  # figures of unpaired runs are a mistake, not a ratio
+        bench.figures("cpu", {"dtrain": [1.0, 2.0], "torchrun": [1.0]})
