@@ -58,6 +58,7 @@ ALLOWED = {
     "training/shards.py:ShardDataset._read_into": "the staged dataset",
     "training/loop.py:TrainLoop.restore": "the rank loads the warm-start model it was given (--init-from)",
     # The launcher's side, on paths that are not under a run directory.
+    "launch/backends/__init__.py:_group_may_be_declared": "the installed distributions' entry_points.txt on sys.path",
     "launch/backends/placement.py:visible_gpu_count": "/proc/driver/nvidia/gpus",
     "launch/core/spec.py:LaunchSpec.__post_init__": "the user's workdir exists (a spec check)",
     "launch/core/spec.py:LaunchSpec._check_command": "the user's script exists (a spec check)",
