@@ -1,5 +1,6 @@
-"""bench/launch.py's own housekeeping: the jobs' DTRAIN_HOME (their run directories) is a temporary
-folder that is gone when the bench ends, whether its runs succeed or not."""
+"""bench/launch.py without its jobs: the jobs' DTRAIN_HOME (their run directories) is a temporary
+folder that is gone when the bench ends, whether its runs succeed or not, and the ratio it prints is
+the median of the pairs' own ratios."""
 
 from __future__ import annotations
 
