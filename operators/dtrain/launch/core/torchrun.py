@@ -2,8 +2,10 @@
 
 Every backend that starts torchrun agents renders them here; only the rendezvous differs:
 
-* :class:`C10d` (local backend): dynamic c10d rendezvous at ``host:port``; node ranks are
-  assigned by the rendezvous.
+* :class:`C10d` (local backend): ``dtrain-dynamic``, torchrun's dynamic c10d rendezvous at
+  ``host:port`` (node ranks are assigned by the rendezvous) whose workers bootstrap from a store
+  node 0's agent opens afresh each round
+  (:func:`~dtrain.launch.node.torchrun_agent.restartable_dynamic_handler`).
 * :class:`Elastic` (an elastic job, ``nodes="MIN:MAX"``): ``dtrain-c10d``
   (:mod:`dtrain.launch.node.elastic_rdzv`) at the store the launcher hosts, never on a node
   (:mod:`dtrain.launch.core.rdzv_store`); node ranks are assigned by each round, and each node
@@ -21,10 +23,9 @@ Each worker runs the per-rank wrapper (:mod:`dtrain.launch.node.rank_entry`) aro
 Restarts (``max_restarts``; docs/restarts.md). A restarted worker must not find the previous
 attempt's keys in its rendezvous store: with torch 2.13 and gloo, init_process_group reads the
 dead ranks' addresses from them and fails ("Gloo connectFullMesh failed ... Connection
-refused") or hangs. torchrun's c10d rendezvous gets a fresh store per round when
-``TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1`` (:data:`AGENT_ENV`); its static rendezvous ignores
-that variable and hands the workers the same store at every restart, hence ``dtrain-static``
-(:data:`~dtrain.launch.node.torchrun_agent.RESTARTABLE_STATIC`).
+refused") or hangs. Both of dtrain's rendezvous therefore hand each round's workers a fresh store
+hosted by node 0's agent: ``dtrain-dynamic`` (:data:`~dtrain.launch.node.torchrun_agent.RESTARTABLE_DYNAMIC`)
+and ``dtrain-static`` (:data:`~dtrain.launch.node.torchrun_agent.RESTARTABLE_STATIC`).
 
 Pure (tested by exact comparison), and no torch import.
 """
@@ -34,7 +35,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Union
 
 from dtrain.launch.node.elastic_rdzv import ELASTIC, KEEP_ALIVE_ATTEMPTS, KEEP_ALIVE_S
-from dtrain.launch.node.torchrun_agent import RESTARTABLE_STATIC
+from dtrain.launch.node.torchrun_agent import RESTARTABLE_DYNAMIC, RESTARTABLE_STATIC
 
 if TYPE_CHECKING:
     from dtrain.launch.core.spec import LaunchSpec
@@ -44,11 +45,12 @@ AGENT = ("-m", "dtrain.launch.node.torchrun_agent")  # torchrun, with RESTARTABL
 
 # Environment every torchrun agent gets (through Job.rank_env, which every backend puts into the
 # agents' environment; a spec's own ``env`` may override it). By default torchrun's c10d
-# rendezvous shares its TCP store with the workers and keeps it across worker restarts; with
+# rendezvous opens one worker store in the first round and keeps it across worker restarts; with
 # torch 2.13 and gloo the restarted ranks then read the previous attempt's addresses from it and
 # die in init_process_group ("Gloo connectFullMesh failed ... Connection refused") or hang there.
-# With this set, rank 0 of each restart round hosts a fresh store, so ``max_restarts`` really
-# restarts the workers and they resume from their checkpoint (tests/launch/engine/faults/test_restart.py).
+# With this set, torch opens no such store: ``dtrain-dynamic`` opens one per round itself and the
+# elastic rendezvous leaves it to rank 0 of each round, so ``max_restarts`` really restarts the
+# workers and they resume from their checkpoint (tests/launch/engine/faults/test_restart.py).
 AGENT_ENV = {"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}
 
 
@@ -87,7 +89,7 @@ def rendezvous_args(spec: "LaunchSpec", job_id: str, rdzv: Rendezvous) -> list[s
                 f"keep_alive_interval={KEEP_ALIVE_S},keep_alive_max_attempt={KEEP_ALIVE_ATTEMPTS}",
                 *([f"--local-addr={rdzv.local_addr}"] if rdzv.local_addr else [])]
     if isinstance(rdzv, C10d):
-        return ["--rdzv-backend=c10d", f"--rdzv-endpoint={rdzv.host}:{rdzv.port}", f"--rdzv-id={job_id}",
+        return ["--rdzv-backend=" + RESTARTABLE_DYNAMIC, f"--rdzv-endpoint={rdzv.host}:{rdzv.port}", f"--rdzv-id={job_id}",
                 f"--rdzv-conf=is_host={int(rdzv.is_host)},join_timeout={timeout}"]
     args = [f"--rdzv-backend={RESTARTABLE_STATIC}"]
     if rdzv.endpoint is not None:

@@ -20,6 +20,9 @@ from typing import Any
 from dtrain.launch.node.elastic_rdzv import ELASTIC, NO_ROUND_EXIT_CODE, elastic_agent_class, elastic_handler, use_secret
 
 RESTARTABLE_STATIC = "dtrain-static"
+RESTARTABLE_DYNAMIC = "dtrain-dynamic"
+#: where node 0's agent publishes the port of its round's worker store, in that round's rendezvous store
+WORKER_STORE_PORT_KEY = "dtrain/worker_store_port"
 
 
 def restartable_static_handler(params: Any):
@@ -100,6 +103,71 @@ def restartable_static_handler(params: Any):
                                        params.get_as_int("timeout", 600))
 
 
+def restartable_dynamic_handler(params: Any):
+    """torchrun's c10d (dynamic) rendezvous, whose workers bootstrap from a store that node 0's agent
+    starts afresh every round, before any worker of the round starts.
+
+    torchrun's own ways both cost the job something: sharing one worker store across rounds
+    hands a restarted worker the dead attempt's keys (docs/restarts.md), and with
+    ``TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1`` (:data:`dtrain.launch.core.torchrun.AGENT_ENV`) rank 0
+    hosts the store in its ``init_process_group``, so every other rank that gets there first is
+    refused and waits out TCPStore's connect back-off (CHANGELOG.md has what that cost).
+    Here the rendezvous itself runs as with the variable set; then node 0's agent opens a store on
+    a free port and publishes the port in the round's own rendezvous store, where the other agents
+    read it, and the workers connect to it as clients (``TORCHELASTIC_USE_AGENT_STORE=True``).
+    The previous round's store closes with its last reference."""
+    from datetime import timedelta
+
+    from torch.distributed import TCPStore
+    from torch.distributed.elastic.rendezvous import RendezvousHandler, RendezvousInfo, RendezvousStoreInfo
+    from torch.distributed.elastic.rendezvous.c10d_rendezvous_backend import create_backend
+    from torch.distributed.elastic.rendezvous.dynamic_rendezvous import create_handler
+
+    class FreshWorkerStore(RendezvousHandler):
+        def __init__(self, inner: RendezvousHandler, timeout: timedelta):
+            self.inner, self.timeout = inner, timeout
+            self.worker_store = None  # node 0's store of the current round
+
+        def get_backend(self) -> str:
+            return RESTARTABLE_DYNAMIC
+
+        @property
+        def use_agent_store(self) -> bool:
+            return True
+
+        def next_rendezvous(self):
+            info = self.inner.next_rendezvous()
+            addr = info.bootstrap_store_info.master_addr
+            if info.rank == 0:
+                self.worker_store = TCPStore(addr, 0, None, True, self.timeout, wait_for_workers=False,
+                                             multi_tenant=True)
+                port = self.worker_store.port
+                info.store.set(WORKER_STORE_PORT_KEY, str(port))
+            else:
+                self.worker_store = None
+                port = int(info.store.get(WORKER_STORE_PORT_KEY).decode())
+            return RendezvousInfo(info.store, info.rank, info.world_size, RendezvousStoreInfo(addr, port))
+
+        def is_closed(self) -> bool:
+            return self.inner.is_closed()
+
+        def set_closed(self) -> None:
+            self.inner.set_closed()
+
+        def num_nodes_waiting(self) -> int:
+            return self.inner.num_nodes_waiting()
+
+        def get_run_id(self) -> str:
+            return self.inner.get_run_id()
+
+        def shutdown(self) -> bool:
+            return self.inner.shutdown()
+
+    backend, store = create_backend(params)
+    return FreshWorkerStore(create_handler(store, backend, params),
+                            timedelta(seconds=params.get_as_int("join_timeout", 600)))
+
+
 def main(argv: list[str] | None = None) -> None:
     """torchrun (same arguments, same exit status) with :data:`RESTARTABLE_STATIC` registered.
 
@@ -127,6 +195,7 @@ def main(argv: list[str] | None = None) -> None:
     from torch.distributed.elastic.rendezvous import RendezvousClosedError, rendezvous_handler_registry
 
     rendezvous_handler_registry.register(RESTARTABLE_STATIC, restartable_static_handler)
+    rendezvous_handler_registry.register(RESTARTABLE_DYNAMIC, restartable_dynamic_handler)
     rendezvous_handler_registry.register(ELASTIC, elastic_handler)
     args = torchrun.parse_args(argv)
     if args.rdzv_backend == ELASTIC:  # its agent: a lost member's restart is not the script's failure
