@@ -33,11 +33,16 @@ def main() -> None:
         run_pairs(args.runs, dict(os.environ, OMP_NUM_THREADS="1", DTRAIN_HOME=home))
 
 
-def run_pairs(runs: int, env: dict[str, str]) -> None:
-    commands = {
-        "dtrain": [os.path.join(BIN, "dtrain"), "launch", "--nodes", "1", "--procs-per-node", "2", "--", JOB],
-        "torchrun": [os.path.join(BIN, "torchrun"), "--standalone", "--nnodes", "1", "--nproc-per-node", "2", JOB],
+def tool_commands(job: str) -> dict[str, list[str]]:
+    """The same 1 node x 2 process job of script ``job`` under each tool."""
+    return {
+        "dtrain": [os.path.join(BIN, "dtrain"), "launch", "--nodes", "1", "--procs-per-node", "2", "--", job],
+        "torchrun": [os.path.join(BIN, "torchrun"), "--standalone", "--nnodes", "1", "--nproc-per-node", "2", job],
     }
+
+
+def run_pairs(runs: int, env: dict[str, str]) -> None:
+    commands = tool_commands(JOB)
     for argv in commands.values():
         timed_cpu(argv, env)  # warm the page cache for both
     wall: dict[str, list[float]] = {name: [] for name in commands}
