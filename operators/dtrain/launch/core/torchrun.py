@@ -23,9 +23,10 @@ Each worker runs the per-rank wrapper (:mod:`dtrain.launch.node.rank_entry`) aro
 Restarts (``max_restarts``; docs/restarts.md). A restarted worker must not find the previous
 attempt's keys in its rendezvous store: with torch 2.13 and gloo, init_process_group reads the
 dead ranks' addresses from them and fails ("Gloo connectFullMesh failed ... Connection
-refused") or hangs. Both of dtrain's rendezvous therefore hand each round's workers a fresh store
-hosted by node 0's agent: ``dtrain-dynamic`` (:data:`~dtrain.launch.node.torchrun_agent.RESTARTABLE_DYNAMIC`)
-and ``dtrain-static`` (:data:`~dtrain.launch.node.torchrun_agent.RESTARTABLE_STATIC`).
+refused") or hangs. dtrain's rendezvous therefore hand each round's workers a fresh store hosted by
+node 0's agent: ``dtrain-dynamic`` (:data:`~dtrain.launch.node.torchrun_agent.RESTARTABLE_DYNAMIC`),
+``dtrain-static`` (:data:`~dtrain.launch.node.torchrun_agent.RESTARTABLE_STATIC`) and the elastic
+``dtrain-c10d`` (:mod:`dtrain.launch.node.worker_store`).
 
 Pure (tested by exact comparison), and no torch import.
 """
@@ -48,8 +49,8 @@ AGENT = ("-m", "dtrain.launch.node.torchrun_agent")  # torchrun, with RESTARTABL
 # rendezvous opens one worker store in the first round and keeps it across worker restarts; with
 # torch 2.13 and gloo the restarted ranks then read the previous attempt's addresses from it and
 # die in init_process_group ("Gloo connectFullMesh failed ... Connection refused") or hang there.
-# With this set, torch opens no such store: ``dtrain-dynamic`` opens one per round itself and the
-# elastic rendezvous leaves it to rank 0 of each round, so ``max_restarts`` really restarts the
+# With this set, torch opens no such store: ``dtrain-dynamic`` and the elastic ``dtrain-c10d`` open
+# one per round themselves (dtrain.launch.node.worker_store), so ``max_restarts`` really restarts the
 # workers and they resume from their checkpoint (tests/launch/engine/faults/test_restart.py).
 AGENT_ENV = {"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}
 

@@ -3,7 +3,8 @@
 Runs on every node (started by the ssh, slurm and local backends with the argv that
 :mod:`dtrain.launch.core.torchrun` renders): torchrun itself, with the ``dtrain-static``
 rendezvous registered (torchrun's static one, restartable: see :func:`restartable_static_handler`)
-for fixed membership, and ``dtrain-c10d`` for elastic jobs (:mod:`dtrain.launch.node.elastic_rdzv`;
+for fixed membership, ``dtrain-dynamic`` for the local backend's (:func:`restartable_dynamic_handler`),
+and ``dtrain-c10d`` for elastic jobs (:mod:`dtrain.launch.node.elastic_rdzv`;
 its agent reads the job's secret on stdin first: :func:`dtrain.launch.node.rdzv_auth.read_secret`),
 its per-job log directory removed when it ends (torchrun would leave a ``torchelastic_*`` directory
 in the temp folder per agent), a stop by signal ending it quietly (torchrun prints a traceback
@@ -18,11 +19,10 @@ from __future__ import annotations
 from typing import Any
 
 from dtrain.launch.node.elastic_rdzv import ELASTIC, NO_ROUND_EXIT_CODE, elastic_agent_class, elastic_handler, use_secret
+from dtrain.launch.node.worker_store import round_bootstrap, round_store_key
 
 RESTARTABLE_STATIC = "dtrain-static"
 RESTARTABLE_DYNAMIC = "dtrain-dynamic"
-#: where node 0's agent publishes the port of its round's worker store, in that round's rendezvous store
-WORKER_STORE_PORT_KEY = "dtrain/worker_store_port"
 
 
 def restartable_static_handler(params: Any):
@@ -105,26 +105,22 @@ def restartable_static_handler(params: Any):
 
 def restartable_dynamic_handler(params: Any):
     """torchrun's c10d (dynamic) rendezvous, whose workers bootstrap from a store that node 0's agent
-    starts afresh every round, before any worker of the round starts.
+    opens afresh every round, before any worker of the round starts
+    (:mod:`dtrain.launch.node.worker_store`: why neither of torchrun's own ways).
 
-    torchrun's own ways both cost the job something: sharing one worker store across rounds
-    hands a restarted worker the dead attempt's keys (docs/restarts.md), and with
-    ``TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1`` (:data:`dtrain.launch.core.torchrun.AGENT_ENV`) rank 0
-    hosts the store in its ``init_process_group``, so every other rank that gets there first is
-    refused and waits out TCPStore's connect back-off (CHANGELOG.md has what that cost).
-    Here the rendezvous itself runs as with the variable set; then node 0's agent opens a store on
-    a free port and publishes the port in the round's own rendezvous store, where the other agents
-    read it, and the workers connect to it as clients (``TORCHELASTIC_USE_AGENT_STORE=True``).
-    The previous round's store closes with its last reference."""
+    The rendezvous itself runs as with ``TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1``
+    (:data:`dtrain.launch.core.torchrun.AGENT_ENV`: torch keeps no worker store across rounds); node
+    0's agent then publishes its store's address and port in the round's own rendezvous store, where
+    the other agents read them. The local backend's rendezvous store is torch's own, on this host, and
+    believes anyone who reaches it, as torch's c10d rendezvous does."""
     from datetime import timedelta
 
-    from torch.distributed import TCPStore
-    from torch.distributed.elastic.rendezvous import RendezvousHandler, RendezvousInfo, RendezvousStoreInfo
+    from torch.distributed.elastic.rendezvous import RendezvousHandler
     from torch.distributed.elastic.rendezvous.c10d_rendezvous_backend import create_backend
     from torch.distributed.elastic.rendezvous.dynamic_rendezvous import create_handler
 
     class FreshWorkerStore(RendezvousHandler):
-        def __init__(self, inner: RendezvousHandler, timeout: timedelta):
+        def __init__(self, inner, timeout: timedelta):
             self.inner, self.timeout = inner, timeout
             self.worker_store = None  # node 0's store of the current round
 
@@ -137,16 +133,13 @@ def restartable_dynamic_handler(params: Any):
 
         def next_rendezvous(self):
             info = self.inner.next_rendezvous()
-            addr = info.bootstrap_store_info.master_addr
-            if info.rank == 0:
-                self.worker_store = TCPStore(addr, 0, None, True, self.timeout, wait_for_workers=False,
-                                             multi_tenant=True)
-                port = self.worker_store.port
-                info.store.set(WORKER_STORE_PORT_KEY, str(port))
-            else:
-                self.worker_store = None
-                port = int(info.store.get(WORKER_STORE_PORT_KEY).decode())
-            return RendezvousInfo(info.store, info.rank, info.world_size, RendezvousStoreInfo(addr, port))
+            key = round_store_key(self.inner._state_holder.state.round)
+            self.worker_store = None  # the previous round's store closes
+            info, self.worker_store = round_bootstrap(
+                info, addr=self.inner._this_node.addr, timeout=self.timeout,
+                publish=lambda value: info.store.set(key, value),
+                fetch=lambda: info.store.get(key).decode(errors="replace"))
+            return info
 
         def is_closed(self) -> bool:
             return self.inner.is_closed()
