@@ -33,7 +33,9 @@ into the job's rounds (:mod:`dtrain.launch.engine.rounds`): for the log, XCom an
 every value this rendezvous writes there is signed with the job's secret, and every value it reads
 is verified before anything else looks at it (:mod:`dtrain.launch.node.rdzv_auth`): torch's state
 (which it would unpickle) through :func:`signed_backend`, :data:`LOST_KEY` and the :func:`node_key`
-values in :meth:`ElasticRendezvous._take_losses`. A value that fails is refused, counted and named
+values in :meth:`ElasticRendezvous._take_losses`, and the address and port of each round's worker
+store, which node 0's agent opens before the round's workers start (torch would have every agent read
+them back as plain values: :mod:`dtrain.launch.node.worker_store`). A value that fails is refused, counted and named
 in the log; the job goes on: the agent that reads a tampered state writes its last verified one back
 over it at once (compare-and-set against the refused value, re-signed), and torch's handler sees only
 that, with its token; the time the store held the planted value is not counted against any member's
@@ -58,10 +60,12 @@ from __future__ import annotations
 import os
 import sys
 import time
+from datetime import timedelta
 from functools import lru_cache
 from typing import Any
 
 from dtrain.launch.node.rdzv_auth import StoreKey
+from dtrain.launch.node.worker_store import round_bootstrap, round_store_key
 
 ELASTIC = "dtrain-c10d"
 ROUND_TAG = "[dtrain-round]"
@@ -122,6 +126,25 @@ def read_signed(store: Any, key: StoreKey, name: str) -> bytes | None:
     if not store.check([name]):
         return None
     return key.open_or_refuse(name, store.get(name))
+
+
+def wait_signed(store: Any, key: StoreKey, name: str, timeout: timedelta) -> bytes:
+    """Key ``name``'s value once one that verifies is there; a refused one is named in the log (once)
+    and waited past. TimeoutError after ``timeout``."""
+    deadline = time.monotonic() + timeout.total_seconds()
+    while True:
+        remaining = deadline - time.monotonic()
+        try:
+            if remaining <= 0:
+                raise RuntimeError("timed out")
+            store.wait([name], timedelta(seconds=remaining))
+        except RuntimeError as e:  # torch's DistStoreError on a timeout
+            raise TimeoutError(f"no value of {name!r} signed by this job's rendezvous in "
+                               f"{timeout.total_seconds():.0f} s") from e
+        value = read_signed(store, key, name)
+        if value is not None:
+            return value
+        time.sleep(SYNC_S)  # a planted value: node 0's own may still come
 
 
 def node_key(index: str | int) -> str:
@@ -269,6 +292,7 @@ def _classes():
     class ElasticRendezvous(DynamicRendezvousHandler):
         members: frozenset = frozenset()
         round_: int = -1
+        worker_store = None  # node 0's store of this round, on node 0
         _losses_checked = 0.0
 
         def next_rendezvous(self):
@@ -283,6 +307,22 @@ def _classes():
             self._settings.timeout._last_call = timedelta(seconds=REFORM_LAST_CALL_S)
             print(round_line(os.environ.get("DTRAIN_NODE_INDEX", "?"), state.round, info.rank, info.world_size,
                              job_key()), flush=True)
+            return self._with_worker_store(info, state.round)
+
+        @property
+        def use_agent_store(self) -> bool:
+            return True  # the round's worker store is node 0's agent's (_with_worker_store)
+
+        def _with_worker_store(self, info, round_: int):
+            """``info`` bootstrapping the workers from a store node 0's agent opens for this round, its
+            address and port signed with the job's key (:mod:`dtrain.launch.node.worker_store`): torch
+            would hand the workers the plain values any client of the store can overwrite."""
+            key, name, timeout = job_key(), round_store_key(round_), self._settings.timeout.join
+            self.worker_store = None  # the previous round's store closes
+            info, self.worker_store = round_bootstrap(
+                info, addr=self._this_node.addr, timeout=timeout,
+                publish=lambda value: info.store.set(name, key.seal(name, value.encode())),
+                fetch=lambda: wait_signed(info.store, key, name, timeout).decode(errors="replace"))
             return info
 
         def num_nodes_waiting(self) -> int:
