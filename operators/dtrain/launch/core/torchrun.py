@@ -90,8 +90,8 @@ def rendezvous_args(spec: "LaunchSpec", job_id: str, rdzv: Rendezvous) -> list[s
                 f"keep_alive_interval={KEEP_ALIVE_S},keep_alive_max_attempt={KEEP_ALIVE_ATTEMPTS}",
                 *([f"--local-addr={rdzv.local_addr}"] if rdzv.local_addr else [])]
     if isinstance(rdzv, C10d):
-        return ["--rdzv-backend=" + RESTARTABLE_DYNAMIC, f"--rdzv-endpoint={rdzv.host}:{rdzv.port}", f"--rdzv-id={job_id}",
-                f"--rdzv-conf=is_host={int(rdzv.is_host)},join_timeout={timeout}"]
+        return [f"--rdzv-backend={RESTARTABLE_DYNAMIC}", f"--rdzv-endpoint={rdzv.host}:{rdzv.port}",
+                f"--rdzv-id={job_id}", f"--rdzv-conf=is_host={int(rdzv.is_host)},join_timeout={timeout}"]
     args = [f"--rdzv-backend={RESTARTABLE_STATIC}"]
     if rdzv.endpoint is not None:
         args.append(f"--rdzv-endpoint={rdzv.endpoint[0]}:{rdzv.endpoint[1]}")

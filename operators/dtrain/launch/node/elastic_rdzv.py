@@ -132,15 +132,15 @@ def wait_signed(store: Any, key: StoreKey, name: str, timeout: timedelta) -> byt
     """Key ``name``'s value once one that verifies is there; a refused one is named in the log (once)
     and waited past. TimeoutError after ``timeout``."""
     deadline = time.monotonic() + timeout.total_seconds()
+    missing = f"no value of {name!r} signed by this job's rendezvous in {timeout.total_seconds():.0f} s"
     while True:
         remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            raise TimeoutError(missing)
         try:
-            if remaining <= 0:
-                raise RuntimeError("timed out")
             store.wait([name], timedelta(seconds=remaining))
         except RuntimeError as e:  # torch's DistStoreError on a timeout
-            raise TimeoutError(f"no value of {name!r} signed by this job's rendezvous in "
-                               f"{timeout.total_seconds():.0f} s") from e
+            raise TimeoutError(missing) from e
         value = read_signed(store, key, name)
         if value is not None:
             return value

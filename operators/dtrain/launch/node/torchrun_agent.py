@@ -19,7 +19,7 @@ from __future__ import annotations
 from typing import Any
 
 from dtrain.launch.node.elastic_rdzv import ELASTIC, NO_ROUND_EXIT_CODE, elastic_agent_class, elastic_handler, use_secret
-from dtrain.launch.node.worker_store import round_bootstrap, round_store_key
+from dtrain.launch.node.worker_store import open_worker_store, round_bootstrap, round_store_key
 
 RESTARTABLE_STATIC = "dtrain-static"
 RESTARTABLE_DYNAMIC = "dtrain-dynamic"
@@ -70,8 +70,7 @@ def restartable_static_handler(params: Any):
             if round_:
                 key = f"dtrain/{self.run_id}/round{round_}/port"
                 if self.rank == 0:
-                    store = TCPStore(self.addr, 0, None, True, self.timeout, wait_for_workers=False,
-                                     multi_tenant=True)
+                    store = open_worker_store(self.addr, self.timeout)
                     port = store.port
                     self._first.set(key, str(port))
                 else:

@@ -18,7 +18,7 @@ through ``fetch`` (the elastic rendezvous signs and verifies it with the job's k
 (``TORCHELASTIC_USE_AGENT_STORE=True``: the handlers' ``use_agent_store``). The previous round's
 store closes with the agent's last reference to it.
 
-Stdlib at import; torch is imported only by the function, on the node.
+Stdlib at import; torch is imported only by the functions, on the node.
 """
 
 from __future__ import annotations
@@ -44,17 +44,24 @@ def parse_endpoint(value: str) -> tuple[str, int]:
     return addr, int(port)
 
 
+def open_worker_store(addr: str, timeout: timedelta):
+    """A new store for a round's workers, served by this agent on a free port (``.port``): a server only,
+    no worker count to wait for (the workers come after this returns)."""
+    from torch.distributed import TCPStore
+
+    return TCPStore(addr, 0, None, True, timeout, wait_for_workers=False, multi_tenant=True)
+
+
 def round_bootstrap(info: Any, *, addr: str, timeout: timedelta, publish: Callable[[str], None],
                     fetch: Callable[[], str]) -> tuple[Any, Any]:
     """(``info`` with the round's worker store as its bootstrap store, that store if this agent opened
     it, else None). ``info`` is what torch's rendezvous returned; ``addr`` is this agent's own address
     (node 0's is the store's); ``publish``/``fetch`` carry the endpoint to the other agents."""
-    from torch.distributed import TCPStore
     from torch.distributed.elastic.rendezvous import RendezvousInfo, RendezvousStoreInfo
 
     server = None
     if info.rank == 0:
-        server = TCPStore(addr, 0, None, True, timeout, wait_for_workers=False, multi_tenant=True)
+        server = open_worker_store(addr, timeout)
         port = server.port
         publish(endpoint_value(addr, port))
     else:
